@@ -1,0 +1,34 @@
+"""Builds the Cython kernels; everything else is declared in pyproject.toml."""
+
+from pathlib import Path
+
+import numpy as np
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+KERNELS = Path("ttflow") / "_kernels"
+
+extensions = [
+    Extension(
+        f"ttflow._kernels.{pyx.stem}",
+        [str(pyx)],
+        include_dirs=[np.get_include()],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")],
+        extra_compile_args=["-O3", "-fno-strict-aliasing"],
+    )
+    for pyx in sorted(KERNELS.glob("*.pyx"))
+]
+
+setup(
+    ext_modules=cythonize(
+        extensions,
+        language_level=3,
+        compiler_directives={
+            "boundscheck": False,
+            "wraparound": False,
+            "initializedcheck": False,
+            "cdivision": True,
+            "embedsignature": True,
+        },
+    )
+)
