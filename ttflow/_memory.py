@@ -1,0 +1,209 @@
+"""Bank memory and its allocator: addresses and bytes, no tensors.
+
+A memory space (DRAM or L1) is `num_banks` banks of `bank_bytes` each, held as one 2-D uint8
+array `banks[bank, address]`. It is an anonymous `MAP_NORESERVE` mapping, so the kernel commits a
+page only when it is first written: a 12 GiB n150 DRAM costs no RSS until it is used, and the
+device opens in milliseconds.
+
+Interleaved buffers are allocated in lockstep: one address range, the same in every bank,
+`ceil(pages / banks)` aligned pages deep. The allocator therefore manages a single address line
+per space: a best-fit free list that coalesces freed neighbours, bottom-up for DRAM and top-down
+for L1, as tt-metal does.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import ctypes.util
+import mmap
+from typing import Any, final
+
+import attrs
+import numpy as np
+
+from ._errors import OutOfMemoryError, ShapeError
+from ._types import DeviceSpec, MemorySpace
+
+__all__ = ["BufferInfo", "BankMemory", "Allocator", "MemorySpaceState"]
+
+_MAP_NORESERVE = 0x4000  # Linux; Python < 3.13 does not export it.
+
+
+@final
+@attrs.frozen
+class BufferInfo:
+    """Where an interleaved buffer lives: page i is in bank i % banks at address + (i // banks) * aligned_page_size."""
+
+    space: MemorySpace
+    address: int
+    page_size: int
+    aligned_page_size: int
+    num_pages: int
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+@final
+class BankMemory:
+    """`num_banks` x `bank_bytes` of zero-filled memory, committed lazily by the OS."""
+
+    def __init__(self, num_banks: int, bank_bytes: int) -> None:
+        self.num_banks = num_banks
+        self.bank_bytes = bank_bytes
+        nbytes = num_banks * bank_bytes
+        self._map = _anonymous_map(nbytes)
+        self.banks: np.ndarray[Any, np.dtype[np.uint8]] = np.frombuffer(
+            self._map, dtype=np.uint8, count=nbytes
+        ).reshape(num_banks, bank_bytes)
+
+    def read(self, bank: int, address: int, nbytes: int) -> bytes:
+        if not 0 <= bank < self.num_banks:
+            raise ShapeError(f"bank {bank} does not exist: there are {self.num_banks} banks")
+        if nbytes < 0 or address < 0 or address + nbytes > self.bank_bytes:
+            raise ShapeError(
+                f"bytes [{address}, {address + nbytes}) are outside the bank's "
+                f"{self.bank_bytes} bytes"
+            )
+        return self.banks[bank, address : address + nbytes].tobytes()
+
+    def close(self) -> None:
+        """Give the pages back to the OS. The array must not be used afterwards."""
+        self.banks = np.empty((0, 0), np.uint8)
+        try:
+            self._map.close()
+        except BufferError:
+            # A view of the mapping is still alive (a test holding it, an exception frame):
+            # the mapping is released when the last view dies instead.
+            pass
+
+
+def _anonymous_map(nbytes: int) -> mmap.mmap:
+    flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20) | _MAP_NORESERVE
+    try:
+        return mmap.mmap(-1, nbytes, flags=flags)
+    except (OSError, ValueError):
+        # Not Linux, or the flag was refused: an ordinary anonymous mapping is still lazy.
+        return mmap.mmap(-1, nbytes)
+
+
+@final
+class Allocator:
+    """Best-fit over one address line [0, size), coalescing frees; bottom-up or top-down.
+
+    Among free blocks that fit, the smallest is taken (ties: the lowest address bottom-up, the
+    highest top-down); the allocation sits at the block's bottom or top end accordingly.
+    """
+
+    def __init__(self, size: int, alignment: int, top_down: bool) -> None:
+        self.size = size - size % alignment
+        self.alignment = alignment
+        self.top_down = top_down
+        self._free_starts: list[int] = [0] if self.size else []
+        self._free: dict[int, int] = {0: self.size} if self.size else {}
+        self._used: dict[int, int] = {}
+
+    @property
+    def used_bytes(self) -> int:
+        return self.size - sum(self._free.values())
+
+    @property
+    def largest_free(self) -> int:
+        return max(self._free.values(), default=0)
+
+    def free_blocks(self) -> list[tuple[int, int]]:
+        return [(s, self._free[s]) for s in self._free_starts]
+
+    def allocations(self) -> dict[int, int]:
+        return dict(self._used)
+
+    def allocate(self, nbytes: int) -> int | None:
+        """The address of a new block of at least `nbytes`, or None when no free block fits."""
+        size = _round_up(max(nbytes, 1), self.alignment)
+        best: int | None = None
+        best_size = 0
+        for start in self._free_starts:
+            block = self._free[start]
+            if block < size:
+                continue
+            if best is None or block < best_size or (block == best_size and self.top_down):
+                best, best_size = start, block
+        if best is None:
+            return None
+        del self._free[best]
+        if best_size == size:
+            self._free_starts.remove(best)
+            address = best
+        elif self.top_down:
+            self._free[best] = best_size - size
+            address = best + best_size - size
+        else:
+            self._free_starts.remove(best)
+            address = best
+            self._insert_free(best + size, best_size - size)
+        self._used[address] = size
+        return address
+
+    def free(self, address: int) -> None:
+        size = self._used.pop(address)
+        start, end = address, address + size
+        i = bisect.bisect_left(self._free_starts, start)
+        if i > 0:
+            prev = self._free_starts[i - 1]
+            if prev + self._free[prev] == start:
+                start = prev
+                del self._free[prev]
+                del self._free_starts[i - 1]
+                i -= 1
+        if i < len(self._free_starts) and self._free_starts[i] == end:
+            end += self._free.pop(end)
+            del self._free_starts[i]
+        self._insert_free(start, end - start)
+
+    def _insert_free(self, start: int, size: int) -> None:
+        bisect.insort(self._free_starts, start)
+        self._free[start] = size
+
+
+@final
+class MemorySpaceState:
+    """One memory space of a device: its banks and the allocator of their shared address line."""
+
+    def __init__(self, spec: DeviceSpec, space: MemorySpace) -> None:
+        self.space = space
+        self.num_banks = spec.banks(space)
+        self.bank_bytes = spec.bank_bytes(space)
+        self.alignment = spec.alignment(space)
+        self.memory = BankMemory(self.num_banks, self.bank_bytes)
+        self.allocator = Allocator(
+            self.bank_bytes, self.alignment, top_down=space is MemorySpace.L1
+        )
+        self.peak_bytes = 0
+
+    @property
+    def banks(self) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        return self.memory.banks
+
+    def used_bytes(self) -> int:
+        return self.allocator.used_bytes * self.num_banks
+
+    def free_bytes(self) -> int:
+        return (self.allocator.size - self.allocator.used_bytes) * self.num_banks
+
+    def allocate(self, page_size: int, num_pages: int) -> BufferInfo:
+        """Room for `num_pages` interleaved pages; OutOfMemoryError when no block fits."""
+        aligned = _round_up(page_size, self.alignment)
+        depth = -(-num_pages // self.num_banks) * aligned
+        address = self.allocator.allocate(depth)
+        if address is None:
+            raise OutOfMemoryError(self.space, depth, self.allocator.largest_free)
+        self.peak_bytes = max(self.peak_bytes, self.used_bytes())
+        return BufferInfo(self.space, address, page_size, aligned, num_pages)
+
+    def free(self, buffer: BufferInfo) -> None:
+        self.allocator.free(buffer.address)
+
+    def close(self) -> None:
+        self.memory.close()
