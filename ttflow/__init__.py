@@ -8,11 +8,30 @@ from ._errors import OutOfMemoryError as OutOfMemoryError
 from ._errors import ProgramError as ProgramError
 from ._errors import ShapeError as ShapeError
 from ._errors import TTFlowError as TTFlowError
+from ._device import Device as Device
+from ._device import DeviceStatistics as DeviceStatistics
+from ._device import open_device as open_device
 from ._memory import BufferInfo as BufferInfo
+from ._program import Binary as Binary
+from ._program import Program as Program
+from ._program import ProgramBuilder as ProgramBuilder
+from ._program import get_layout as get_layout
+from ._runtime import deallocate as deallocate
+from ._runtime import empty as empty
+from ._runtime import submit as submit
+from ._runtime import to_device as to_device
+from ._runtime import to_host as to_host
+from ._runtime import to_layout as to_layout
+from ._runtime import wait as wait
+from ._runtime import write as write
+from ._tensor import Tensor as Tensor
+from ._trace import TraceRecorder as TraceRecorder
+from ._trace import record_trace as record_trace
 from ._types import DataType as DataType
 from ._types import DeviceSpec as DeviceSpec
 from ._types import Layout as Layout
 from ._types import MemorySpace as MemorySpace
 from ._types import TensorLayout as TensorLayout
+from . import kernels as kernels
 
 __version__ = "0.1.0"

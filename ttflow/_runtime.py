@@ -1,0 +1,187 @@
+"""The runtime-stitching API (tt-mlir's runtime calls, with Pythonic names).
+
+Each function validates everything that can be known now and raises before anything is queued;
+then it hands a command to the device's queues and returns. None of them blocks; only `to_host`
+and `wait` are async, and they only wait.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ._device import Device
+from ._errors import LayoutError, ProgramError, ShapeError
+from ._program import Binary, Program
+from ._scheduler import ConvertCommand, ProgramCommand, ReadCommand, WriteCommand, _Plan
+from ._tensor import Tensor
+from ._types import DataType, Layout, check_shape
+
+__all__ = [
+    "to_device",
+    "to_host",
+    "wait",
+    "submit",
+    "to_layout",
+    "empty",
+    "write",
+    "deallocate",
+]
+
+
+def _host_array(array: Any, dtype: DataType | None) -> np.ndarray[Any, Any]:
+    array = np.asarray(array)
+    if array.ndim == 0:
+        raise ShapeError("0-d arrays are not supported: reshape to (1,) first")
+    check_shape(array.shape)
+    if dtype is None:
+        DataType.from_numpy(array.dtype)
+    elif not (array.dtype.kind in "fiub" or array.dtype == dtype.host_dtype):
+        raise LayoutError(f"cannot store a {array.dtype} array as {dtype.name}")
+    return array
+
+
+def _check_tensor(tensor: Any, device: Device | None = None) -> Tensor:
+    if not isinstance(tensor, Tensor):
+        raise TypeError(f"expected a ttflow Tensor, got {type(tensor).__name__}")
+    tensor.check_usable()
+    if device is not None and tensor.device is not device:
+        raise ProgramError(
+            f"a tensor of {tensor.device!r} was passed to {device!r}; "
+            "copy it with to_host and to_device first"
+        )
+    return tensor
+
+
+def to_device(array: Any, device: Device, layout: Layout | None = None) -> Tensor:
+    """Starts copying a host array to the device (on CQ1); returns its device tensor at once.
+
+    The array is read when the copy runs: do not modify it until the tensor is ready.
+    Default layout: DRAM, ROW_MAJOR, the array's dtype.
+    """
+    device.check_open()
+    layout = layout if layout is not None else Layout()
+    array = _host_array(array, layout.dtype)
+    layout = layout.resolve(layout.dtype or DataType.from_numpy(array.dtype))
+    assert layout.dtype is not None
+    shape = tuple(array.shape)
+    tensor = Tensor(device, shape, layout.dtype, layout)
+    tensor._storages.append(device._allocate(layout, shape, tensor))
+    device._enqueue(WriteCommand(device, tensor, array, new_value=False), device._cq1)
+    return tensor
+
+
+def empty(shape: Sequence[int], dtype: DataType, device: Device, layout: Layout | None = None) -> Tensor:
+    """A zero-filled device tensor (a fixed place for `write` to fill, e.g. double buffers)."""
+    device.check_open()
+    shape = check_shape(shape)
+    if not isinstance(dtype, DataType):
+        raise LayoutError(f"dtype must be a tt.DataType, got {dtype!r}")
+    layout = (layout if layout is not None else Layout()).resolve(dtype)
+    if layout.dtype is not dtype:
+        raise LayoutError(f"layout dtype {layout.dtype} differs from dtype {dtype}")
+    tensor = Tensor(device, shape, dtype, layout)
+    tensor._storages.append(device._allocate(layout, shape, tensor))
+    device._enqueue(WriteCommand(device, tensor, None, new_value=False), device._cq1)
+    return tensor
+
+
+def write(tensor: Tensor, array: Any) -> None:
+    """Queues a new value for `tensor` (on CQ1), after every queued program that reads the old one."""
+    tensor = _check_tensor(tensor)
+    array = _host_array(array, tensor.dtype)
+    if tuple(array.shape) != tensor.shape:
+        raise ShapeError(f"cannot write a {array.shape} array into a {tensor.shape} tensor")
+    device = tensor.device
+    device._enqueue(WriteCommand(device, tensor, array, new_value=True), device._cq1)
+
+
+async def to_host(tensor: Tensor) -> np.ndarray[Any, Any]:
+    """Waits for the tensor and copies its value out (on CQ0); the device copy stays."""
+    tensor = _check_tensor(tensor)
+    device = tensor.device
+    command = ReadCommand(device, tensor)
+    device._enqueue(command, device._cq0)
+    await command.wait()
+    if command.error is not None:
+        raise command.error
+    assert command.result is not None
+    return command.result
+
+
+async def wait(tensor: Tensor) -> None:
+    """Waits for every queued write of the tensor; re-raises its producer's error."""
+    await _check_tensor(tensor)
+
+
+def to_layout(tensor: Tensor, layout: Layout) -> Tensor:
+    """A new tensor holding the same value in `layout` (converted on CQ0)."""
+    tensor = _check_tensor(tensor)
+    if not isinstance(layout, Layout):
+        raise LayoutError(f"layout must be a tt.Layout, got {layout!r}")
+    layout = layout.resolve(tensor.dtype)
+    assert layout.dtype is not None
+    device = tensor.device
+    target = Tensor(device, tensor.shape, layout.dtype, layout)
+    device._enqueue(ConvertCommand(device, tensor, target, layout), device._cq0)
+    return target
+
+
+def deallocate(tensor: Tensor, force: bool = True) -> None:
+    """Frees the tensor's device memory once the queued work that reads it is done.
+
+    `force` is accepted for ttnn compatibility: a ttflow tensor has one owner, so the memory is
+    freed either way. Any later use of the tensor raises DeallocatedTensorError.
+    """
+    if not isinstance(tensor, Tensor):
+        raise TypeError(f"expected a ttflow Tensor, got {type(tensor).__name__}")
+    if tensor._deallocated or tensor.device.closed:
+        return
+    tensor._deallocated = True
+    tensor.device._release(tensor)
+
+
+def _check_dtype(tensor: Tensor, declared: DataType, index: int) -> None:
+    if tensor.dtype is declared or (tensor.dtype.is_float and declared.is_float):
+        return
+    raise LayoutError(
+        f"input {index} is {tensor.dtype.name} but the program declares {declared.name}; "
+        "integer and float tensors are not converted implicitly: use tt.to_layout"
+    )
+
+
+def submit(device: Device, binary: Binary, program_index: int, inputs: Sequence[Tensor]) -> list[Tensor]:
+    """Queues a program run on CQ0 and returns its output tensors at once (never blocks).
+
+    Checked now: the program index, the input count, each input's device, liveness, shape and
+    dtype. When the program starts, inputs in another layout are converted (and the conversion
+    kept), L1 tensors it does not read move to DRAM, then it runs.
+    """
+    device.check_open()
+    programs = binary.programs
+    if not 0 <= program_index < len(programs):
+        raise ProgramError(
+            f"program index {program_index} is out of range: the binary has {len(programs)} programs"
+        )
+    program: Program = programs[program_index]
+    specs = program.inputs
+    if len(inputs) != len(specs):
+        raise ProgramError(
+            f"program {program.name!r} takes {len(specs)} inputs, {len(inputs)} were given"
+        )
+    for index, (tensor, spec) in enumerate(zip(inputs, specs)):
+        _check_tensor(tensor, device)
+        if tensor.shape != spec.shape:
+            raise ShapeError(
+                f"input {index} of {program.name!r} has shape {tensor.shape}, "
+                f"the program declares {spec.shape}"
+            )
+        _check_dtype(tensor, spec.layout.dtype, index)
+    plan = device._plans.get(program)
+    if plan is None:
+        plan = device._plans[program] = _Plan(program)
+    outputs = tuple(Tensor(device, s.shape, s.layout.dtype, s.layout) for s in program.output_specs)
+    device._enqueue(ProgramCommand(device, program, plan, tuple(inputs), outputs), device._cq0)
+    return list(outputs)

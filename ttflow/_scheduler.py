@@ -1,0 +1,385 @@
+"""The commands the two queues run, and the residency rules they follow.
+
+CQ1 carries host-to-device writes; CQ0 carries programs, layout conversions, evictions and
+device-to-host reads. When a program reaches the head of CQ0 it first moves to DRAM every L1
+storage it does not use (an `EvictCommand`, its preamble), then converts inputs whose storage
+does not match the declared layout (the conversion is kept on the tensor for the next program),
+allocates its outputs and intermediates, runs its steps and frees the intermediates.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import _storage_io as io
+from ._errors import OutOfMemoryError, ProgramError
+from ._ops import OPS
+from ._queue import Command
+from ._tensor import Storage, Tensor
+from ._types import DataType, Layout, MemorySpace, TensorLayout
+
+if TYPE_CHECKING:
+    from ._device import Device
+    from ._program import Program
+
+__all__ = ["WriteCommand", "ReadCommand", "ConvertCommand", "EvictCommand", "ProgramCommand"]
+
+_L1_TILE = Layout(MemorySpace.L1, TensorLayout.TILE)
+
+
+def _nbytes(storage: Storage) -> int:
+    return storage.buffer.page_size * storage.buffer.num_pages
+
+
+def compute_dtype(dtype: DataType) -> np.dtype[Any]:
+    """Programs compute floats in float32 and integers in int64 (wrapped when stored)."""
+    return np.dtype(np.float32) if dtype.is_float else np.dtype(np.int64)
+
+
+class WriteCommand(Command):
+    """Host array (or zeros) into a tensor's home storage; a new value drops old conversions."""
+
+    name = "write"
+    __slots__ = ("device", "tensor", "array", "new_value", "target")
+
+    def __init__(
+        self, device: Device, tensor: Tensor, array: np.ndarray[Any, Any] | None, new_value: bool
+    ) -> None:
+        super().__init__((), (tensor,))
+        self.device = device
+        self.tensor = tensor
+        self.array = array
+        self.new_value = new_value
+        self.target: Storage | None = None
+
+    def blocker(self) -> Command | None:
+        moving = self.tensor._moving
+        if moving is not None and not moving.done:
+            return moving
+        return super().blocker()
+
+    def prepare(self) -> None:
+        tensor = self.tensor
+        if not tensor._storages:
+            raise ProgramError("the tensor has no device storage: its producer failed")
+        if self.new_value:
+            for stale in tensor._storages[1:]:
+                self.device._free(stale)
+            del tensor._storages[1:]
+        self.target = tensor._storages[0]
+        self.cost = _nbytes(self.target)
+
+    def run(self) -> None:
+        assert self.target is not None
+        banks = self.device._banks(self.target.layout.memory)
+        if self.array is None:
+            io.zero_fill(banks, self.target)
+        else:
+            io.write_array(banks, self.target, self.array)
+
+    def finish(self) -> None:
+        if self.array is not None:
+            self.device._count("host_to_device_bytes", self.array.nbytes)
+        self.array = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": "zero_fill" if self.array is None else "write", "bytes": self.cost}
+
+
+class ReadCommand(Command):
+    """A tensor's value back to a host array."""
+
+    name = "read"
+    __slots__ = ("device", "tensor", "result")
+
+    def __init__(self, device: Device, tensor: Tensor) -> None:
+        super().__init__((tensor,), ())
+        self.device = device
+        self.tensor = tensor
+        self.result: np.ndarray[Any, Any] | None = None
+
+    def prepare(self) -> None:
+        self.cost = _nbytes(self._source())
+
+    def _source(self) -> Storage:
+        storages = self.tensor._storages
+        if not storages:
+            raise ProgramError("the tensor has no device storage")
+        # Any storage of the value's own dtype is exact; row-major ones are cheapest to read.
+        exact = [s for s in storages if s.layout.dtype is self.tensor.dtype]
+        for storage in exact:
+            if storage.layout.tensor_layout is TensorLayout.ROW_MAJOR:
+                return storage
+        return exact[0]
+
+    def run(self) -> None:
+        source = self._source()
+        self.result = io.read_array(
+            self.device._banks(source.layout.memory), source, self.tensor.shape
+        )
+
+    def finish(self) -> None:
+        assert self.result is not None
+        self.device._count("device_to_host_bytes", self.result.nbytes)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": "read", "bytes": self.cost}
+
+
+class ConvertCommand(Command):
+    """`to_layout`: a new tensor holding the source's value in another layout."""
+
+    name = "to_layout"
+    __slots__ = ("device", "source", "target", "layout", "dst", "src")
+
+    def __init__(self, device: Device, source: Tensor, target: Tensor, layout: Layout) -> None:
+        super().__init__((source,), (target,))
+        self.device = device
+        self.source = source
+        self.target = target
+        self.layout = layout
+        self.dst: Storage | None = None
+        self.src: Storage | None = None
+
+    def prepare(self) -> None:
+        storages = self.source._storages
+        if not storages:
+            raise ProgramError("the source tensor has no device storage")
+        self.src = self.source._find_storage(self.layout) or storages[0]
+        self.dst = self.device._allocate(self.layout, self.target.shape, self.target)
+        self.cost = _nbytes(self.src) + _nbytes(self.dst)
+
+    def run(self) -> None:
+        assert self.src is not None and self.dst is not None
+        d = self.device
+        io.copy_storage(
+            d._banks(self.src.layout.memory), self.src, d._banks(self.dst.layout.memory),
+            self.dst, self.source.shape,
+        )
+
+    def finish(self) -> None:
+        assert self.dst is not None
+        self.target._storages.append(self.dst)
+        self.device._count("layout_conversions", 1)
+
+    def rollback(self) -> None:
+        if self.dst is not None:
+            self.device._free(self.dst)
+            self.dst = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": "to_layout", "bytes": self.cost}
+
+
+class EvictCommand(Command):
+    """Moves L1 storages to DRAM; a storage whose value DRAM already holds is just freed."""
+
+    name = "evict"
+    __slots__ = ("device", "moves", "copied")
+
+    def __init__(self, device: Device, victims: list[tuple[Tensor, Storage]]) -> None:
+        super().__init__((), ())
+        self.device = device
+        self.moves: list[tuple[Tensor, Storage, Storage | None]] = [(t, s, None) for t, s in victims]
+        self.copied = 0
+
+    def prepare(self) -> None:
+        moves = []
+        try:
+            for tensor, storage, _ in self.moves:
+                layout = Layout(MemorySpace.DRAM, storage.layout.tensor_layout, storage.layout.dtype)
+                target = None
+                if tensor._find_storage(layout) is None:
+                    target = self.device._allocate(layout, tensor.shape, tensor)
+                    self.cost += 2 * _nbytes(storage)
+                moves.append((tensor, storage, target))
+                tensor._moving = self
+        finally:
+            self.moves = moves + self.moves[len(moves) :]
+
+    def run(self) -> None:
+        d = self.device
+        l1 = d._banks(MemorySpace.L1)
+        dram = d._banks(MemorySpace.DRAM)
+        for tensor, storage, target in self.moves:
+            if target is not None:
+                self.copied += io.copy_storage(l1, storage, dram, target, tensor.shape)
+
+    def finish(self) -> None:
+        d = self.device
+        for tensor, storage, target in self.moves:
+            index = tensor._storages.index(storage)
+            if target is None:
+                del tensor._storages[index]
+            else:
+                tensor._storages[index] = target
+            d._free(storage)
+            tensor._moving = None
+        d._count("evictions", len(self.moves))
+        d._count("eviction_bytes", self.copied)
+
+    def rollback(self) -> None:
+        for tensor, _, target in self.moves:
+            if target is not None:
+                self.device._free(target)
+            tensor._moving = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": "evict", "bytes": self.copied, "tensors": len(self.moves)}
+
+
+class _Plan:
+    """What a program needs that does not change between submissions."""
+
+    __slots__ = ("last_read", "step_attrs", "store_in_output", "copied_out")
+
+    def __init__(self, program: Program) -> None:
+        self.last_read = [-1] * len(program.values)  # the last step reading each value
+        for index, step in enumerate(program.steps):
+            for value in step.inputs:
+                self.last_read[value] = index
+        self.step_attrs = [dict(step.attrs) for step in program.steps]
+        # A step value that is an output of the same dtype is stored straight into that output.
+        self.store_in_output: dict[int, int] = {}
+        for k, value in enumerate(program.outputs):
+            if value >= len(program.inputs) and value not in self.store_in_output:
+                if program.output_specs[k].dtype is program.values[value].dtype:
+                    self.store_in_output[value] = k
+        # Values some output receives by a copy after the steps (not stored in place).
+        self.copied_out = [False] * len(program.values)
+        for k, value in enumerate(program.outputs):
+            if self.store_in_output.get(value) != k:
+                self.copied_out[value] = True
+
+
+class ProgramCommand(Command):
+    """One program run: evict, convert inputs, allocate, compute the steps, free scratch."""
+
+    name = "program"
+    __slots__ = ("device", "program", "plan", "inputs", "outputs", "sources", "conversions",
+                 "out_storages", "scratch")
+
+    def __init__(
+        self, device: Device, program: Program, plan: _Plan, inputs: tuple[Tensor, ...],
+        outputs: tuple[Tensor, ...],
+    ) -> None:
+        super().__init__(inputs, outputs)
+        self.device = device
+        self.program = program
+        self.plan = plan
+        self.inputs = inputs
+        self.outputs = outputs
+        self.sources: list[Storage] = []
+        self.conversions: list[tuple[Tensor, Storage, Storage]] = []
+        self.out_storages: list[Storage] = []
+        self.scratch: dict[int, Storage] = {}
+
+    def preamble(self) -> Command | None:
+        victims = self.device._eviction_victims(self.inputs)
+        return EvictCommand(self.device, victims) if victims else None
+
+    def prepare(self) -> None:
+        d = self.device
+        program = self.program
+        cost = 0
+        for tensor, spec in zip(self.inputs, program.inputs):
+            storage = tensor._find_storage(spec.layout)
+            if storage is None:
+                if not tensor._storages:
+                    raise ProgramError("an input tensor has no device storage")
+                storage = d._allocate(spec.layout, tensor.shape, tensor)
+                self.conversions.append((tensor, tensor._storages[0], storage))
+                cost += 2 * _nbytes(storage)
+            self.sources.append(storage)
+            cost += _nbytes(storage)
+        for tensor, spec in zip(self.outputs, program.output_specs):
+            storage = d._allocate(spec.layout, spec.shape, tensor)
+            self.out_storages.append(storage)
+            cost += _nbytes(storage)
+        for step in program.steps:
+            value = step.output
+            if value in self.plan.store_in_output:
+                continue
+            spec = program.values[value]
+            layout = Layout(MemorySpace.L1, TensorLayout.TILE, spec.dtype)
+            try:
+                storage = d._allocate(layout, spec.shape, None)
+            except OutOfMemoryError:
+                storage = d._allocate(
+                    Layout(MemorySpace.DRAM, TensorLayout.TILE, spec.dtype), spec.shape, None
+                )
+            self.scratch[value] = storage
+            cost += 2 * _nbytes(storage)
+        for step in program.steps:
+            if step.op == "matmul":
+                a, b = (program.values[v].shape for v in step.inputs)
+                cost += math.prod(a) * b[-1]
+        self.cost = cost
+
+    def run(self) -> None:
+        d = self.device
+        program = self.program
+        plan = self.plan
+        for tensor, source, storage in self.conversions:
+            io.copy_storage(
+                d._banks(source.layout.memory), source, d._banks(storage.layout.memory),
+                storage, tensor.shape,
+            )
+        values: list[np.ndarray[Any, Any] | None] = [None] * len(program.values)
+        for index, (storage, spec) in enumerate(zip(self.sources, program.inputs)):
+            if plan.last_read[index] >= 0 or plan.copied_out[index]:
+                array = io.read_array(d._banks(storage.layout.memory), storage, spec.shape)
+                values[index] = array.astype(compute_dtype(spec.dtype), copy=False)
+        for index, step in enumerate(program.steps):
+            args = [values[v] for v in step.inputs]
+            result = OPS[step.op].compute(args, step.scalar, **plan.step_attrs[index])
+            value = step.output
+            k = plan.store_in_output.get(value)
+            storage = self.out_storages[k] if k is not None else self.scratch[value]
+            banks = d._banks(storage.layout.memory)
+            io.write_array(banks, storage, result)
+            if plan.last_read[value] > index or plan.copied_out[value]:
+                # Later steps and copies read the value as it is stored: rounded to its dtype.
+                spec = program.values[value]
+                stored = io.read_array(banks, storage, spec.shape)
+                values[value] = stored.astype(compute_dtype(spec.dtype), copy=False)
+            for v in step.inputs:
+                if plan.last_read[v] == index and not plan.copied_out[v]:
+                    values[v] = None
+        for k, value in enumerate(program.outputs):
+            if plan.store_in_output.get(value) == k:
+                continue
+            storage = self.out_storages[k]
+            array = values[value]
+            assert array is not None
+            io.write_array(d._banks(storage.layout.memory), storage, array)
+
+    def finish(self) -> None:
+        d = self.device
+        for storage in self.scratch.values():
+            d._free(storage)
+        self.scratch.clear()
+        for tensor, _, storage in self.conversions:
+            tensor._storages.append(storage)
+        for tensor, storage in zip(self.outputs, self.out_storages):
+            tensor._storages.append(storage)
+        d._count("programs_run", 1)
+        d._count("layout_conversions", len(self.conversions))
+
+    def rollback(self) -> None:
+        d = self.device
+        for storage in self.scratch.values():
+            d._free(storage)
+        for _, _, storage in self.conversions:
+            d._free(storage)
+        for storage in self.out_storages:
+            d._free(storage)
+        self.scratch.clear()
+        self.conversions.clear()
+        self.out_storages.clear()
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.program.name, "bytes": self.cost, "conversions": len(self.conversions)}

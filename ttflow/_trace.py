@@ -1,0 +1,98 @@
+"""Recording what the command queues did, as Chrome/Perfetto trace-event JSON.
+
+One track per command queue (each command a complete event with its name, bytes and duration)
+and a counter track of L1 and DRAM occupancy. Recording costs nothing when no recorder is
+attached: the device calls its listeners only if there are any.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, final
+
+from ._types import MemorySpace
+
+if TYPE_CHECKING:
+    from ._device import Device
+    from ._queue import Command
+
+__all__ = ["TraceRecorder", "record_trace"]
+
+_TRACKS = {"CQ0": 0, "CQ1": 1}
+_TRACK_NAMES = {0: "CQ0: programs, conversions, evictions, reads", 1: "CQ1: host-to-device writes"}
+
+
+@final
+class TraceRecorder:
+    """Collects one trace event per completed command while attached to a device."""
+
+    def __init__(self, device: Device) -> None:
+        self.device = device
+        self.origin = time.perf_counter()
+        self.events: list[dict[str, Any]] = []
+        self.commands = 0
+
+    def _us(self, t: float) -> float:
+        return round((t - self.origin) * 1e6, 3)
+
+    def on_command(self, command: Command, error: BaseException | None) -> None:
+        end = time.perf_counter()
+        queue = command.queue.name if command.queue is not None else "CQ0"
+        info = command.describe()
+        args = {k: v for k, v in info.items() if k != "name"}
+        if error is not None:
+            args["error"] = f"{type(error).__name__}: {error}"
+        start = command.started or end
+        self.commands += 1
+        self.events.append(
+            {
+                "name": info["name"],
+                "cat": type(command).__name__,
+                "ph": "X",
+                "ts": self._us(start),
+                "dur": max(self._us(end) - self._us(start), 0.0),
+                "pid": 1,
+                "tid": _TRACKS.get(queue, 0),
+                "args": args,
+            }
+        )
+        spaces = self.device._spaces
+        self.events.append(
+            {
+                "name": "memory used (bytes)",
+                "ph": "C",
+                "ts": self._us(end),
+                "pid": 1,
+                "args": {space.name: spaces[space].used_bytes() for space in MemorySpace},
+            }
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        meta: list[dict[str, Any]] = [
+            {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": f"ttflow {self.device.spec.name}"}}
+        ]
+        meta += [
+            {"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": name}}
+            for tid, name in _TRACK_NAMES.items()
+        ]
+        return {"traceEvents": meta + self.events, "displayTimeUnit": "ms"}
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes the trace; open it at ui.perfetto.dev or chrome://tracing."""
+        with open(path, "w") as f:
+            json.dump(self.to_json(), f)
+
+
+@contextmanager
+def record_trace(device: Device) -> Iterator[TraceRecorder]:
+    """Records every command the device completes inside the block."""
+    recorder = TraceRecorder(device)
+    device._listeners.append(recorder.on_command)
+    try:
+        yield recorder
+    finally:
+        device._listeners.remove(recorder.on_command)
