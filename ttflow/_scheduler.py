@@ -43,7 +43,7 @@ class WriteCommand(Command):
     """Host array (or zeros) into a tensor's home storage; a new value drops old conversions."""
 
     name = "write"
-    __slots__ = ("device", "tensor", "array", "new_value", "target")
+    __slots__ = ("device", "tensor", "array", "new_value", "target", "zero")
 
     def __init__(
         self, device: Device, tensor: Tensor, array: np.ndarray[Any, Any] | None, new_value: bool
@@ -52,6 +52,7 @@ class WriteCommand(Command):
         self.device = device
         self.tensor = tensor
         self.array = array
+        self.zero = array is None
         self.new_value = new_value
         self.target: Storage | None = None
 
@@ -86,7 +87,7 @@ class WriteCommand(Command):
         self.array = None
 
     def describe(self) -> dict[str, Any]:
-        return {"name": "zero_fill" if self.array is None else "write", "bytes": self.cost}
+        return {"name": "zero_fill" if self.zero else "write", "bytes": self.cost}
 
 
 class ReadCommand(Command):

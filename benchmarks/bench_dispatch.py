@@ -1,0 +1,8 @@
+"""`python benchmarks/bench_dispatch.py [--json]`: the dispatch benchmark (also `ttflow bench dispatch`)."""
+
+import sys
+
+from ttflow.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["bench", "dispatch", *sys.argv[1:]]))

@@ -1,0 +1,180 @@
+"""Pipeline benchmarks, all in one run and reported as ratios.
+
+(a) double buffering: time per iteration with writes (CQ1) and programs (CQ0) overlapped, against
+    each alone; overlap = max(copy, compute) / pipelined (1.0 ideal, 0.5 serial).
+(b) stitching: two programs chained on the device vs the same two with the intermediate copied
+    to the host and back; bytes through the host and time.
+(c) resident weights: weights pushed once vs pushed every iteration.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any
+
+import anyio
+import numpy as np
+
+from .._device import Device, open_device
+from .._program import Binary, ProgramBuilder
+from .._runtime import empty, submit, to_device, to_host, write
+from .._tensor import Tensor
+from .._types import DataType, DeviceSpec, Layout, MemorySpace, TensorLayout
+
+F32 = DataType.FLOAT32
+TILE = Layout(MemorySpace.DRAM, TensorLayout.TILE, F32)
+
+
+def _layer(name: str, batch: int, d: int) -> ProgramBuilder:
+    b = ProgramBuilder(name)
+    x = b.input((batch, d), TILE)
+    w = b.input((d, d), TILE)
+    b.output(b.relu(b.matmul(x, w)), TILE)
+    return b
+
+
+def _blas_threads() -> str:
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        if var in os.environ:
+            return f"{var}={os.environ[var]}"
+    return "library default"
+
+
+async def _double_buffering(device: Device, iterations: int, batch: int, d: int) -> dict[str, float]:
+    binary = Binary([_layer("layer", batch, d).build()])
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((d, d)) / math.sqrt(d)).astype(np.float32)
+    # Distinct host arrays, as a real input stream would have.
+    batches = [rng.standard_normal((batch, d)).astype(np.float32) for _ in range(4)]
+    tw = to_device(w, device, TILE)
+    slots = [empty((batch, d), F32, device, TILE) for _ in range(2)]
+
+    async def run(copy: bool, compute: bool) -> float:
+        outs: list[Tensor] = []
+        begin = time.perf_counter()
+        for i in range(iterations):
+            slot = slots[i % 2]
+            if copy:
+                write(slot, batches[i % len(batches)])
+            if compute:
+                outs.append(submit(device, binary, 0, [slot, tw])[0])
+            if len(outs) > 2:
+                await outs[-3]
+        for t in [*slots, *outs]:
+            await t
+        return (time.perf_counter() - begin) / iterations
+
+    await run(True, True)  # warm up
+    copy = min([await run(True, False) for _ in range(2)])
+    compute = min([await run(False, True) for _ in range(2)])
+    pipelined = min([await run(True, True) for _ in range(2)])
+    return {
+        "copy_ms": copy * 1e3,
+        "compute_ms": compute * 1e3,
+        "pipelined_ms": pipelined * 1e3,
+        "serial_ms": (copy + compute) * 1e3,
+        "overlap": max(copy, compute) / pipelined,
+    }
+
+
+async def _stitching(device: Device, iterations: int, batch: int, d: int) -> dict[str, float]:
+    binary = Binary([_layer("first", batch, d).build(), _layer("second", batch, d).build()])
+    rng = np.random.default_rng(1)
+    w1, w2 = (rng.standard_normal((2, d, d)) / math.sqrt(d)).astype(np.float32)
+    x = rng.standard_normal((batch, d)).astype(np.float32)
+    tw1, tw2, tx = (to_device(a, device, TILE) for a in (w1, w2, x))
+
+    async def stitched() -> tuple[float, int]:
+        before = device.stats.device_to_host_bytes + device.stats.host_to_device_bytes
+        begin = time.perf_counter()
+        for _ in range(iterations):
+            (h,) = submit(device, binary, 0, [tx, tw1])
+            (y,) = submit(device, binary, 1, [h, tw2])
+            await y
+        moved = device.stats.device_to_host_bytes + device.stats.host_to_device_bytes - before
+        return (time.perf_counter() - begin) / iterations, moved // iterations
+
+    async def round_trip() -> tuple[float, int]:
+        before = device.stats.device_to_host_bytes + device.stats.host_to_device_bytes
+        begin = time.perf_counter()
+        for _ in range(iterations):
+            (h,) = submit(device, binary, 0, [tx, tw1])
+            host = await to_host(h)
+            (y,) = submit(device, binary, 1, [to_device(host, device, TILE), tw2])
+            await y
+        moved = device.stats.device_to_host_bytes + device.stats.host_to_device_bytes - before
+        return (time.perf_counter() - begin) / iterations, moved // iterations
+
+    await stitched()
+    s_time, s_bytes = min([await stitched() for _ in range(2)])
+    r_time, r_bytes = min([await round_trip() for _ in range(2)])
+    return {
+        "stitched_ms": s_time * 1e3,
+        "host_round_trip_ms": r_time * 1e3,
+        "speedup": r_time / s_time,
+        "stitched_host_bytes_per_iteration": s_bytes,
+        "round_trip_host_bytes_per_iteration": r_bytes,
+    }
+
+
+async def _resident(device: Device, iterations: int, batch: int, d: int) -> dict[str, float]:
+    binary = Binary([_layer("layer", batch, d).build()])
+    rng = np.random.default_rng(2)
+    w = (rng.standard_normal((d, d)) / math.sqrt(d)).astype(np.float32)
+    x = rng.standard_normal((batch, d)).astype(np.float32)
+
+    async def resident() -> float:
+        tw = to_device(w, device)
+        begin = time.perf_counter()
+        for _ in range(iterations):
+            (y,) = submit(device, binary, 0, [to_device(x, device, TILE), tw])
+            await y
+        return (time.perf_counter() - begin) / iterations
+
+    async def pushed() -> float:
+        begin = time.perf_counter()
+        for _ in range(iterations):
+            (y,) = submit(device, binary, 0, [to_device(x, device, TILE), to_device(w, device)])
+            await y
+        return (time.perf_counter() - begin) / iterations
+
+    await resident()
+    r = min([await resident() for _ in range(2)])
+    p = min([await pushed() for _ in range(2)])
+    return {"resident_ms": r * 1e3, "pushed_every_iteration_ms": p * 1e3, "speedup": p / r}
+
+
+async def _all(quick: bool) -> dict[str, Any]:
+    spec = DeviceSpec.small() if quick else DeviceSpec.wormhole_n150()
+    it, batch, d = (4, 64, 128) if quick else (12, 1024, 1024)
+    async with open_device(spec) as device:
+        return {
+            "benchmark": "pipeline",
+            "device": spec.name,
+            "sizes": {"iterations": it, "batch": batch, "d": d},
+            "blas_threads": _blas_threads(),
+            "double_buffering": await _double_buffering(device, it, batch, d),
+            "stitching": await _stitching(device, it, batch, d),
+            "resident_weights": await _resident(device, it, batch, d),
+        }
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    return anyio.run(_all, quick)
+
+
+def format_table(r: dict[str, Any]) -> str:
+    db, st, rw = r["double_buffering"], r["stitching"], r["resident_weights"]
+    return "\n".join([
+        f"pipeline on {r['device']} ({r['sizes']}, BLAS threads: {r['blas_threads']})",
+        f"  double buffering: copy {db['copy_ms']:.2f} ms, compute {db['compute_ms']:.2f} ms, "
+        f"pipelined {db['pipelined_ms']:.2f} ms per iteration -> overlap {db['overlap']:.2f} "
+        f"(1.0 ideal, 0.5 serial)",
+        f"  stitching: {st['stitched_ms']:.2f} ms vs host round trip {st['host_round_trip_ms']:.2f} ms "
+        f"({st['speedup']:.2f}x); host bytes per iteration {st['stitched_host_bytes_per_iteration']} "
+        f"vs {st['round_trip_host_bytes_per_iteration']}",
+        f"  resident weights: {rw['resident_ms']:.2f} ms vs pushed every iteration "
+        f"{rw['pushed_every_iteration_ms']:.2f} ms ({rw['speedup']:.2f}x)",
+    ])
