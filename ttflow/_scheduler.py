@@ -149,7 +149,7 @@ class ConvertCommand(Command):
         storages = self.source._storages
         if not storages:
             raise ProgramError("the source tensor has no device storage")
-        self.src = self.source._find_storage(self.layout) or storages[0]
+        self.src = self.source._conversion_source(self.layout)
         self.dst = self.device._allocate(self.layout, self.target.shape, self.target)
         self.cost = _nbytes(self.src) + _nbytes(self.dst)
 
@@ -292,7 +292,7 @@ class ProgramCommand(Command):
                 if not tensor._storages:
                     raise ProgramError("an input tensor has no device storage")
                 storage = d._allocate(spec.layout, tensor.shape, tensor)
-                self.conversions.append((tensor, tensor._storages[0], storage))
+                self.conversions.append((tensor, tensor._conversion_source(spec.layout), storage))
                 cost += 2 * _nbytes(storage)
             self.sources.append(storage)
             cost += _nbytes(storage)

@@ -19,7 +19,7 @@ import anyio.lowlevel
 
 from ._errors import DeallocatedTensorError, DeviceClosedError
 from ._memory import BufferInfo
-from ._types import DataType, Layout, MemorySpace
+from ._types import DataType, Layout
 
 if TYPE_CHECKING:
     from ._device import Device
@@ -159,5 +159,12 @@ class Tensor:
                 return storage
         return None
 
-    def _in(self, space: MemorySpace) -> list[Storage]:
-        return [s for s in self._storages if s.layout.memory is space]
+    def _conversion_source(self, layout: Layout) -> Storage:
+        """The cheapest storage to convert from: one that only needs its pages moved, if any."""
+        for storage in self._storages:
+            if (
+                storage.layout.dtype is layout.dtype
+                and storage.layout.tensor_layout is layout.tensor_layout
+            ):
+                return storage
+        return self._storages[0]
