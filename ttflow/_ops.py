@@ -1,0 +1,174 @@
+"""What each op computes, on host numpy arrays.
+
+The runtime reads a step's operands out of bank memory (float32 for float dtypes, int64 for
+integer ones), calls `OPS[op].compute`, and rounds the result to the value's dtype as it stores
+it. So these functions never round: they compute in the dtype they are given.
+
+GELU is the exact form, 0.5 * x * (1 + erf(x / sqrt(2))), PyTorch's default. numpy has no erf,
+so `_erf` evaluates W. J. Cody's rational approximations in float64 (about 1e-15 relative), which
+is far below float32 resolution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, final
+
+import attrs
+import numpy as np
+
+__all__ = ["OpDef", "OPS", "erf"]
+
+Array = np.ndarray[Any, Any]
+
+
+@final
+@attrs.frozen
+class OpDef:
+    """An op's arity (tensor operands), whether it takes a scalar operand, and what it computes."""
+
+    name: str
+    arity: int
+    fn: Callable[..., Array]
+    float_only: bool = False
+
+    def compute(self, arrays: list[Array], scalar: float | None, **attrs_: Any) -> Array:
+        return self.fn(arrays, scalar, **attrs_)
+
+
+def _scalar_like(array: Array, scalar: float) -> Any:
+    return array.dtype.type(scalar)
+
+
+def _binary(ufunc: Any) -> Callable[..., Array]:
+    def fn(arrays: list[Array], scalar: float | None) -> Array:
+        a = arrays[0]
+        b = arrays[1] if scalar is None else _scalar_like(a, scalar)
+        return ufunc(a, b)
+
+    return fn
+
+
+def _gt(arrays: list[Array], scalar: float | None) -> Array:
+    a = arrays[0]
+    b = arrays[1] if scalar is None else _scalar_like(a, scalar)
+    return np.greater(a, b).astype(a.dtype)
+
+
+# Cody's erf coefficients (|x| <= 0.5, 0.5 < |x| <= 4, |x| > 4).
+_A = (3.16112374387056560e00, 1.13864154151050156e02, 3.77485237685302021e02,
+      3.20937758913846947e03, 1.85777706184603153e-1)
+_B = (2.36012909523441209e01, 2.44024637934444173e02, 1.28261652607737228e03,
+      2.84423683343917062e03)
+_C = (5.64188496988670089e-1, 8.88314979438837594e00, 6.61191906371416295e01,
+      2.98635138197400131e02, 8.81952221241769090e02, 1.71204761263407058e03,
+      2.05107837782607147e03, 1.23033935479799725e03, 2.15311535474403846e-8)
+_D = (1.57449261107098347e01, 1.17693950891312499e02, 5.37181101862009858e02,
+      1.62138957456669019e03, 3.29079923573345963e03, 4.36261909014324716e03,
+      3.43936767414372164e03, 1.23033935480374942e03)
+_P = (3.05326634961232344e-1, 3.60344899949804439e-1, 1.25781726111229246e-1,
+      1.60837851487422766e-2, 6.58749161529837803e-4, 1.63153871373020978e-2)
+_Q = (2.56852019228982242e00, 1.87295284992346725e00, 5.27905102951428412e-1,
+      6.05183413124413191e-2, 2.33520497626869185e-3)
+_SQRT_PI_INV = 5.6418958354775628695e-1
+
+
+def erf(x: Array) -> Array:
+    """erf in float64 by Cody's rational approximations (vectorised)."""
+    x = np.asarray(x, np.float64)
+    y = np.abs(x)
+    out = np.empty_like(y)
+    small = y <= 0.5
+    mid = (y > 0.5) & (y <= 4.0)
+    big = y > 4.0
+    if small.any():
+        z = y[small] ** 2
+        num = _A[4] * z
+        den = z
+        for i in range(3):
+            num = (num + _A[i]) * z
+            den = (den + _B[i]) * z
+        out[small] = y[small] * (num + _A[3]) / (den + _B[3])
+    if mid.any():
+        v = y[mid]
+        num = _C[8] * v
+        den = v
+        for i in range(7):
+            num = (num + _C[i]) * v
+            den = (den + _D[i]) * v
+        erfc = (num + _C[7]) / (den + _D[7]) * np.exp(-v * v)
+        out[mid] = 1.0 - erfc
+    if big.any():
+        v = y[big]
+        z = 1.0 / (v * v)
+        num = _P[5] * z
+        den = z
+        for i in range(4):
+            num = (num + _P[i]) * z
+            den = (den + _Q[i]) * z
+        r = z * (num + _P[4]) / (den + _Q[4])
+        erfc = (_SQRT_PI_INV - r) / v * np.exp(-v * v)
+        out[big] = 1.0 - erfc
+    return np.copysign(out, x)
+
+
+def _gelu(arrays: list[Array], scalar: float | None) -> Array:
+    x = arrays[0]
+    x64 = x.astype(np.float64)
+    return (0.5 * x64 * (1.0 + erf(x64 / np.sqrt(2.0)))).astype(x.dtype)
+
+
+def _softmax(arrays: list[Array], scalar: float | None, axis: int = -1) -> Array:
+    x = arrays[0]
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def _sum(arrays: list[Array], scalar: float | None, axis: int) -> Array:
+    return arrays[0].sum(axis=axis, keepdims=True, dtype=arrays[0].dtype)
+
+
+def _max(arrays: list[Array], scalar: float | None, axis: int) -> Array:
+    return arrays[0].max(axis=axis, keepdims=True)
+
+
+def _matmul(arrays: list[Array], scalar: float | None) -> Array:
+    return np.matmul(arrays[0], arrays[1])
+
+
+def _unary(fn: Callable[[Array], Array]) -> Callable[..., Array]:
+    return lambda arrays, scalar: fn(arrays[0])
+
+
+def _typecast(arrays: list[Array], scalar: float | None, dtype: str) -> Array:
+    # The runtime rounds to the target dtype when it stores the value; integers truncate.
+    from ._types import DataType
+
+    target = DataType(dtype)
+    x = arrays[0]
+    if target.is_float:
+        return x.astype(np.float32)
+    return np.trunc(x).astype(np.int64) if x.dtype.kind == "f" else x.astype(np.int64)
+
+
+OPS: dict[str, OpDef] = {
+    op.name: op
+    for op in (
+        OpDef("add", 2, _binary(np.add)),
+        OpDef("sub", 2, _binary(np.subtract)),
+        OpDef("mul", 2, _binary(np.multiply)),
+        OpDef("gt", 2, _gt),
+        OpDef("matmul", 2, _matmul),
+        OpDef("relu", 1, _unary(lambda x: np.maximum(x, x.dtype.type(0)))),
+        OpDef("neg", 1, _unary(np.negative)),
+        OpDef("gelu", 1, _gelu, float_only=True),
+        OpDef("exp", 1, _unary(np.exp), float_only=True),
+        OpDef("sqrt", 1, _unary(np.sqrt), float_only=True),
+        OpDef("reciprocal", 1, _unary(lambda x: np.reciprocal(x)), float_only=True),
+        OpDef("softmax", 1, _softmax, float_only=True),
+        OpDef("sum", 1, _sum),
+        OpDef("max", 1, _max),
+        OpDef("transpose", 1, _unary(lambda x: np.swapaxes(x, -1, -2))),
+        OpDef("typecast", 1, _typecast),
+    )
+}
