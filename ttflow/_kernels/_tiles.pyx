@@ -1,0 +1,147 @@
+# cython: language_level=3
+"""Tilize/untilize and interleaved page copies, on raw bytes, with the GIL released.
+
+Everything here works on element sizes of 2 or 4 bytes; the public checks live in
+`ttflow.kernels`. A tile's destination is resolved through the interleaving formula
+(`_tile_ptr`), so the same loop tilizes into a flat buffer (one bank, no gaps) or straight into
+bank memory (`*_to_banks`), which saves a pass over the data.
+"""
+
+from libc.string cimport memcpy, memset
+from libc.stdint cimport int64_t, uint8_t
+
+cimport numpy as cnp
+
+cnp.import_array()
+
+ctypedef Py_ssize_t ssize
+
+
+cdef inline char* _tile_ptr(char* base, ssize t, ssize nbanks, ssize bank_stride,
+                            ssize address, ssize aligned, ssize first) noexcept nogil:
+    cdef ssize page = first + t
+    return base + (page % nbanks) * bank_stride + address + (page // nbanks) * aligned
+
+
+cdef inline void _copy_face_row(char* dst, const char* src, ssize es) noexcept nogil:
+    # Constant sizes let the compiler inline the copy as a few vector moves.
+    if es == 4:
+        memcpy(dst, src, 64)
+    else:
+        memcpy(dst, src, 32)
+
+
+cdef void _tilize(const char* src, ssize batch, ssize h, ssize w,
+                  ssize s_batch, ssize s_row, ssize s_col, ssize es,
+                  char* out, ssize nbanks, ssize bank_stride, ssize address, ssize aligned,
+                  ssize first) noexcept nogil:
+    cdef ssize th = (h + 31) // 32
+    cdef ssize tw = (w + 31) // 32
+    cdef ssize b, tr, r, row, tc, fc, col0, n, t, k
+    cdef ssize face_row_bytes = 16 * es
+    cdef const char* srow
+    cdef char* dst
+    cdef bint contiguous = s_col == es
+    for b in range(batch):
+        for tr in range(th):
+            for r in range(32):
+                row = tr * 32 + r
+                srow = src + b * s_batch + row * s_row
+                for tc in range(tw):
+                    t = (b * th + tr) * tw + tc
+                    dst = _tile_ptr(out, t, nbanks, bank_stride, address, aligned, first) \
+                        + ((r // 16) * 512 + (r % 16) * 16) * es
+                    for fc in range(2):
+                        col0 = tc * 32 + fc * 16
+                        if row >= h or col0 >= w:
+                            memset(dst + fc * 256 * es, 0, face_row_bytes)
+                            continue
+                        n = w - col0
+                        if n >= 16 and contiguous:
+                            _copy_face_row(dst + fc * 256 * es, srow + col0 * es, es)
+                        else:
+                            if n > 16:
+                                n = 16
+                            if contiguous:
+                                memcpy(dst + fc * 256 * es, srow + col0 * es, n * es)
+                            else:
+                                for k in range(n):
+                                    memcpy(dst + (fc * 256 + k) * es, srow + (col0 + k) * s_col, es)
+                            if n < 16:
+                                memset(dst + (fc * 256 + n) * es, 0, (16 - n) * es)
+
+
+cdef void _untilize(const char* tiles, ssize batch, ssize h, ssize w, ssize es, char* out,
+                    ssize nbanks, ssize bank_stride, ssize address, ssize aligned,
+                    ssize first) noexcept nogil:
+    cdef ssize th = (h + 31) // 32
+    cdef ssize tw = (w + 31) // 32
+    cdef ssize b, tr, r, row, tc, fc, col0, n, t
+    cdef const char* srcp
+    cdef char* drow
+    for b in range(batch):
+        for tr in range(th):
+            for r in range(32):
+                row = tr * 32 + r
+                if row >= h:
+                    break
+                drow = out + ((b * h + row) * w) * es
+                for tc in range(tw):
+                    t = (b * th + tr) * tw + tc
+                    srcp = _tile_ptr(<char*>tiles, t, nbanks, bank_stride, address, aligned, first) \
+                        + ((r // 16) * 512 + (r % 16) * 16) * es
+                    for fc in range(2):
+                        col0 = tc * 32 + fc * 16
+                        if col0 >= w:
+                            break
+                        n = w - col0
+                        if n >= 16:
+                            _copy_face_row(drow + col0 * es, srcp + fc * 256 * es, es)
+                        else:
+                            memcpy(drow + col0 * es, srcp + fc * 256 * es, n * es)
+
+
+def tilize_into(cnp.ndarray src, cnp.ndarray out, ssize nbanks, ssize bank_stride,
+                ssize address, ssize aligned, ssize first):
+    """src: a 3-D (batch, h, w) array of 2- or 4-byte elements, any strides. out: the bytes to fill."""
+    cdef const char* sp = <const char*>cnp.PyArray_DATA(src)
+    cdef char* op = <char*>cnp.PyArray_DATA(out)
+    cdef ssize batch = src.shape[0], h = src.shape[1], w = src.shape[2]
+    cdef ssize sb = src.strides[0], sr = src.strides[1], sc = src.strides[2]
+    cdef ssize es = src.itemsize
+    with nogil:
+        _tilize(sp, batch, h, w, sb, sr, sc, es, op, nbanks, bank_stride, address, aligned, first)
+
+
+def untilize_into(cnp.ndarray tiles, cnp.ndarray out, ssize batch, ssize h, ssize w,
+                  ssize nbanks, ssize bank_stride, ssize address, ssize aligned, ssize first):
+    """tiles: the bytes holding the tiles; out: a C-contiguous result of batch*h*w elements."""
+    cdef const char* tp = <const char*>cnp.PyArray_DATA(tiles)
+    cdef char* op = <char*>cnp.PyArray_DATA(out)
+    cdef ssize es = out.itemsize
+    with nogil:
+        _untilize(tp, batch, h, w, es, op, nbanks, bank_stride, address, aligned, first)
+
+
+def scatter(cnp.ndarray pages, cnp.ndarray banks, ssize num_pages, ssize page_size,
+            ssize address, ssize aligned, ssize first):
+    """Page j of the contiguous `pages` to page first+j of an interleaved buffer."""
+    cdef const char* src = <const char*>cnp.PyArray_DATA(pages)
+    cdef char* base = <char*>cnp.PyArray_DATA(banks)
+    cdef ssize nbanks = banks.shape[0], stride = banks.shape[1], j
+    with nogil:
+        for j in range(num_pages):
+            memcpy(_tile_ptr(base, j, nbanks, stride, address, aligned, first),
+                   src + j * page_size, page_size)
+
+
+def gather(cnp.ndarray banks, cnp.ndarray out, ssize num_pages, ssize page_size,
+           ssize address, ssize aligned, ssize first):
+    """Pages first.. of an interleaved buffer into the contiguous `out`."""
+    cdef char* dst = <char*>cnp.PyArray_DATA(out)
+    cdef char* base = <char*>cnp.PyArray_DATA(banks)
+    cdef ssize nbanks = banks.shape[0], stride = banks.shape[1], j
+    with nogil:
+        for j in range(num_pages):
+            memcpy(dst + j * page_size,
+                   _tile_ptr(base, j, nbanks, stride, address, aligned, first), page_size)
