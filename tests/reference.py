@@ -33,3 +33,38 @@ def gelu(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 
     flat = [0.5 * v * (1.0 + math.erf(v / math.sqrt(2.0))) for v in x.astype(np.float64).ravel()]
     return np.asarray(flat, np.float64).reshape(x.shape).astype(np.float32)
+
+
+def bfp8_pack_reference(values: np.ndarray[Any, Any]) -> bytes:
+    """SPEC's BFLOAT8_B packing of one tile, value by value (1024 face-ordered float32s)."""
+    bits = np.asarray(values, np.float32).view(np.uint32).tolist()
+    exps, mants = [], []
+    for k in range(64):
+        row = bits[k * 16 : (k + 1) * 16]
+        e = [(v >> 23) & 0xFF for v in row]
+        shared = max(e)
+        exps.append(shared)
+        for v, ev in zip(row, e):
+            sign = v >> 31
+            if ev == 0:
+                mag = 0
+            else:
+                sig = (v & 0x7FFFFF) | 0x800000
+                shift = 17 + shared - ev
+                q, rem = sig >> shift, sig & ((1 << shift) - 1)
+                half = 1 << (shift - 1)
+                if rem > half or (rem == half and q % 2 == 1):
+                    q += 1
+                mag = min(q, 127)
+            mants.append(sign << 7 | mag)
+    return bytes(exps + mants)
+
+
+def bfp8_unpack_reference(tile: bytes) -> np.ndarray[Any, Any]:
+    """The 1024 face-ordered float32 values one packed tile holds."""
+    out = np.empty(1024, np.float64)
+    for k in range(64):
+        for c in range(16):
+            m = tile[64 + k * 16 + c]
+            out[k * 16 + c] = (-1.0 if m & 0x80 else 1.0) * (m & 0x7F) * 2.0 ** (tile[k] - 133)
+    return out.astype(np.float32)

@@ -81,9 +81,12 @@ def _as_3d(array: Array, batch: int, h: int, w: int) -> Array:
     return array.reshape(batch, h, w)
 
 
-def _out(out: Array | None, nbytes: int, dtype: np.dtype[Any], what: str) -> Array:
+def _out(out: Array | None, nbytes: int, dtype: np.dtype[Any], what: str,
+         shape: tuple[int, ...] | None = None) -> Array:
     if out is None:
         return np.empty(nbytes // dtype.itemsize, dtype)
+    if shape is not None and isinstance(out, np.ndarray) and out.shape != shape:
+        raise ShapeError(f"{what}: out has shape {out.shape}, the result has shape {shape}")
     if not isinstance(out, np.ndarray) or not out.flags.c_contiguous:
         raise LayoutError(f"{what}: out must be a C-contiguous numpy array")
     if out.dtype != dtype:
@@ -91,6 +94,11 @@ def _out(out: Array | None, nbytes: int, dtype: np.dtype[Any], what: str) -> Arr
     if out.nbytes != nbytes:
         raise ShapeError(f"{what}: out holds {out.nbytes} bytes, {nbytes} are needed")
     return out
+
+
+def _shaped(result: Array, out: Array | None, dims: tuple[int, ...]) -> Array:
+    """`out` itself when the caller gave one (checked to have the logical shape), else a view."""
+    return result.reshape(dims) if out is None else out
 
 
 def _check_banks(banks: Any) -> None:
@@ -140,9 +148,9 @@ def untilize(tiles: Any, shape: Any, out: Array | None = None) -> Array:
     if tiles.size != n * 1024:
         raise ShapeError(f"untilize: {dims} needs {n * 1024} elements of tiles, got {tiles.size}")
     tiles = np.ascontiguousarray(tiles)
-    result = _out(out, math.prod(dims) * dt.itemsize, dt, "untilize")
+    result = _out(out, math.prod(dims) * dt.itemsize, dt, "untilize", dims)
     _tiles.untilize_into(tiles, result, batch, h, w, 1, 0, 0, 1024 * dt.itemsize, 0)
-    return result.reshape(dims)
+    return _shaped(result, out, dims)
 
 
 def _float32(array: Any, what: str) -> Array:
@@ -181,9 +189,9 @@ def unpack_bfloat8_b(packed: Any, shape: Any, out: Array | None = None) -> Array
         raise ShapeError(
             f"unpack_bfloat8_b: {dims} needs {n * BFLOAT8_B_TILE_BYTES} bytes, got {packed.size}"
         )
-    result = _out(out, math.prod(dims) * 4, np.dtype(np.float32), "unpack_bfloat8_b")
+    result = _out(out, math.prod(dims) * 4, np.dtype(np.float32), "unpack_bfloat8_b", dims)
     _bfp8.unpack_into(packed, result, batch, h, w, 1, 0, 0, BFLOAT8_B_TILE_BYTES, 0)
-    return result.reshape(dims)
+    return _shaped(result, out, dims)
 
 
 def scatter_pages(pages: Any, banks: Array, address: int, page_size: int,
@@ -229,10 +237,10 @@ def untilize_from_banks(banks: Array, address: int, aligned_page_size: int, shap
     dt = _element_dtype(dtype)
     dims, batch, h, w = _geometry(shape)
     _check_pages(banks, address, 1024 * dt.itemsize, aligned_page_size, _num_tiles(batch, h, w), first_page)
-    result = _out(out, math.prod(dims) * dt.itemsize, dt, "untilize_from_banks")
+    result = _out(out, math.prod(dims) * dt.itemsize, dt, "untilize_from_banks", dims)
     _tiles.untilize_into(banks, result, batch, h, w, banks.shape[0], banks.shape[1], address,
                          aligned_page_size, first_page)
-    return result.reshape(dims)
+    return _shaped(result, out, dims)
 
 
 def pack_bfloat8_b_to_banks(array: Any, banks: Array, address: int, aligned_page_size: int,
@@ -251,7 +259,7 @@ def unpack_bfloat8_b_from_banks(banks: Array, address: int, aligned_page_size: i
                                 first_page: int = 0, out: Array | None = None) -> Array:
     dims, batch, h, w = _geometry(shape)
     _check_pages(banks, address, BFLOAT8_B_TILE_BYTES, aligned_page_size, _num_tiles(batch, h, w), first_page)
-    result = _out(out, math.prod(dims) * 4, np.dtype(np.float32), "unpack_bfloat8_b_from_banks")
+    result = _out(out, math.prod(dims) * 4, np.dtype(np.float32), "unpack_bfloat8_b_from_banks", dims)
     _bfp8.unpack_into(banks, result, batch, h, w, banks.shape[0], banks.shape[1], address,
                       aligned_page_size, first_page)
-    return result.reshape(dims)
+    return _shaped(result, out, dims)
