@@ -12,7 +12,7 @@ extensions = [
     Extension(
         f"ttflow._kernels.{pyx.stem}",
         [str(pyx)],
-        include_dirs=[np.get_include()],
+        include_dirs=[np.get_include(), str(KERNELS)],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")],
         extra_compile_args=["-O3", "-fno-strict-aliasing"],
     )
