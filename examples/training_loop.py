@@ -48,7 +48,7 @@ async def main(steps: int = 60, n: int = 256, d: int = 32, k: int = 4, lr: float
         s = device.stats
     accuracy = float(((x @ w).argmax(-1) == labels).mean())
     print(f"softmax regression, {steps} SGD steps on the device")
-    print(f"  loss {first:.4f} -> {last:.4f}; training accuracy {accuracy:.1%}")
+    print(f"  loss {first:.4f} -> {last:.2e}; training accuracy {accuracy:.1%}")
     print(f"  host->device {s.host_to_device_bytes} bytes (data and initial weights, once); "
           f"device->host {s.device_to_host_bytes} bytes (two losses and the final weights)")
     return {"first_loss": first, "last_loss": last, "accuracy": accuracy,
