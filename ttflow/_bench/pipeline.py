@@ -9,8 +9,11 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -27,10 +30,11 @@ F32 = DataType.FLOAT32
 TILE = Layout(MemorySpace.DRAM, TensorLayout.TILE, F32)
 
 
-def _layer(name: str, batch: int, d: int) -> ProgramBuilder:
+def _layer(name: str, batch: int, d: int, d_out: int | None = None) -> ProgramBuilder:
+    d_out = d if d_out is None else d_out
     b = ProgramBuilder(name)
     x = b.input((batch, d), TILE)
-    w = b.input((d, d), TILE)
+    w = b.input((d, d_out), TILE)
     b.output(b.relu(b.matmul(x, w)), TILE)
     return b
 
@@ -42,10 +46,12 @@ def _blas_threads() -> str:
     return "library default"
 
 
-async def _double_buffering(device: Device, iterations: int, batch: int, d: int) -> dict[str, float]:
-    binary = Binary([_layer("layer", batch, d).build()])
+async def _double_buffering(device: Device, iterations: int, batch: int, d: int,
+                            d_out: int) -> dict[str, float]:
+    # A narrow layer, so that writing a batch and computing on it take similar time.
+    binary = Binary([_layer("layer", batch, d, d_out).build()])
     rng = np.random.default_rng(0)
-    w = (rng.standard_normal((d, d)) / math.sqrt(d)).astype(np.float32)
+    w = (rng.standard_normal((d, d_out)) / math.sqrt(d)).astype(np.float32)
     # Distinct host arrays, as a real input stream would have.
     batches = [rng.standard_normal((batch, d)).astype(np.float32) for _ in range(4)]
     tw = to_device(w, device, TILE)
@@ -146,27 +152,48 @@ async def _resident(device: Device, iterations: int, batch: int, d: int) -> dict
     return {"resident_ms": r * 1e3, "pushed_every_iteration_ms": p * 1e3, "speedup": p / r}
 
 
-async def _all(quick: bool) -> dict[str, Any]:
+async def _all(quick: bool, only_overlap: bool = False) -> dict[str, Any]:
     spec = DeviceSpec.small() if quick else DeviceSpec.wormhole_n150()
-    it, batch, d = (4, 64, 128) if quick else (12, 1024, 1024)
+    it, batch, d, d_out = (4, 64, 128, 32) if quick else (16, 2048, 1024, 48)
     async with open_device(spec) as device:
-        return {
+        result: dict[str, Any] = {
             "benchmark": "pipeline",
             "device": spec.name,
-            "sizes": {"iterations": it, "batch": batch, "d": d},
+            "sizes": {"iterations": it, "batch": batch, "d": d, "overlap_layer_out": d_out},
             "blas_threads": _blas_threads(),
-            "double_buffering": await _double_buffering(device, it, batch, d),
-            "stitching": await _stitching(device, it, batch, d),
-            "resident_weights": await _resident(device, it, batch, d),
+            "double_buffering": await _double_buffering(device, it, batch, d, d_out),
         }
+        if not only_overlap:
+            result["stitching"] = await _stitching(device, max(it // 2, 2), batch // 2, d)
+            result["resident_weights"] = await _resident(device, max(it // 2, 2), batch // 2, d)
+        return result
+
+
+def _overlap_with_blas_threads(threads: int, quick: bool) -> dict[str, float]:
+    """The double-buffering figure in a fresh process whose BLAS uses `threads` threads."""
+    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
+               MKL_NUM_THREADS=str(threads))
+    code = ("import json, anyio; from ttflow._bench import pipeline; "
+            f"print(json.dumps(anyio.run(pipeline._all, {quick}, True)['double_buffering']))")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True)
+    return json.loads(done.stdout)
 
 
 def run(quick: bool = False) -> dict[str, Any]:
-    return anyio.run(_all, quick)
+    result = anyio.run(_all, quick)
+    result["blas_thread_policy"] = {
+        f"{n}_thread{'s' if n > 1 else ''}": _overlap_with_blas_threads(n, quick) for n in (1, 2)
+    }
+    return result
 
 
 def format_table(r: dict[str, Any]) -> str:
     db, st, rw = r["double_buffering"], r["stitching"], r["resident_weights"]
+    policy = ", ".join(
+        f"{name.replace('_', ' ')}: overlap {v['overlap']:.2f}, pipelined {v['pipelined_ms']:.2f} ms"
+        for name, v in r["blas_thread_policy"].items()
+    )
     return "\n".join([
         f"pipeline on {r['device']} ({r['sizes']}, BLAS threads: {r['blas_threads']})",
         f"  double buffering: copy {db['copy_ms']:.2f} ms, compute {db['compute_ms']:.2f} ms, "
@@ -177,4 +204,5 @@ def format_table(r: dict[str, Any]) -> str:
         f"vs {st['round_trip_host_bytes_per_iteration']}",
         f"  resident weights: {rw['resident_ms']:.2f} ms vs pushed every iteration "
         f"{rw['pushed_every_iteration_ms']:.2f} ms ({rw['speedup']:.2f}x)",
+        f"  BLAS thread policy (double buffering, fresh processes): {policy}",
     ])
