@@ -111,5 +111,5 @@ def test_bench_pipeline_quick_json() -> None:
     assert done.returncode == 0, done.stderr
     r = json.loads(done.stdout)
     assert r["stitching"]["stitched_host_bytes_per_iteration"] == 0
-    assert r["stitching"]["round_trip_host_bytes_per_iteration"] == 2 * 64 * 128 * 4
+    assert r["stitching"]["round_trip_host_bytes_per_iteration"] == 2 * 32 * 128 * 4  # batch/2 rows
     assert r["double_buffering"]["overlap"] > 0

@@ -107,7 +107,7 @@ class Device:
         assert layout.dtype is not None
         self._collect_garbage()
         page_size, num_pages = storage_geometry(shape, layout.dtype, layout.tensor_layout)
-        storage = Storage(layout, self._spaces[layout.memory].allocate(page_size, num_pages))
+        storage = Storage(layout, self._spaces[layout.memory].allocate(page_size, num_pages), shape)
         self._owned[storage] = None
         if owner is not None and layout.memory is MemorySpace.L1:
             self._l1[storage] = weakref.ref(owner)

@@ -1,7 +1,9 @@
 """Moving a tensor's value between host arrays and bank memory, through the kernels.
 
 Each function takes the bank array of the storage's memory space and a `Storage`; none of them
-touch device state, so they are safe to call from a worker thread.
+touch device state, so they are safe to call from a worker thread. The geometry of a storage was
+checked when it was allocated, so the tile paths call the Cython kernels directly: the public
+checks in `ttflow.kernels` cost more than a one-tile kernel.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from . import kernels
+from ._kernels import _bfp8, _tiles
 from ._tensor import Storage
 from ._types import DataType, TensorLayout
 
@@ -40,7 +43,8 @@ def write_array(banks: Banks, storage: Storage, array: np.ndarray[Any, Any]) -> 
     elif dtype is DataType.BFLOAT8_B:
         kernels.pack_bfloat8_b_to_banks(array, banks, buf.address, buf.aligned_page_size)
     else:
-        kernels.tilize_to_banks(array, banks, buf.address, buf.aligned_page_size)
+        _tiles.tilize_into(array.reshape(storage.dims3), banks, banks.shape[0], banks.shape[1],
+                           buf.address, buf.aligned_page_size, 0)
 
 
 def read_array(banks: Banks, storage: Storage, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
@@ -54,11 +58,11 @@ def read_array(banks: Banks, storage: Storage, shape: tuple[int, ...]) -> np.nda
             banks, buf.address, buf.page_size, buf.aligned_page_size, buf.num_pages, out=out
         )
         return out
-    if dtype is DataType.BFLOAT8_B:
-        return kernels.unpack_bfloat8_b_from_banks(banks, buf.address, buf.aligned_page_size, shape)
-    return kernels.untilize_from_banks(
-        banks, buf.address, buf.aligned_page_size, shape, dtype.host_dtype
-    )
+    out = np.empty(shape, dtype.host_dtype)
+    kernel = _bfp8.unpack_into if dtype is DataType.BFLOAT8_B else _tiles.untilize_into
+    kernel(banks, out, *storage.dims3, banks.shape[0], banks.shape[1], buf.address,
+           buf.aligned_page_size, 0)
+    return out
 
 
 def copy_storage(

@@ -32,11 +32,19 @@ __all__ = ["Storage", "Tensor"]
 class Storage:
     """One copy of a tensor's value in one layout, at one place in bank memory."""
 
-    __slots__ = ("layout", "buffer")
+    __slots__ = ("layout", "buffer", "dims3")
 
-    def __init__(self, layout: Layout, buffer: BufferInfo) -> None:
+    def __init__(self, layout: Layout, buffer: BufferInfo, shape: tuple[int, ...]) -> None:
         self.layout = layout
         self.buffer = buffer
+        # (batch, rows, cols) of the logical shape: how the tile kernels see it.
+        if len(shape) == 1:
+            self.dims3 = (1, 1, shape[0])
+        else:
+            batch = 1
+            for d in shape[:-2]:
+                batch *= d
+            self.dims3 = (batch, shape[-2], shape[-1])
 
     def __repr__(self) -> str:
         return f"Storage({self.layout}, {self.buffer})"

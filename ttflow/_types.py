@@ -37,6 +37,9 @@ FACE = 16
 class DataType(enum.Enum):
     """Element types a device tensor can hold."""
 
+    # Members are singletons: identity hashing is exact and runs in C (Enum's own is Python).
+    __hash__ = object.__hash__
+
     FLOAT32 = "float32"
     BFLOAT16 = "bfloat16"
     BFLOAT8_B = "bfloat8_b"
@@ -99,6 +102,9 @@ _TILE_BYTES = {
 class MemorySpace(enum.Enum):
     """Where a buffer lives: DRAM banks, or the L1 SRAM of the worker cores."""
 
+    # Members are singletons: identity hashing is exact and runs in C (Enum's own is Python).
+    __hash__ = object.__hash__
+
     DRAM = "dram"
     L1 = "l1"
 
@@ -111,6 +117,9 @@ class MemorySpace(enum.Enum):
 
 class TensorLayout(enum.Enum):
     """How elements are laid out in pages: one row per page, or one 32x32 tile per page."""
+
+    # Members are singletons: identity hashing is exact and runs in C (Enum's own is Python).
+    __hash__ = object.__hash__
 
     ROW_MAJOR = "row_major"
     TILE = "tile"
