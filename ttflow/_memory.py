@@ -104,10 +104,7 @@ class Allocator:
         self._free_starts: list[int] = [0] if self.size else []
         self._free: dict[int, int] = {0: self.size} if self.size else {}
         self._used: dict[int, int] = {}
-
-    @property
-    def used_bytes(self) -> int:
-        return self.size - sum(self._free.values())
+        self.used_bytes = 0
 
     @property
     def largest_free(self) -> int:
@@ -144,10 +141,12 @@ class Allocator:
             address = best
             self._insert_free(best + size, best_size - size)
         self._used[address] = size
+        self.used_bytes += size
         return address
 
     def free(self, address: int) -> None:
         size = self._used.pop(address)
+        self.used_bytes -= size
         start, end = address, address + size
         i = bisect.bisect_left(self._free_starts, start)
         if i > 0:

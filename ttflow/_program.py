@@ -70,9 +70,10 @@ class Program:
     output_specs: tuple[TensorSpec, ...]
     num_inputs: int
 
-    @property
-    def inputs(self) -> tuple[TensorSpec, ...]:
-        return self.values[: self.num_inputs]
+    inputs: tuple[TensorSpec, ...] = attrs.field(init=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "inputs", self.values[: self.num_inputs])
 
     def same_as(self, other: Program) -> bool:
         """Field-by-field equality (programs hash by identity, so the runtime can cache plans)."""
