@@ -66,3 +66,19 @@ def test_bad_input() -> None:
         tt.kernels.tilize(np.ones((4, 4), np.float32), out=np.empty(1023, np.float32))
     with pytest.raises(tt.ShapeError):
         tt.kernels.untilize(np.ones(1024, np.float32), (33, 1))
+
+
+@pytest.mark.parametrize("shape", [(2, 1100, 1000), (3000, 777)])
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16)])
+def test_large_arrays_take_the_streaming_paths(shape: tuple[int, ...], dtype: np.dtype) -> None:
+    # Outputs over 8 MiB use streaming stores and, for untilize, a blocked two-pass copy.
+    x = make(shape, dtype, 3)
+    if x.nbytes <= 8 << 20:
+        x = np.concatenate([x, x, x])
+        shape = x.shape
+    tiles = tt.kernels.tilize(x)
+    np.testing.assert_array_equal(tiles.view(np.uint8), tilize_reference(x).view(np.uint8))
+    np.testing.assert_array_equal(tt.kernels.untilize(tiles, shape), x)
+    banks = np.zeros((12, -(-tiles.size // 1024 // 12) * 1024 * dtype.itemsize + 64), np.uint8)
+    tt.kernels.tilize_to_banks(x, banks, 64, 1024 * dtype.itemsize)
+    np.testing.assert_array_equal(tt.kernels.untilize_from_banks(banks, 64, 1024 * dtype.itemsize, shape, dtype), x)

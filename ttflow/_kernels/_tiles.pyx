@@ -7,6 +7,7 @@ Everything here works on element sizes of 2 or 4 bytes; the public checks live i
 bank memory (`*_to_banks`), which saves a pass over the data.
 """
 
+from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
 from libc.stdint cimport int64_t, uint8_t
 
@@ -89,6 +90,68 @@ cdef void _tilize(const char* src, ssize batch, ssize h, ssize w,
                             memset(dst + (fc * 256 + n) * es, 0, (16 - n) * es)
 
 
+cdef void _stream_rows(const char* src, char* dst, ssize nbytes) noexcept nogil:
+    cdef ssize i = 0
+    while i + 64 <= nbytes:
+        ttf_copy64(dst + i, src + i, 1)
+        i += 64
+    if i < nbytes:
+        memcpy(dst + i, src + i, nbytes - i)
+
+
+cdef int _untilize_blocked(const char* tiles, ssize batch, ssize h, ssize w, ssize es, char* out,
+                           ssize nbanks, ssize bank_stride, ssize address, ssize aligned,
+                           ssize first) noexcept nogil:
+    """Large outputs: blocks of 32 rows x 512 columns are untilized into a cache-sized scratch
+    (regular stores that never leave the cache), then streamed to the output row by row
+    (streaming stores, no read-for-ownership). Returns 0 if the scratch could not be allocated."""
+    cdef ssize th = (h + 31) // 32
+    cdef ssize tw = (w + 31) // 32
+    cdef ssize block = 16  # tiles per block: 32 x 512 elements
+    cdef ssize b, tr, tc0, rows, cols, ntiles, r, t, fc, col0, n, k
+    cdef const char* tile
+    cdef char* scratch = <char*>malloc(32 * block * 32 * es)
+    cdef char* srow
+    if scratch == NULL:
+        return 0
+    for b in range(batch):
+        for tr in range(th):
+            rows = h - tr * 32
+            if rows > 32:
+                rows = 32
+            tc0 = 0
+            while tc0 < tw:
+                ntiles = tw - tc0
+                if ntiles > block:
+                    ntiles = block
+                cols = w - tc0 * 32
+                if cols > ntiles * 32:
+                    cols = ntiles * 32
+                for k in range(ntiles):
+                    t = (b * th + tr) * tw + tc0 + k
+                    tile = _tile_ptr(<char*>tiles, t, nbanks, bank_stride, address, aligned, first)
+                    for r in range(rows):
+                        srow = scratch + (r * cols + k * 32) * es
+                        for fc in range(2):
+                            col0 = k * 32 + fc * 16
+                            if col0 >= cols:
+                                break
+                            n = cols - col0
+                            if n >= 16:
+                                _copy_face_row(srow + fc * 16 * es,
+                                               tile + ((r // 16) * 512 + (r % 16) * 16 + fc * 256) * es,
+                                               es, 0)
+                            else:
+                                memcpy(srow + fc * 16 * es,
+                                       tile + ((r // 16) * 512 + (r % 16) * 16 + fc * 256) * es, n * es)
+                for r in range(rows):
+                    _stream_rows(scratch + r * cols * es,
+                                 out + ((b * h + tr * 32 + r) * w + tc0 * 32) * es, cols * es)
+                tc0 += ntiles
+    free(scratch)
+    return 1
+
+
 cdef void _untilize(const char* tiles, ssize batch, ssize h, ssize w, ssize es, char* out,
                     ssize nbanks, ssize bank_stride, ssize address, ssize aligned,
                     ssize first) noexcept nogil:
@@ -143,8 +206,12 @@ def untilize_into(cnp.ndarray tiles, cnp.ndarray out, ssize batch, ssize h, ssiz
     cdef const char* tp = <const char*>cnp.PyArray_DATA(tiles)
     cdef char* op = <char*>cnp.PyArray_DATA(out)
     cdef ssize es = out.itemsize
+    cdef int stream = batch * h * w * es > STREAM_BYTES
     with nogil:
-        _untilize(tp, batch, h, w, es, op, nbanks, bank_stride, address, aligned, first)
+        if not (stream and _untilize_blocked(tp, batch, h, w, es, op, nbanks, bank_stride,
+                                             address, aligned, first)):
+            _untilize(tp, batch, h, w, es, op, nbanks, bank_stride, address, aligned, first)
+        ttf_fence(stream)
 
 
 def scatter(cnp.ndarray pages, cnp.ndarray banks, ssize num_pages, ssize page_size,
