@@ -35,3 +35,13 @@ from ._types import TensorLayout as TensorLayout
 from . import kernels as kernels
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "BinaryFormatError", "DeallocatedTensorError", "DeviceClosedError", "LayoutError",
+    "OutOfMemoryError", "ProgramError", "ShapeError", "TTFlowError",
+    "Device", "DeviceStatistics", "open_device", "BufferInfo",
+    "Binary", "Program", "ProgramBuilder", "get_layout",
+    "deallocate", "empty", "submit", "to_device", "to_host", "to_layout", "wait", "write",
+    "Tensor", "TraceRecorder", "record_trace",
+    "DataType", "DeviceSpec", "Layout", "MemorySpace", "TensorLayout", "kernels",
+]
