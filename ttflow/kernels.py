@@ -23,6 +23,7 @@ import numpy as np
 
 from ._errors import LayoutError, ShapeError
 from ._kernels import _bfp8, _tiles
+from ._types import check_shape
 
 __all__ = [
     "tilize",
@@ -59,14 +60,7 @@ def _element_dtype(dtype: Any) -> np.dtype[Any]:
 
 def _geometry(shape: Any) -> tuple[tuple[int, ...], int, int, int]:
     """(shape, batch, h, w) of a logical shape; rank 1 is one row."""
-    try:
-        dims = tuple(int(d) for d in shape)
-    except TypeError:
-        raise ShapeError(f"a shape is a sequence of ints, got {shape!r}") from None
-    if not dims:
-        raise ShapeError("0-d arrays cannot be tiled: reshape to (1,) first")
-    if any(d <= 0 for d in dims):
-        raise ShapeError(f"every dimension must be positive, got shape {dims}")
+    dims = check_shape(shape)
     if len(dims) == 1:
         return dims, 1, 1, dims[0]
     return dims, math.prod(dims[:-2]), dims[-2], dims[-1]

@@ -17,13 +17,7 @@ cimport numpy as cnp
 
 cnp.import_array()
 
-ctypedef Py_ssize_t ssize
-
-cdef inline char* _tile_ptr(char* base, ssize t, ssize nbanks, ssize bank_stride,
-                            ssize address, ssize aligned, ssize first) noexcept nogil:
-    cdef ssize page = first + t
-    return base + (page % nbanks) * bank_stride + address + (page // nbanks) * aligned
-
+from ttflow._kernels._common cimport ssize, tile_ptr
 
 cdef void _gather_tile(const char* src, ssize h, ssize w, ssize s_row, ssize s_col,
                        ssize tr, ssize tc, float* scratch) noexcept nogil:
@@ -141,7 +135,7 @@ def pack_into(cnp.ndarray src, cnp.ndarray out, ssize nbanks, ssize bank_stride,
                 for tc in range(tw):
                     t = (b * th + tr) * tw + tc
                     _gather_tile(sp + b * sb, h, w, sr, sc, tr, tc, scratch)
-                    bad |= _pack_tile(scratch, <uint8_t*>_tile_ptr(op, t, nbanks, bank_stride,
+                    bad |= _pack_tile(scratch, <uint8_t*>tile_ptr(op, t, nbanks, bank_stride,
                                                                  address, aligned, first))
     return bool(bad)
 
@@ -159,6 +153,6 @@ def unpack_into(cnp.ndarray packed, cnp.ndarray out, ssize batch, ssize h, ssize
             for tr in range(th):
                 for tc in range(tw):
                     t = (b * th + tr) * tw + tc
-                    _unpack_tile(<const uint8_t*>_tile_ptr(<char*>pp, t, nbanks, bank_stride,
+                    _unpack_tile(<const uint8_t*>tile_ptr(<char*>pp, t, nbanks, bank_stride,
                                                           address, aligned, first), scratch)
                     _scatter_tile(scratch, op + b * h * w * 4, h, w, tr, tc)

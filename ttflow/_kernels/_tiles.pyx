@@ -20,13 +20,7 @@ cdef extern from "_stream.h" nogil:
 
 cnp.import_array()
 
-ctypedef Py_ssize_t ssize
-
-
-cdef inline char* _tile_ptr(char* base, ssize t, ssize nbanks, ssize bank_stride,
-                            ssize address, ssize aligned, ssize first) noexcept nogil:
-    cdef ssize page = first + t
-    return base + (page % nbanks) * bank_stride + address + (page // nbanks) * aligned
+from ttflow._kernels._common cimport ssize, tile_ptr
 
 
 cdef inline void _copy_face_row(char* dst, const char* src, ssize es, int stream) noexcept nogil:
@@ -59,7 +53,7 @@ cdef void _tilize(const char* src, ssize batch, ssize h, ssize w,
         for tr in range(th):
             for tc in range(tw):
                 t = (b * th + tr) * tw + tc
-                tile = _tile_ptr(out, t, nbanks, bank_stride, address, aligned, first)
+                tile = tile_ptr(out, t, nbanks, bank_stride, address, aligned, first)
                 if contiguous and tr * 32 + 32 <= h and tc * 32 + 32 <= w:
                     # A whole tile: write it front to back, face row by face row.
                     for f in range(4):
@@ -129,7 +123,7 @@ cdef int _untilize_blocked(const char* tiles, ssize batch, ssize h, ssize w, ssi
                     cols = ntiles * 32
                 for k in range(ntiles):
                     t = (b * th + tr) * tw + tc0 + k
-                    tile = _tile_ptr(<char*>tiles, t, nbanks, bank_stride, address, aligned, first)
+                    tile = tile_ptr(<char*>tiles, t, nbanks, bank_stride, address, aligned, first)
                     for r in range(rows):
                         srow = scratch + (r * cols + k * 32) * es
                         for fc in range(2):
@@ -167,7 +161,7 @@ cdef void _untilize(const char* tiles, ssize batch, ssize h, ssize w, ssize es, 
         for tr in range(th):
             for tc in range(tw):
                 t = (b * th + tr) * tw + tc
-                tile = _tile_ptr(<char*>tiles, t, nbanks, bank_stride, address, aligned, first)
+                tile = tile_ptr(<char*>tiles, t, nbanks, bank_stride, address, aligned, first)
                 for r in range(32):
                     row = tr * 32 + r
                     if row >= h:
@@ -222,7 +216,7 @@ def scatter(cnp.ndarray pages, cnp.ndarray banks, ssize num_pages, ssize page_si
     cdef ssize nbanks = banks.shape[0], stride = banks.shape[1], j
     with nogil:
         for j in range(num_pages):
-            memcpy(_tile_ptr(base, j, nbanks, stride, address, aligned, first),
+            memcpy(tile_ptr(base, j, nbanks, stride, address, aligned, first),
                    src + j * page_size, page_size)
 
 
@@ -235,4 +229,4 @@ def gather(cnp.ndarray banks, cnp.ndarray out, ssize num_pages, ssize page_size,
     with nogil:
         for j in range(num_pages):
             memcpy(dst + j * page_size,
-                   _tile_ptr(base, j, nbanks, stride, address, aligned, first), page_size)
+                   tile_ptr(base, j, nbanks, stride, address, aligned, first), page_size)
