@@ -309,3 +309,32 @@ async def test_dropped_tensors_give_their_memory_back() -> None:
         assert device.memory_used(tt.MemorySpace.L1) > 0
         del t
         assert device.memory_used(tt.MemorySpace.L1) == 0
+
+
+async def test_cq1_write_overlaps_a_cq0_program() -> None:
+    # Large enough that both commands go to worker threads; the kernels and the matmul release
+    # the GIL, so the write of the next batch runs while the program reads the other buffer.
+    b = tt.ProgramBuilder("wide")
+    x = b.input((1024, 1024), DRAM_TILE)
+    w = b.input((1024, 256), DRAM_TILE)
+    b.output(b.relu(b.matmul(x, w)))
+    binary = tt.Binary([b.build()])
+    r = rng(10)
+    batches = [r.standard_normal((1024, 1024)).astype(np.float32) for _ in range(2)]
+    async with tt.open_device() as device:
+        tw = tt.to_device(r.standard_normal((1024, 256)).astype(np.float32), device, DRAM_TILE)
+        bufs = [tt.empty((1024, 1024), F32, device, DRAM_TILE) for _ in range(2)]
+        for buf in bufs:
+            await buf
+        with tt.record_trace(device) as recorder:
+            outs = []
+            for i in range(6):
+                tt.write(bufs[i % 2], batches[i % 2])
+                outs.append(tt.submit(device, binary, 0, [bufs[i % 2], tw])[0])
+            for out in outs:
+                await out
+        spans = [(e["tid"], e["ts"], e["ts"] + e["dur"]) for e in recorder.events if e["ph"] == "X"]
+        writes = [(s, e) for tid, s, e in spans if tid == 1]
+        programs = [(s, e) for tid, s, e in spans if tid == 0]
+        overlapped = sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in writes for s2, e2 in programs)
+        assert overlapped > 0, "no CQ1 write ran while a CQ0 program ran"
