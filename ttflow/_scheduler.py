@@ -36,7 +36,12 @@ def _nbytes(storage: Storage) -> int:
 
 def compute_dtype(dtype: DataType) -> np.dtype[Any]:
     """Programs compute floats in float32 and integers in int64 (wrapped when stored)."""
-    return np.dtype(np.float32) if dtype.is_float else np.dtype(np.int64)
+    return _COMPUTE_DTYPES[dtype]
+
+
+_COMPUTE_DTYPES = {
+    dt: np.dtype(np.float32) if dt.is_float else np.dtype(np.int64) for dt in DataType
+}
 
 
 class WriteCommand(Command):
@@ -235,7 +240,8 @@ class EvictCommand(Command):
 class _Plan:
     """What a program needs that does not change between submissions."""
 
-    __slots__ = ("last_read", "step_attrs", "store_in_output", "copied_out")
+    __slots__ = ("last_read", "step_attrs", "store_in_output", "copied_out", "compute",
+                 "value_dtypes")
 
     def __init__(self, program: Program) -> None:
         self.last_read = [-1] * len(program.values)  # the last step reading each value
@@ -243,6 +249,8 @@ class _Plan:
             for value in step.inputs:
                 self.last_read[value] = index
         self.step_attrs = [dict(step.attrs) for step in program.steps]
+        self.compute = [OPS[step.op].compute for step in program.steps]
+        self.value_dtypes = [compute_dtype(spec.dtype) for spec in program.values]
         # A step value that is an output of the same dtype is stored straight into that output.
         self.store_in_output: dict[int, int] = {}
         for k, value in enumerate(program.outputs):
@@ -333,10 +341,10 @@ class ProgramCommand(Command):
         for index, (storage, spec) in enumerate(zip(self.sources, program.inputs)):
             if plan.last_read[index] >= 0 or plan.copied_out[index]:
                 array = io.read_array(d._banks(storage.layout.memory), storage, spec.shape)
-                values[index] = array.astype(compute_dtype(spec.dtype), copy=False)
+                values[index] = array.astype(plan.value_dtypes[index], copy=False)
         for index, step in enumerate(program.steps):
             args = [values[v] for v in step.inputs]
-            result = OPS[step.op].compute(args, step.scalar, **plan.step_attrs[index])
+            result = plan.compute[index](args, step.scalar, **plan.step_attrs[index])
             value = step.output
             k = plan.store_in_output.get(value)
             storage = self.out_storages[k] if k is not None else self.scratch[value]
@@ -346,7 +354,7 @@ class ProgramCommand(Command):
                 # Later steps and copies read the value as it is stored: rounded to its dtype.
                 spec = program.values[value]
                 stored = io.read_array(banks, storage, spec.shape)
-                values[value] = stored.astype(compute_dtype(spec.dtype), copy=False)
+                values[value] = stored.astype(plan.value_dtypes[value], copy=False)
             for v in step.inputs:
                 if plan.last_read[v] == index and not plan.copied_out[v]:
                     values[v] = None

@@ -7,6 +7,7 @@ ask again whether a `Layout` or a `DeviceSpec` makes sense.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from typing import Any, final
 
@@ -239,6 +240,7 @@ def check_shape(shape: Any) -> tuple[int, ...]:
     return dims
 
 
+@functools.lru_cache(maxsize=4096)
 def storage_geometry(
     shape: tuple[int, ...], dtype: DataType, tensor_layout: TensorLayout
 ) -> tuple[int, int]:
