@@ -1,0 +1,86 @@
+"""Builds and loads the C++ device guard that torch requires for the "tt" device.
+
+torch refuses to create a tensor on a PrivateUse1 device without a `DeviceGuardImpl` and the
+PrivateUse1 hooks, and both can only be registered from C++. `_guard.cpp` is tiny and depends on
+the c10/ATen headers only, so it compiles in about two seconds; the shared library is cached per
+torch version and source hash, so only the first import pays for it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.utils.cpp_extension as cpp_extension
+
+__all__ = ["cache_dir", "load_guard"]
+
+_SOURCE = Path(__file__).with_name("_guard.cpp")
+_loaded: ctypes.CDLL | None = None
+
+
+def cache_dir() -> Path:
+    """Where the built guard is kept: $TTFLOW_CACHE_DIR, else $XDG_CACHE_HOME/ttflow, else ~/.cache/ttflow."""
+    explicit = os.environ.get("TTFLOW_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ttflow"
+
+
+def _compiler() -> str | None:
+    for candidate in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if candidate and shutil.which(candidate):
+            return candidate
+    return None
+
+
+def _command(compiler: str, output: Path) -> list[str]:
+    (lib,) = cpp_extension.library_paths()[:1]
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    includes = [f"-I{p}" for p in cpp_extension.include_paths()]
+    return [
+        compiler, "-O2", "-shared", "-fPIC", "-std=c++20", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        *includes, str(_SOURCE), "-o", str(output),
+        f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}",
+    ]
+
+
+def _target() -> Path:
+    digest = hashlib.sha256(_SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:16]
+    return cache_dir() / f"torch_guard-{torch.__version__}-{digest}.so"
+
+
+def load_guard() -> Path:
+    """Builds the guard if it is not cached yet, then loads it (once per process)."""
+    global _loaded
+    target = _target()
+    if _loaded is not None:
+        return target
+    if not target.exists():
+        compiler = _compiler()
+        if compiler is None:
+            raise RuntimeError(
+                "ttflow.torch needs a C++ compiler once, to build the small device guard torch "
+                f"requires for the 'tt' device (cached in {target.parent}). Install one "
+                "(e.g. `apt-get install g++`) or set CXX, then import ttflow.torch again."
+            )
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # Build beside the target and rename: concurrent first imports never see half a file.
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+        result = subprocess.run(_command(compiler, Path(tmp)), capture_output=True, text=True)
+        if result.returncode != 0:
+            os.unlink(tmp)
+            raise RuntimeError(
+                f"building ttflow.torch's device guard with {compiler} failed:\n{result.stderr[-4000:]}"
+            )
+        os.replace(tmp, target)
+    _loaded = ctypes.CDLL(str(target))
+    return target
