@@ -123,12 +123,17 @@ def _check_pages(banks: Array, address: int, page_size: int, aligned: int, num_p
 
 
 def tilize(array: Any, out: Array | None = None) -> Array:
-    """Pads to whole tiles and reorders into tiles of faces; returns a 1-D array."""
+    """Pads to whole tiles and reorders into tiles of faces; returns a 1-D array.
+
+    Tile t's element (r, c) lands at t*1024 + ((r//16)*2 + c//16)*256 + (r%16)*16 + c%16; tiles
+    run row-major over the tile grid with the batch dims flattened in front, each batch slice
+    padded with zeros on its own. Any strides are accepted (a C-contiguous last dim is fastest).
+    `out`: a 1-D C-contiguous array of the same dtype and exactly num_tiles*1024 elements."""
     array = np.asarray(array)
     dt = _element_dtype(array.dtype)
     _, batch, h, w = _geometry(array.shape)
     n = _num_tiles(batch, h, w)
-    result = _out(out, n * 1024 * dt.itemsize, dt, "tilize")
+    result = _out(out, n * 1024 * dt.itemsize, dt, "tilize", (n * 1024,))
     _tiles.tilize_into(_as_3d(array, batch, h, w), result, 1, 0, 0, 1024 * dt.itemsize, 0)
     return result
 
@@ -162,11 +167,19 @@ def _raise_non_finite(array: Array) -> None:
 
 
 def pack_bfloat8_b(array: Any, out: Array | None = None) -> Array:
-    """Tilizes a float array and packs each tile into 1088 BFLOAT8_B bytes."""
+    """Tilizes a float array and packs each tile into 1088 BFLOAT8_B bytes.
+
+    float32 is packed as is; other float dtypes (bfloat16, float16, float64) are converted to
+    float32 first; integer arrays raise LayoutError. Each 16-value face row shares the largest
+    biased exponent of its values; magnitudes are rounded once, to nearest with ties to even, and
+    clamped to 127. Subnormal inputs are flushed to zero (keeping their sign); -0.0 packs as 0x80.
+    NaN and infinity have no encoding: they raise LayoutError naming the first one's flat index
+    (found by the exponent scan the pack does anyway; `out`, if given, is then partly written)."""
     array = _float32(array, "pack_bfloat8_b")
     _, batch, h, w = _geometry(array.shape)
     n = _num_tiles(batch, h, w)
-    result = _out(out, n * BFLOAT8_B_TILE_BYTES, np.dtype(np.uint8), "pack_bfloat8_b")
+    result = _out(out, n * BFLOAT8_B_TILE_BYTES, np.dtype(np.uint8), "pack_bfloat8_b",
+                  (n * BFLOAT8_B_TILE_BYTES,))
     if _bfp8.pack_into(_as_3d(array, batch, h, w), result, 1, 0, 0, BFLOAT8_B_TILE_BYTES, 0):
         _raise_non_finite(array)
     return result
@@ -193,7 +206,9 @@ def scatter_pages(pages: Any, banks: Array, address: int, page_size: int,
     """Writes each page of the contiguous `pages` to its bank and address."""
     if not isinstance(pages, np.ndarray) or not pages.flags.c_contiguous:
         raise LayoutError("pages must be a C-contiguous numpy array")
-    if page_size <= 0 or pages.nbytes % page_size:
+    if page_size <= 0:
+        raise ShapeError(f"page size must be positive, got {page_size}")
+    if pages.nbytes % page_size:
         raise ShapeError(f"{pages.nbytes} bytes of pages are not a whole number of {page_size}-byte pages")
     num_pages = pages.nbytes // page_size
     _check_pages(banks, address, page_size, aligned_page_size, num_pages, first_page)
@@ -239,11 +254,13 @@ def untilize_from_banks(banks: Array, address: int, aligned_page_size: int, shap
 
 def pack_bfloat8_b_to_banks(array: Any, banks: Array, address: int, aligned_page_size: int,
                             first_page: int = 0) -> None:
-    """Packs straight into bank memory, one 1088-byte page per tile."""
+    """Packs straight into bank memory, one 1088-byte page per tile.
+
+    NaN or infinity raise LayoutError before any byte is written (a read-only scan first)."""
     array = _float32(array, "pack_bfloat8_b_to_banks")
     _, batch, h, w = _geometry(array.shape)
     _check_pages(banks, address, BFLOAT8_B_TILE_BYTES, aligned_page_size, _num_tiles(batch, h, w), first_page)
-    if not np.isfinite(array).all():
+    if _bfp8.any_non_finite(array):
         _raise_non_finite(array)  # checked first: bank memory must not be half written
     _bfp8.pack_into(_as_3d(array, batch, h, w), banks, banks.shape[0], banks.shape[1], address,
                     aligned_page_size, first_page)
@@ -251,6 +268,7 @@ def pack_bfloat8_b_to_banks(array: Any, banks: Array, address: int, aligned_page
 
 def unpack_bfloat8_b_from_banks(banks: Array, address: int, aligned_page_size: int, shape: Any,
                                 first_page: int = 0, out: Array | None = None) -> Array:
+    """The float32 array of `shape` held by BFLOAT8_B pages first_page.. of a buffer."""
     dims, batch, h, w = _geometry(shape)
     _check_pages(banks, address, BFLOAT8_B_TILE_BYTES, aligned_page_size, _num_tiles(batch, h, w), first_page)
     result = _out(out, math.prod(dims) * 4, np.dtype(np.float32), "unpack_bfloat8_b_from_banks", dims)
