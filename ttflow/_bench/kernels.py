@@ -38,8 +38,11 @@ def _numpy_tilize(x: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> None:
 
 
 def run(size: int = 4096, repeats: int = 5, quick: bool = False) -> dict[str, Any]:
+    """Times every kernel on size x size arrays; `quick` is 512x512, best of 2 (a smoke test)."""
     if quick:
         size, repeats = 512, 2
+    if size <= 0 or size % 32:
+        raise ValueError(f"size must be a positive multiple of 32, got {size}")
     rows = []
     for dtype in (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16)):
         x = (np.random.default_rng(0).standard_normal((size, size))).astype(dtype)
