@@ -190,3 +190,22 @@ async def test_cancelling_the_block_closes_cleanly() -> None:
     assert scope.cancelled_caught
     assert used(device) == (0, 0) and device.closed
     assert all(o.done() for o in outs)
+
+
+async def test_batched_writes_fail_one_by_one() -> None:
+    # Ready host writes share one worker-thread hand-off; a write that fails (NaN has no
+    # BFLOAT8_B encoding) fails alone and the others land.
+    bfp8 = tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, tt.DataType.BFLOAT8_B)
+    arrays = [np.full((256, 256), i + 1, np.float32) for i in range(6)]
+    arrays[3][5, 5] = np.nan
+    async with tt.open_device(tt.DeviceSpec.small()) as device:
+        with tt.record_trace(device) as recorder:
+            tensors = [tt.to_device(a, device, bfp8) for a in arrays]
+            with pytest.raises(tt.LayoutError, match="NaN"):
+                await tensors[3]
+            for i, t in enumerate(tensors):
+                if i != 3:
+                    np.testing.assert_array_equal(await tt.to_host(t), arrays[i])
+        starts = {e["ts"] for e in recorder.events if e["ph"] == "X" and e["name"] == "write"}
+        assert len(starts) == 1  # one batch
+        assert device.stats.host_to_device_bytes == 5 * arrays[0].nbytes

@@ -6,6 +6,7 @@ kernels and numpy, which release the GIL) and `finish` (bookkeeping again). Smal
 all three inline in the queue's task: a thread hand-off costs 85-150 us here, more than a tiny
 program. Commands whose `run` moves more than `INLINE_COST` bytes go to a worker thread so the
 event loop is never blocked by a large kernel, and a CQ1 write overlaps a CQ0 program.
+Consecutive ready host writes travel together: one hand-off carries up to 32 of them.
 
 Completion is a flag plus an `anyio.Event` made only when somebody waits: most commands are
 never awaited directly, and an event per command would cost more than the command.
@@ -30,6 +31,9 @@ __all__ = ["Command", "CommandQueue", "INLINE_COST"]
 INLINE_COST = 256 * 1024
 """Bytes of work below which a command runs inline in the queue task (no thread hand-off)."""
 
+_BATCH_MAX = 32
+"""Most commands one worker-thread hand-off carries."""
+
 _YIELD_EVERY = 0.002
 """Seconds a queue may run ready commands back to back before it lets other tasks in."""
 
@@ -38,6 +42,9 @@ class Command:
     """One unit of queued device work; subclasses say what it reads, writes and does."""
 
     name = "command"
+    batchable = False
+    """Whether consecutive ready commands of this kind may share one worker-thread hand-off:
+    true when `prepare` does not depend on an earlier command's `finish` (host writes)."""
     __slots__ = (
         "queue", "deps", "done", "error", "_event", "reads", "writes", "cost", "started",
         "__weakref__",
@@ -146,6 +153,15 @@ class CommandQueue:
             if blocker is not None:
                 await blocker.wait()
                 continue
+            if command.batchable and len(pending) > 1:
+                batch = self._ready_batch()
+                if len(batch) > 1:
+                    errors = await self._execute_batch(batch)
+                    for done, error in zip(batch, errors):
+                        pending.popleft()
+                        self._on_complete(done, error)
+                    del batch, command
+                    continue
             error = await self._execute(command)
             pending.popleft()
             self._on_complete(command, error)
@@ -153,6 +169,51 @@ class CommandQueue:
             if time.perf_counter() > deadline:
                 await anyio.lowlevel.checkpoint()
                 deadline = time.perf_counter() + _YIELD_EVERY
+
+    def _ready_batch(self) -> list[Command]:
+        batch = []
+        for command in self._pending:
+            if len(batch) == _BATCH_MAX or not command.batchable or command.blocker() is not None:
+                break
+            batch.append(command)
+        return batch
+
+    async def _execute_batch(self, batch: list[Command]) -> list[BaseException | None]:
+        """Prepares every command, runs them all in one hand-off (if large), then finishes each."""
+        errors: list[BaseException | None] = [None] * len(batch)
+        prepared = []
+        now = time.perf_counter()
+        for i, command in enumerate(batch):
+            command.started = now
+            try:
+                command.prepare()
+                prepared.append(i)
+            except Exception as exc:
+                command.rollback()
+                errors[i] = exc
+
+        def run_all() -> None:
+            for i in prepared:
+                try:
+                    batch[i].run()
+                except Exception as exc:
+                    errors[i] = exc
+
+        if sum(batch[i].cost for i in prepared) > INLINE_COST:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(run_all)
+        else:
+            run_all()
+        for i in prepared:
+            command = batch[i]
+            try:
+                if errors[i] is not None:
+                    raise errors[i]  # type: ignore[misc]
+                command.finish()
+            except Exception as exc:
+                command.rollback()
+                errors[i] = exc
+        return errors
 
     async def _execute(self, command: Command) -> BaseException | None:
         # Once started, a command runs to the end: cancellation is only delivered between

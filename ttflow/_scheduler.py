@@ -48,6 +48,7 @@ class WriteCommand(Command):
     """Host array (or zeros) into a tensor's home storage; a new value drops old conversions."""
 
     name = "write"
+    batchable = True
     __slots__ = ("device", "tensor", "array", "new_value", "target", "zero")
 
     def __init__(
