@@ -338,3 +338,25 @@ async def test_cq1_write_overlaps_a_cq0_program() -> None:
         programs = [(s, e) for tid, s, e in spans if tid == 0]
         overlapped = sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in writes for s2, e2 in programs)
         assert overlapped > 0, "no CQ1 write ran while a CQ0 program ran"
+
+
+async def test_evicting_the_home_for_free_keeps_an_exact_home() -> None:
+    # The home (L1 tile f32) has a bf16 conversion and a DRAM tile f32 conversion: evicting it
+    # costs nothing, and the DRAM f32 copy (not the lossy bf16 one) becomes the home.
+    x = rng(11).standard_normal((3, 50)).astype(np.float32)
+    progs = []
+    for name, layout in (("bf16_in", tt.Layout(tt.MemorySpace.L1, tt.TensorLayout.TILE, BF16)),
+                         ("f32_in", tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, F32))):
+        b = tt.ProgramBuilder(name)
+        b.output(b.relu(b.input((3, 50), layout)), DRAM_TILE)
+        progs.append(b.build())
+    binary = tt.Binary(progs + list(elementwise_binary().programs))
+    async with tt.open_device(tt.DeviceSpec.small()) as device:
+        t = tt.to_device(x, device, tt.Layout(tt.MemorySpace.L1, tt.TensorLayout.TILE))
+        await tt.submit(device, binary, 0, [t])[0]
+        await tt.submit(device, binary, 1, [t])[0]
+        assert [layout.dtype for layout, _ in t.storages] == [F32, BF16, F32]
+        await tt.submit(device, binary, 3, [tt.to_device(x, device)])[0]  # does not read t
+        assert t.layout == tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, F32)
+        assert device.memory_used(tt.MemorySpace.L1) == 0
+        np.testing.assert_array_equal(await tt.to_host(t), x)

@@ -218,11 +218,20 @@ class EvictCommand(Command):
     def finish(self) -> None:
         d = self.device
         for tensor, storage, target in self.moves:
-            index = tensor._storages.index(storage)
-            if target is None:
-                del tensor._storages[index]
+            storages = tensor._storages
+            index = storages.index(storage)
+            if target is not None:
+                storages[index] = target
             else:
-                tensor._storages[index] = target
+                del storages[index]
+                if index == 0:
+                    # The home moved for free: the DRAM copy of the same format is the new home
+                    # (it holds the value exactly; a converted storage may not).
+                    layout = Layout(MemorySpace.DRAM, storage.layout.tensor_layout, storage.layout.dtype)
+                    copy = tensor._find_storage(layout)
+                    assert copy is not None
+                    storages.remove(copy)
+                    storages.insert(0, copy)
             d._free(storage)
             tensor._moving = None
         d._count("evictions", len(self.moves))
