@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.utils.cpp_extension as cpp_extension
 
-__all__ = ["cache_dir", "load_guard"]
+__all__ = ["build", "cache_dir", "load_guard"]
 
 _SOURCE = Path(__file__).with_name("_guard.cpp")
 _loaded: ctypes.CDLL | None = None
@@ -57,30 +57,33 @@ def _target() -> Path:
     return cache_dir() / f"torch_guard-{torch.__version__}-{digest}.so"
 
 
+def build(target: Path) -> None:
+    """Compiles the guard into `target` (atomically: concurrent first imports never see half a file)."""
+    compiler = _compiler()
+    if compiler is None:
+        raise RuntimeError(
+            "ttflow.torch needs a C++ compiler once, to build the small device guard torch "
+            f"requires for the 'tt' device (cached in {target.parent}). Install one "
+            "(e.g. `apt-get install g++`) or set CXX, then import ttflow.torch again."
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    result = subprocess.run(_command(compiler, Path(tmp)), capture_output=True, text=True)
+    if result.returncode != 0:
+        os.unlink(tmp)
+        raise RuntimeError(
+            f"building ttflow.torch's device guard with {compiler} failed:\n{result.stderr[-4000:]}"
+        )
+    os.replace(tmp, target)
+
+
 def load_guard() -> Path:
     """Builds the guard if it is not cached yet, then loads it (once per process)."""
     global _loaded
     target = _target()
-    if _loaded is not None:
-        return target
-    if not target.exists():
-        compiler = _compiler()
-        if compiler is None:
-            raise RuntimeError(
-                "ttflow.torch needs a C++ compiler once, to build the small device guard torch "
-                f"requires for the 'tt' device (cached in {target.parent}). Install one "
-                "(e.g. `apt-get install g++`) or set CXX, then import ttflow.torch again."
-            )
-        target.parent.mkdir(parents=True, exist_ok=True)
-        # Build beside the target and rename: concurrent first imports never see half a file.
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-        os.close(fd)
-        result = subprocess.run(_command(compiler, Path(tmp)), capture_output=True, text=True)
-        if result.returncode != 0:
-            os.unlink(tmp)
-            raise RuntimeError(
-                f"building ttflow.torch's device guard with {compiler} failed:\n{result.stderr[-4000:]}"
-            )
-        os.replace(tmp, target)
-    _loaded = ctypes.CDLL(str(target))
+    if _loaded is None:
+        if not target.exists():
+            build(target)
+        _loaded = ctypes.CDLL(str(target))
     return target

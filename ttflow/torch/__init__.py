@@ -1,0 +1,56 @@
+"""PyTorch front-end: the "tt" torch device, compiled modules, backward and SGD on the device.
+
+    import torch, ttflow.torch as ttt
+    tt_model = ttt.compile(model).to("tt")
+    out = tt_model(x.to("tt"))          # queued; returns at once
+    loss(out.to("cpu"), y).backward()   # .to("cpu") waits; the gradient goes back to the device
+
+Importing this module names torch's PrivateUse1 backend "tt" and builds (once, cached) the small
+C++ device guard torch needs for it. Install with `pip install "ttflow[torch]"`.
+"""
+
+from __future__ import annotations
+
+try:
+    import torch as _torch  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised without torch
+    raise ImportError(
+        "ttflow.torch needs PyTorch: pip install 'ttflow[torch]' (or torch==2.13.0 from the CPU index)"
+    ) from exc
+
+import ttflow as _tt
+
+from ._device import TTTensor as TTTensor
+from ._device import install as _install
+from ._errors import UnsupportedOpError as UnsupportedOpError
+from ._session import session as _session
+from ._compile import CompiledModule as CompiledModule
+from ._compile import compile as compile
+from . import optim as optim
+
+__all__ = ["CompiledModule", "TTTensor", "UnsupportedOpError", "close", "compile", "device", "open_device", "optim"]
+
+_install()
+
+
+def open_device(spec: _tt.DeviceSpec | None = None, index: int | None = None) -> _torch.device:
+    """Opens an emulated device (default: n150) and returns its torch device, e.g. `tt:0`.
+
+    The first `.to("tt")` opens the default device on its own; call this first to choose another
+    spec, or to open a second device (`tt:1`).
+    """
+    return _torch.device("tt", _session.open(spec, index))
+
+
+def device(index: int = 0) -> _tt.Device:
+    """The ttflow device behind `tt:index` (its `stats`, its memory), opening tt:0 if needed."""
+    return _session.device(index)
+
+
+def close() -> None:
+    """Drains and closes every tt device and stops the event loop thread.
+
+    Tensors still on a closed device raise `ttflow.DeviceClosedError` when used; a later
+    `.to("tt")` opens a fresh device. Registered with atexit, so calling it is optional.
+    """
+    _session.close()
