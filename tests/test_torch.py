@@ -237,3 +237,31 @@ def test_missing_compiler_gives_a_clear_message(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match="needs a C\\+\\+ compiler once"):
         _guard.build(tmp_path / "guard.so")
     assert not (tmp_path / "guard.so").exists()
+
+
+def test_gradients_accumulate_over_two_backward_passes(fresh):
+    torch.manual_seed(2)
+    model = nn.Linear(16, 8)
+    reference = copy.deepcopy(model)
+    xs = [torch.rand(4, 16), torch.rand(4, 16)]
+    tt_model = ttt.compile(model).to("tt")
+    for x in xs:
+        tt_model(x.to("tt")).to("cpu").sum().backward()
+        reference(x).sum().backward()
+    for p, q in zip(tt_model.parameters(), reference.parameters()):
+        assert p.grad.device.type == "tt"
+        assert relative_error(p.grad.to("cpu"), q.grad) < 1e-5
+
+
+def test_mnist_like_example():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "torch_mnist_like.py"
+    spec = importlib.util.spec_from_file_location("torch_mnist_like", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    r = module.main(steps=20, batch=32, verbose=False)
+    assert r["last_loss"] < r["first_loss"]
+    assert r["programs"] == 3 * 20
+    assert r["d2h"] == 20 * 32 * 10 * 4 + r["param_bytes"]  # outputs, then the parameters once
