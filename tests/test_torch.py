@@ -265,3 +265,14 @@ def test_mnist_like_example():
     assert r["last_loss"] < r["first_loss"]
     assert r["programs"] == 3 * 20
     assert r["d2h"] == 20 * 32 * 10 * 4 + r["param_bytes"]  # outputs, then the parameters once
+
+
+def test_rank3_activations_run_for_inference_and_say_why_training_cannot(fresh):
+    model = nn.Sequential(nn.Linear(8, 4), nn.ReLU())
+    x = torch.rand(2, 3, 8)
+    tt_model = ttt.compile(model).to("tt")
+    with pytest.raises(ttt.UnsupportedOpError, match="needs a reshape"):
+        tt_model(x.to("tt"))
+    with torch.no_grad():
+        out = tt_model(x.to("tt"))
+    torch.testing.assert_close(out.to("cpu"), model.to("cpu")(x), rtol=1e-4, atol=1e-5)

@@ -225,17 +225,23 @@ class _Plan:
         forward = lowering.g
         self.input_shapes = input_shapes
         self.param_names = lowering.param_names
-        self.out_shape = forward.shape(out)
         self.grad_names = [n for n in self.param_names if n in trainable]
         wrt = [lowering.param_ids[self.param_names.index(n)] for n in self.grad_names]
-        backward, refs, grads = derive(forward, out, wrt)
+        inference = emit(forward, [out], "forward")
+        self.backward_error: UnsupportedOpError | None = None
+        try:
+            backward, refs, grads = derive(forward, out, wrt)
+        except UnsupportedOpError as exc:  # inference still works; training raises this
+            self.backward_error = exc
+            self.binary = tt.Binary([inference])
+            return
         # A backward read of a program input is fed the input itself; of an intermediate, a
         # value the training forward saves as an extra output.
         inputs = forward.inputs
         self.saved = [r for r in refs if r not in inputs]
         self.refs = [("input", inputs.index(r)) if r in inputs else ("saved", self.saved.index(r)) for r in refs]
         self.grad_present = [g is not None for g in grads]
-        programs = [emit(forward, [out], "forward"), emit(forward, [out, *self.saved], "forward_train")]
+        programs = [inference, emit(forward, [out, *self.saved], "forward_train")]
         real = [g for g in grads if g is not None]
         if real:
             programs.append(emit(backward, real, "backward"))
@@ -334,6 +340,10 @@ class CompiledModule(nn.Module):
         if any(x.dtype != torch.float32 for x in [*xs, *params]):
             raise UnsupportedOpError("ttflow.torch.compile: compiled modules run in float32")
         if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+            if plan.backward_error is not None:
+                raise UnsupportedOpError(
+                    f"{plan.backward_error} (inference works: call the module under torch.no_grad())"
+                ) from plan.backward_error
             return _DeviceFunction.apply(plan, device, *xs, *params)  # type: ignore[no-any-return]
         (value,) = session.call(tt.submit, device, plan.binary, INFER, [tt_value(x) for x in [*xs, *params]])  # type: ignore[arg-type]
         return TTTensor(value, value.shape, torch.float32, device)
