@@ -59,6 +59,8 @@ async def test_submit_checks_before_queuing() -> None:
             tt.submit(device, binary, 0, [gone])
         with pytest.raises(TypeError):
             tt.submit(device, binary, 0, [np.ones((3, 50), np.float32)])
+        with pytest.raises(tt.ProgramError, match="Binary"):
+            tt.submit(device, binary.programs[0], 0, [good])  # type: ignore[arg-type]
         assert used(device) == before[0] and device.stats == before[1]
         await still_works(device)
 

@@ -160,6 +160,8 @@ def submit(device: Device, binary: Binary, program_index: int, inputs: Sequence[
     kept), L1 tensors it does not read move to DRAM, then it runs.
     """
     device.check_open()
+    if not isinstance(binary, Binary):
+        raise ProgramError(f"expected a tt.Binary, got {type(binary).__name__}")
     programs = binary.programs
     if not 0 <= program_index < len(programs):
         raise ProgramError(
