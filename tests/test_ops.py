@@ -64,3 +64,9 @@ def test_float_unary(op: str) -> None:
     x = np.array([0.25, 1.0, 4.0], np.float32)
     ref = {"exp": np.exp(x), "sqrt": np.sqrt(x), "reciprocal": 1 / x}[op]
     np.testing.assert_allclose(OPS[op].compute([x], None), ref, rtol=1e-6)
+
+
+def test_reshape() -> None:
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    np.testing.assert_array_equal(OPS["reshape"].compute([x], None, shape=(6, 4)), x.reshape(6, 4))
+    np.testing.assert_array_equal(OPS["reshape"].compute([x], None, shape=[24]), x.reshape(24))

@@ -78,6 +78,8 @@ def test_build_time_errors() -> None:
     r = tt.ProgramBuilder("r")
     with pytest.raises(tt.ShapeError, match="rank"):
         r.transpose(r.input((4,)))
+    with pytest.raises(tt.ShapeError, match="element counts"):
+        r.reshape(r.input((4, 6)), (5, 5))
 
 
 def test_get_layout() -> None:
@@ -95,6 +97,7 @@ def test_save_load_round_trip(tmp_path: Path) -> None:
     b = tt.ProgramBuilder("typed")
     x = b.input((33,), tt.Layout(tt.MemorySpace.L1, tt.TensorLayout.ROW_MAJOR, I32))
     b.output(b.typecast(b.add(x, 3), F32), tt.Layout(dtype=tt.DataType.BFLOAT8_B, tensor_layout=TILE))
+    b.output(b.reshape(x, (3, 11)))
     binary = tt.Binary([mlp(), b.build()])
     path = tmp_path / "model.ttb"
     binary.save(path)

@@ -360,3 +360,16 @@ async def test_evicting_the_home_for_free_keeps_an_exact_home() -> None:
         assert t.layout == tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, F32)
         assert device.memory_used(tt.MemorySpace.L1) == 0
         np.testing.assert_array_equal(await tt.to_host(t), x)
+
+
+async def test_reshape_program_on_device() -> None:
+    x = rng(12).standard_normal((2, 3, 40)).astype(np.float32)
+    b = tt.ProgramBuilder("reshape")
+    v = b.input((2, 3, 40))
+    b.output(b.sum(b.reshape(v, (6, 40)), axis=0))
+    b.output(b.reshape(v, (240,)), tt.Layout(tt.MemorySpace.L1, tt.TensorLayout.ROW_MAJOR))
+    binary = tt.Binary([b.build()])
+    async with tt.open_device(tt.DeviceSpec.small()) as device:
+        s, flat = tt.submit(device, binary, 0, [tt.to_device(x, device, DRAM_TILE)])
+        np.testing.assert_allclose(await tt.to_host(s), x.reshape(6, 40).sum(0, keepdims=True), rtol=1e-5)
+        np.testing.assert_array_equal(await tt.to_host(flat), x.reshape(240))

@@ -267,12 +267,17 @@ def test_mnist_like_example():
     assert r["d2h"] == 20 * 32 * 10 * 4 + r["param_bytes"]  # outputs, then the parameters once
 
 
-def test_rank3_activations_run_for_inference_and_say_why_training_cannot(fresh):
-    model = nn.Sequential(nn.Linear(8, 4), nn.ReLU())
-    x = torch.rand(2, 3, 8)
+def test_rank3_activations_train_through_a_reshape(fresh):
+    # The bias gradient sums over two leading axes and drops one: the backward needs `reshape`.
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 5))
+    reference = copy.deepcopy(model)
+    x, target = torch.randn(2, 3, 8), torch.randn(2, 3, 5)
     tt_model = ttt.compile(model).to("tt")
-    with pytest.raises(ttt.UnsupportedOpError, match="needs a reshape"):
-        tt_model(x.to("tt"))
-    with torch.no_grad():
-        out = tt_model(x.to("tt"))
-    torch.testing.assert_close(out.to("cpu"), model.to("cpu")(x), rtol=1e-4, atol=1e-5)
+    out = tt_model(x.to("tt"))
+    ((out.to("cpu") - target) ** 2).mean().backward()
+    expected = reference(x)
+    ((expected - target) ** 2).mean().backward()
+    torch.testing.assert_close(out.to("cpu"), expected, rtol=1e-4, atol=1e-5)
+    for (name, p), q in zip(tt_model.named_parameters(), reference.parameters()):
+        assert relative_error(p.grad.to("cpu"), q.grad) < 1e-4, name

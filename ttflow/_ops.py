@@ -169,6 +169,7 @@ OPS: dict[str, OpDef] = {
         OpDef("sum", 1, _sum),
         OpDef("max", 1, _max),
         OpDef("transpose", 1, _unary(lambda x: np.swapaxes(x, -1, -2))),
+        OpDef("reshape", 1, lambda arrays, scalar, shape: arrays[0].reshape(tuple(shape))),
         OpDef("typecast", 1, _typecast),
     )
 }

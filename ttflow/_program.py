@@ -151,12 +151,12 @@ class ProgramBuilder:
         assert layout.dtype is not None
         return Value(self, len(self._values) - 1, shape, layout.dtype)
 
-    def _emit(self, op: str, inputs: Sequence[Value], shape: tuple[int, ...], result: DataType,
-              scalar: float | None = None, **step_attrs: Any) -> Value:
+    def _emit(self, op: str, inputs: Sequence[Value], out_shape: tuple[int, ...], result: DataType,
+              scalar: float | None = None, /, **step_attrs: Any) -> Value:
         if OPS[op].float_only and not result.is_float:
             raise LayoutError(f"{op} needs a float input, got {result.name}; typecast it first")
         layout = Layout(MemorySpace.L1, TensorLayout.TILE, result)
-        out = self._new(shape, layout)
+        out = self._new(out_shape, layout)
         self._steps.append(
             Step(op, tuple(v.id for v in inputs), scalar, tuple(sorted(step_attrs.items())), out.id)
         )
@@ -211,7 +211,7 @@ class ProgramBuilder:
         if isinstance(other, (bool, np.bool_)):
             raise ProgramError(f"{op}: a boolean operand is ambiguous; use 0 or 1")
         if isinstance(other, (int, float, np.integer, np.floating)):
-            return self._emit(op, [a], a.shape, a.dtype, scalar=float(other))
+            return self._emit(op, [a], a.shape, a.dtype, float(other))
         b = self._value(op, other)
         try:
             shape = tuple(np.broadcast_shapes(a.shape, b.shape))
@@ -295,6 +295,15 @@ class ProgramBuilder:
             raise ShapeError(f"transpose swaps the last two dims; {x.shape} has rank {len(x.shape)}")
         shape = x.shape[:-2] + (x.shape[-1], x.shape[-2])
         return self._emit("transpose", [x], shape, x.dtype)
+
+    def reshape(self, x: Value, shape: Sequence[int]) -> Value:
+        """The same elements in another shape (row-major order, as numpy's reshape)."""
+        self._check_open()
+        x = self._value("reshape", x)
+        dims = check_shape(shape)
+        if int(np.prod(dims)) != int(np.prod(x.shape)):
+            raise ShapeError(f"reshape: cannot view {x.shape} as {dims}: element counts differ")
+        return self._emit("reshape", [x], dims, x.dtype, shape=dims)
 
     def typecast(self, x: Value, dtype: DataType) -> Value:
         self._check_open()
@@ -409,7 +418,8 @@ def _program_from_json(j: dict[str, Any]) -> Program:
         if scalar is not None and not isinstance(scalar, (int, float)):
             raise BinaryFormatError(f"op {op!r} has a non-numeric scalar")
         steps.append(Step(op, tuple(inputs), None if scalar is None else float(scalar),
-                          tuple((str(k), v) for k, v in step_attrs), output))
+                          tuple((str(k), tuple(v) if isinstance(v, list) else v)
+                                for k, v in step_attrs), output))
     outputs = tuple(j["outputs"])
     if not all(isinstance(i, int) and 0 <= i < n for i in outputs):
         raise BinaryFormatError("an output refers to a value id out of range")

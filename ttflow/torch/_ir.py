@@ -89,6 +89,11 @@ class Graph:
         if op in ("sum", "max"):
             axis = attrs["axis"] % len(sa)
             return self._add(op, (a,), None, {"axis": axis}, sa[:axis] + (1,) + sa[axis + 1:])
+        if op == "reshape":
+            shape = tuple(int(d) for d in attrs["shape"])
+            if math.prod(shape) != math.prod(sa):
+                raise tt.ShapeError(f"reshape: cannot view {sa} as {shape}")
+            return self._add(op, (a,), None, {"shape": shape}, shape)
         if op == "transpose":
             if len(sa) < 2:
                 raise tt.ShapeError(f"transpose needs rank >= 2, got {sa}")
@@ -145,14 +150,14 @@ class _Backward:
         gshape = self.g.shape(grad)
         if gshape == shape:
             return grad
-        if len(gshape) != len(shape):
-            raise UnsupportedOpError(
-                f"the gradient of {what} broadcasts {shape} to {gshape}: reducing a leading "
-                "dimension away needs a reshape, which ttflow's program builder does not have"
-            )
-        for axis, (n, m) in enumerate(zip(shape, gshape)):
+        # Broadcasting aligns shapes on the right: leading axes the value did not have are
+        # summed like size-1 axes, then dropped with a reshape.
+        padded = (1,) * (len(gshape) - len(shape)) + tuple(shape)
+        for axis, (n, m) in enumerate(zip(padded, gshape)):
             if n == 1 and m != 1:
                 grad = self.op("sum", grad, axis=axis)
+        if padded != tuple(shape):
+            grad = self.op("reshape", grad, shape=tuple(shape))
         return grad
 
     def vjp(self, node: Node, g: int) -> list[int | None]:
