@@ -251,7 +251,7 @@ class _Plan:
     """What a program needs that does not change between submissions."""
 
     __slots__ = ("last_read", "step_attrs", "store_in_output", "copied_out", "compute",
-                 "value_dtypes")
+                 "value_dtypes", "scratch", "matmul_cost")
 
     def __init__(self, program: Program) -> None:
         self.last_read = [-1] * len(program.values)  # the last step reading each value
@@ -272,6 +272,19 @@ class _Plan:
         for k, value in enumerate(program.outputs):
             if self.store_in_output.get(value) != k:
                 self.copied_out[value] = True
+        # Step values that need scratch storage: (value id, shape, L1 layout, DRAM fallback).
+        self.scratch = [
+            (step.output, program.values[step.output].shape,
+             Layout(MemorySpace.L1, TensorLayout.TILE, program.values[step.output].dtype),
+             Layout(MemorySpace.DRAM, TensorLayout.TILE, program.values[step.output].dtype))
+            for step in program.steps
+            if step.output not in self.store_in_output
+        ]
+        self.matmul_cost = sum(
+            math.prod(program.values[step.inputs[0]].shape) * program.values[step.inputs[1]].shape[-1]
+            for step in program.steps
+            if step.op == "matmul"
+        )
 
 
 class ProgramCommand(Command):
@@ -297,6 +310,8 @@ class ProgramCommand(Command):
         self.scratch: dict[int, Storage] = {}
 
     def preamble(self) -> Command | None:
+        if not self.device._l1:
+            return None
         victims = self.device._eviction_victims(self.inputs)
         return EvictCommand(self.device, victims) if victims else None
 
@@ -318,25 +333,14 @@ class ProgramCommand(Command):
             storage = d._allocate(spec.layout, spec.shape, tensor)
             self.out_storages.append(storage)
             cost += _nbytes(storage)
-        for step in program.steps:
-            value = step.output
-            if value in self.plan.store_in_output:
-                continue
-            spec = program.values[value]
-            layout = Layout(MemorySpace.L1, TensorLayout.TILE, spec.dtype)
+        for value, shape, l1_layout, dram_layout in self.plan.scratch:
             try:
-                storage = d._allocate(layout, spec.shape, None)
+                storage = d._allocate(l1_layout, shape, None)
             except OutOfMemoryError:
-                storage = d._allocate(
-                    Layout(MemorySpace.DRAM, TensorLayout.TILE, spec.dtype), spec.shape, None
-                )
+                storage = d._allocate(dram_layout, shape, None)
             self.scratch[value] = storage
             cost += 2 * _nbytes(storage)
-        for step in program.steps:
-            if step.op == "matmul":
-                a, b = (program.values[v].shape for v in step.inputs)
-                cost += math.prod(a) * b[-1]
-        self.cost = cost
+        self.cost = cost + self.plan.matmul_cost
 
     def run(self) -> None:
         d = self.device
