@@ -211,3 +211,18 @@ async def test_batched_writes_fail_one_by_one() -> None:
         starts = {e["ts"] for e in recorder.events if e["ph"] == "X" and e["name"] == "write"}
         assert len(starts) == 1  # one batch
         assert device.stats.host_to_device_bytes == 5 * arrays[0].nbytes
+
+
+async def test_to_layout_that_does_not_fit_fails_its_tensor_only() -> None:
+    async with tt.open_device(tt.DeviceSpec.small()) as device:
+        big = tt.to_device(np.ones((4 * 64, 64 * 16), np.float32), device)  # 1 MiB > 256 KiB of L1
+        base = used(device)
+        moved = tt.to_layout(big, L1_TILE)
+        with pytest.raises(tt.OutOfMemoryError, match="L1"):
+            await moved
+        with pytest.raises(tt.OutOfMemoryError):
+            await tt.to_host(moved)
+        np.testing.assert_array_equal(await tt.to_host(big), np.ones((4 * 64, 64 * 16), np.float32))
+        del moved
+        assert used(device) == base
+        await still_works(device)
