@@ -1,12 +1,18 @@
 """What each op computes, on host numpy arrays.
 
 The runtime reads a step's operands out of bank memory (float32 for float dtypes, int64 for
-integer ones), calls `OPS[op].compute`, and rounds the result to the value's dtype as it stores
-it. So these functions never round: they compute in the dtype they are given.
+integer ones), calls `OPS[op].compute(arrays, scalar, **attrs)`, and rounds the result to the
+value's dtype as it stores it (`store_as`). So the compute functions never round: they take and
+return float32 for floats and int64 for integers (an int64 result wraps to 32 bits when stored).
+They never warn either: overflow to inf, 0 -> inf reciprocals and NaN from sqrt of a negative are
+results, as on the device, so numpy's floating-point warnings are silenced around each op.
 
 GELU is the exact form, 0.5 * x * (1 + erf(x / sqrt(2))), PyTorch's default. numpy has no erf,
-so `_erf` evaluates W. J. Cody's rational approximations in float64 (about 1e-15 relative), which
-is far below float32 resolution.
+so `erf` evaluates W. J. Cody's rational approximations in float64 (about 1e-15 relative), far
+below float32 resolution.
+
+`typecast` from a float to an integer type truncates toward zero, saturates at the target type's
+range and maps NaN to 0; between integer types it wraps (two's complement, like a C cast).
 """
 
 from __future__ import annotations
@@ -15,9 +21,12 @@ from collections.abc import Callable
 from typing import Any, final
 
 import attrs
+import ml_dtypes
 import numpy as np
 
-__all__ = ["OpDef", "OPS", "erf"]
+from ._types import DataType
+
+__all__ = ["OpDef", "OPS", "erf", "compute_dtype", "store_as", "to_host_dtype"]
 
 Array = np.ndarray[Any, Any]
 
@@ -33,7 +42,9 @@ class OpDef:
     float_only: bool = False
 
     def compute(self, arrays: list[Array], scalar: float | None, **attrs_: Any) -> Array:
-        return self.fn(arrays, scalar, **attrs_)
+        """The op's result in the operands' compute dtype (float32 or int64), unrounded."""
+        with np.errstate(all="ignore"):
+            return self.fn(arrays, scalar, **attrs_)
 
 
 def _scalar_like(array: Array, scalar: float) -> Any:
@@ -140,15 +151,23 @@ def _unary(fn: Callable[[Array], Array]) -> Callable[..., Array]:
     return lambda arrays, scalar: fn(arrays[0])
 
 
-def _typecast(arrays: list[Array], scalar: float | None, dtype: str) -> Array:
-    # The runtime rounds to the target dtype when it stores the value; integers truncate.
-    from ._types import DataType
+_INT_RANGE = {DataType.INT32: (-(2**31), 2**31 - 1), DataType.UINT32: (0, 2**32 - 1)}
 
+
+def _to_int(x: Array, target: DataType) -> Array:
+    """Float to integer: truncate toward zero, saturate at the target's range, NaN -> 0."""
+    low, high = _INT_RANGE[target]
+    t = np.nan_to_num(np.trunc(x.astype(np.float64)), nan=0.0, posinf=high, neginf=low)
+    return np.clip(t, low, high).astype(np.int64)
+
+
+def _typecast(arrays: list[Array], scalar: float | None, dtype: str) -> Array:
+    # The runtime rounds to the target dtype when it stores the value (and wraps integers).
     target = DataType(dtype)
     x = arrays[0]
     if target.is_float:
         return x.astype(np.float32)
-    return np.trunc(x).astype(np.int64) if x.dtype.kind == "f" else x.astype(np.int64)
+    return _to_int(x, target) if x.dtype.kind == "f" else x.astype(np.int64)
 
 
 OPS: dict[str, OpDef] = {
@@ -173,3 +192,37 @@ OPS: dict[str, OpDef] = {
         OpDef("typecast", 1, _typecast),
     )
 }
+
+
+def compute_dtype(dtype: DataType) -> np.dtype[Any]:
+    """The dtype ops compute in: float32 for float types, int64 for integer types."""
+    return np.dtype(np.float32) if dtype.is_float else np.dtype(np.int64)
+
+
+def store_as(array: Array, dtype: DataType) -> Array:
+    """`array` as the device stores a `dtype` value, read back in the compute dtype.
+
+    Floats round to nearest even (bfloat16 through ml_dtypes, BFLOAT8_B through the kernels'
+    pack/unpack, which raise LayoutError for NaN or infinity: the format has no encoding for
+    them). Integers wrap to 32 bits; a float array stored as an integer type is typecast
+    (truncated, saturated, NaN -> 0), as an input of another dtype is converted at a program's
+    start."""
+    a = np.asarray(array)
+    if dtype.is_float:
+        f = a.astype(np.float32)
+        if dtype is DataType.BFLOAT16:
+            return f.astype(ml_dtypes.bfloat16).astype(np.float32)
+        if dtype is DataType.BFLOAT8_B:
+            from . import kernels  # the lowest layer; imported late so ops work without it
+
+            return kernels.unpack_bfloat8_b(kernels.pack_bfloat8_b(f), f.shape)
+        return f
+    if a.dtype.kind in "fc" or a.dtype == ml_dtypes.bfloat16:
+        a = _to_int(a.astype(np.float32), dtype)
+    wrapped = a.astype(np.int64).astype(np.int32 if dtype is DataType.INT32 else np.uint32)
+    return wrapped.astype(np.int64)
+
+
+def to_host_dtype(array: Array, dtype: DataType) -> Array:
+    """A stored value (already `store_as` rounded) as `to_host` returns it: `dtype.host_dtype`."""
+    return np.asarray(array).astype(dtype.host_dtype)

@@ -1,13 +1,30 @@
 """Programs: what a front-end compiles and the device runs, and the binary file that holds them.
 
 `ProgramBuilder` records ops in execution order and checks shapes and dtypes as each op is
-called, so a malformed program fails where it is written, not when it runs.
+called, so a malformed program fails where it is written (ShapeError, LayoutError, ProgramError
+raised by the op call, naming the op and the shapes), not when it runs.
 
-Dtype rules. A binary op on two float values gives the wider float (FLOAT32 > BFLOAT16 >
-BFLOAT8_B); two equal integer dtypes keep it; mixing integers and floats, or INT32 with UINT32,
-raises LayoutError (use `typecast`). With a Python scalar operand the dtype is the value's.
-Transcendental ops (gelu, exp, softmax, sqrt, reciprocal) need floats. A program input always
-has a concrete dtype: FLOAT32 when its layout leaves it out.
+Dtype rules:
+- a program input always has a concrete dtype: FLOAT32 when its layout leaves it out;
+- a binary op (add, sub, mul, gt, matmul) on two float values gives the wider float
+  (FLOAT32 > BFLOAT16 > BFLOAT8_B); two equal integer dtypes keep it; mixing integers and floats,
+  or INT32 with UINT32, raises LayoutError (use `typecast`);
+- with a Python scalar operand the dtype is the value's; an integer value takes only integral
+  scalars (|s| <= 2**53, so the float the step holds is exact), and no scalar may be NaN;
+- gelu, exp, softmax, sqrt and reciprocal need floats (LayoutError on integers); relu, neg, sum,
+  max, transpose, reshape and the binary ops work on integers too;
+- an output keeps its value's dtype unless its layout names another one of the same kind
+  (float to float, integer to integer); it is then rounded when stored.
+
+Every intermediate value is typed L1 TILE in its dtype; where it is really stored is the runtime's
+choice. `Program.last_use` says when each value can be freed, and `run_on_host` is the reference
+interpreter: the runtime's loop, on host arrays.
+
+The binary file: a 24-byte header, `<8sIQI` = magic b"TTFLOWB\0", format version (u32), payload
+length (u64), CRC32 of the payload (u32); then the payload, the programs as UTF-8 JSON. Loading
+replays every program through a builder, so a file that passes the checksum but describes a
+program the builder would refuse (unknown op, bad ids, shapes or dtypes that do not meet) is a
+BinaryFormatError too.
 """
 
 from __future__ import annotations
@@ -23,10 +40,13 @@ import attrs
 import numpy as np
 
 from ._errors import BinaryFormatError, LayoutError, ProgramError, ShapeError
-from ._ops import OPS
+from ._ops import OPS, store_as, to_host_dtype
 from ._types import DataType, Layout, MemorySpace, TensorLayout, check_shape
 
-__all__ = ["TensorSpec", "Step", "Program", "Binary", "ProgramBuilder", "Value", "get_layout"]
+__all__ = [
+    "TensorSpec", "Step", "Program", "Binary", "ProgramBuilder", "Value", "get_layout",
+    "run_on_host",
+]
 
 _DEFAULT_LAYOUT = Layout(MemorySpace.DRAM, TensorLayout.TILE)
 _FLOAT_RANK = {DataType.BFLOAT8_B: 0, DataType.BFLOAT16: 1, DataType.FLOAT32: 2}
@@ -75,6 +95,18 @@ class Program:
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "inputs", self.values[: self.num_inputs])
 
+    def last_use(self) -> tuple[int, ...]:
+        """For each value id, the index of the last step that reads it, so the runtime can free
+        intermediates early: `len(steps)` for a program output (kept to the end), -1 for a value
+        nothing reads (an unused input, or a dead step result: free it right after its step)."""
+        last = [-1] * len(self.values)
+        for index, step in enumerate(self.steps):
+            for value in step.inputs:
+                last[value] = index
+        for value in self.outputs:
+            last[value] = len(self.steps)
+        return tuple(last)
+
     def same_as(self, other: Program) -> bool:
         """Field-by-field equality (programs hash by identity, so the runtime can cache plans)."""
         return attrs.astuple(self, recurse=False) == attrs.astuple(other, recurse=False)
@@ -102,6 +134,19 @@ class Value:
 
     def __repr__(self) -> str:
         return f"<Value %{self.id} {self.shape} {self.dtype.name}>"
+
+
+def _scalar(op: str, a: Value, other: float) -> float:
+    """A scalar operand as the float a Step holds; checked against the value's dtype."""
+    value = float(other)
+    if value != value:
+        raise ProgramError(f"{op}: a NaN operand makes every element NaN; pass a number")
+    if not a.dtype.is_float and (not value.is_integer() or abs(value) > 2.0**53):
+        raise LayoutError(
+            f"{op}: a {a.dtype.name} value takes integral scalars (|s| <= 2**53), got {other!r}; "
+            "typecast the value to a float type first"
+        )
+    return value
 
 
 def _result_dtype(op: str, a: DataType, b: DataType) -> DataType:
@@ -211,7 +256,7 @@ class ProgramBuilder:
         if isinstance(other, (bool, np.bool_)):
             raise ProgramError(f"{op}: a boolean operand is ambiguous; use 0 or 1")
         if isinstance(other, (int, float, np.integer, np.floating)):
-            return self._emit(op, [a], a.shape, a.dtype, float(other))
+            return self._emit(op, [a], a.shape, a.dtype, _scalar(op, a, other))
         b = self._value(op, other)
         try:
             shape = tuple(np.broadcast_shapes(a.shape, b.shape))
@@ -220,12 +265,15 @@ class ProgramBuilder:
         return self._emit(op, [a, b], shape, _result_dtype(op, a.dtype, b.dtype))
 
     def add(self, a: Value, other: Value | float) -> Value:
+        """a + other; `other` a value (numpy broadcasting) or a Python scalar."""
         return self._binary("add", a, other)
 
     def sub(self, a: Value, other: Value | float) -> Value:
+        """a - other; `other` a value (numpy broadcasting) or a Python scalar."""
         return self._binary("sub", a, other)
 
     def mul(self, a: Value, other: Value | float) -> Value:
+        """a * other; `other` a value (numpy broadcasting) or a Python scalar."""
         return self._binary("mul", a, other)
 
     def gt(self, a: Value, other: Value | float) -> Value:
@@ -233,6 +281,7 @@ class ProgramBuilder:
         return self._binary("gt", a, other)
 
     def matmul(self, a: Value, b: Value) -> Value:
+        """[..., M, K] @ [..., K, N]; batch dims broadcast as numpy's do, rank 1 is refused."""
         self._check_open()
         a, b = self._value("matmul", a), self._value("matmul", b)
         if len(a.shape) < 2 or len(b.shape) < 2:
@@ -252,24 +301,32 @@ class ProgramBuilder:
         return self._emit(op, [x], x.shape, x.dtype, **step_attrs)
 
     def relu(self, x: Value) -> Value:
+        """max(x, 0)."""
         return self._unary("relu", x)
 
     def gelu(self, x: Value) -> Value:
+        """0.5 x (1 + erf(x / sqrt 2)): the exact form, PyTorch's default."""
         return self._unary("gelu", x)
 
     def exp(self, x: Value) -> Value:
+        """e**x (floats only)."""
         return self._unary("exp", x)
 
     def sqrt(self, x: Value) -> Value:
+        """Square root (floats only; NaN below 0)."""
         return self._unary("sqrt", x)
 
     def reciprocal(self, x: Value) -> Value:
+        """1 / x (floats only; inf at 0)."""
         return self._unary("reciprocal", x)
 
     def neg(self, x: Value) -> Value:
+        """-x."""
         return self._unary("neg", x)
 
     def softmax(self, x: Value, axis: int = -1) -> Value:
+        """exp(x - max) / sum(exp(x - max)) along `axis`: never overflows."""
+        self._check_open()
         x = self._value("softmax", x)
         return self._unary("softmax", x, axis=_normalise_axis("softmax", axis, len(x.shape)))
 
@@ -285,6 +342,7 @@ class ProgramBuilder:
         return self._reduce("sum", x, axis)
 
     def max(self, x: Value, axis: int) -> Value:
+        """Maximum over `axis`, keeping it with size 1."""
         return self._reduce("max", x, axis)
 
     def transpose(self, x: Value) -> Value:
@@ -306,6 +364,7 @@ class ProgramBuilder:
         return self._emit("reshape", [x], dims, x.dtype, shape=dims)
 
     def typecast(self, x: Value, dtype: DataType) -> Value:
+        """x in another dtype (float to int truncates and saturates; see `_ops`)."""
         self._check_open()
         x = self._value("typecast", x)
         if not isinstance(dtype, DataType):
@@ -314,17 +373,50 @@ class ProgramBuilder:
 
 
 def get_layout(binary: Binary, program_index: int, input_index: int) -> Layout:
-    """The layout a program declares for one of its inputs."""
+    """The layout a program declares for one of its inputs (its dtype is always set)."""
+    if not isinstance(binary, Binary):
+        raise ProgramError(f"get_layout takes a tt.Binary, got {type(binary).__name__}")
     programs = binary.programs
-    if not 0 <= program_index < len(programs):
-        raise ProgramError(f"program index {program_index} is out of range (0..{len(programs) - 1})")
-    inputs = programs[program_index].inputs
-    if not 0 <= input_index < len(inputs):
+    if not isinstance(program_index, (int, np.integer)) or not 0 <= program_index < len(programs):
         raise ProgramError(
-            f"input index {input_index} is out of range: {programs[program_index].name!r} "
-            f"has {len(inputs)} inputs"
+            f"program index {program_index!r} is out of range: the binary holds "
+            f"{len(programs)} programs (0..{len(programs) - 1})"
+        )
+    program = programs[program_index]
+    inputs = program.inputs
+    if not isinstance(input_index, (int, np.integer)) or not 0 <= input_index < len(inputs):
+        raise ProgramError(
+            f"input index {input_index!r} is out of range: {program.name!r} has {len(inputs)} inputs"
         )
     return inputs[input_index].layout
+
+
+def run_on_host(program: Program, arrays: Sequence[Any]) -> list[np.ndarray[Any, Any]]:
+    """Runs a program on host arrays exactly as the device does, for tests and a CPU fallback.
+
+    Each input is first converted to its declared dtype (as `submit` converts it at the
+    program's start); each step computes in float32 or int64 and its result is rounded to the
+    value's dtype (`store_as`); each output is rounded to its declared dtype and returned as
+    `to_host` would return it (float32 for BFLOAT8_B, ml_dtypes.bfloat16 for BFLOAT16)."""
+    if len(arrays) != len(program.inputs):
+        raise ProgramError(
+            f"program {program.name!r} takes {len(program.inputs)} inputs, {len(arrays)} were given"
+        )
+    values: list[np.ndarray[Any, Any] | None] = [None] * len(program.values)
+    for index, (array, spec) in enumerate(zip(arrays, program.inputs)):
+        host = np.asarray(array)
+        if host.shape != spec.shape:
+            raise ShapeError(
+                f"input {index} of {program.name!r} has shape {host.shape}, the program declares {spec.shape}"
+            )
+        values[index] = store_as(host, spec.dtype)
+    for step in program.steps:
+        result = OPS[step.op].compute([values[v] for v in step.inputs], step.scalar, **dict(step.attrs))
+        values[step.output] = store_as(result, program.values[step.output].dtype)
+    return [
+        to_host_dtype(store_as(values[v], spec.dtype), spec.dtype)
+        for v, spec in zip(program.outputs, program.output_specs)
+    ]
 
 
 # -- the binary file ---------------------------------------------------------------------------
@@ -341,56 +433,82 @@ class Binary:
     __slots__ = ("programs",)
 
     def __init__(self, programs: Sequence[Program]) -> None:
+        if isinstance(programs, Program):
+            raise ProgramError("a Binary takes a sequence of programs: tt.Binary([program])")
         programs = tuple(programs)
         if not programs or not all(isinstance(p, Program) for p in programs):
             raise ProgramError("a Binary holds a non-empty sequence of Program objects")
-        self.programs = programs
+        self.programs: tuple[Program, ...] = programs
 
     def __repr__(self) -> str:
         return f"<Binary {[p.name for p in self.programs]}>"
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        payload = json.dumps([_program_to_json(p) for p in self.programs], separators=(",", ":")).encode()
+        """Writes the versioned file (header, then the programs as JSON)."""
+        payload = json.dumps(
+            [_program_to_json(p) for p in self.programs], separators=(",", ":")
+        ).encode()
         with open(path, "wb") as f:
-            f.write(_HEADER.pack(_MAGIC, _VERSION, len(payload), zlib.crc32(payload)))
-            f.write(payload)
+            f.write(_HEADER.pack(_MAGIC, _VERSION, len(payload), zlib.crc32(payload)) + payload)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Binary:
+        """Reads a file `save` wrote; BinaryFormatError for any file it did not write whole."""
         with open(path, "rb") as f:
             data = f.read()
-        if len(data) < _HEADER.size or data[:8] != _MAGIC:
-            raise BinaryFormatError(f"{os.fspath(path)!r} is not a ttflow binary (bad magic bytes)")
-        _, version, length, crc = _HEADER.unpack_from(data)
-        if version != _VERSION:
-            raise BinaryFormatError(
-                f"{os.fspath(path)!r} has format version {version}; this ttflow reads version {_VERSION}"
-            )
+        name = repr(os.fspath(path))
+        if not data or not data.startswith(_MAGIC[: len(data)]):
+            raise BinaryFormatError(f"{name} is not a ttflow binary (bad magic bytes)")
+        if len(data) >= 12:
+            (version,) = struct.unpack_from("<I", data, 8)
+            if version != _VERSION:
+                newer = "a newer ttflow; upgrade to read it" if version > _VERSION else "an unknown writer"
+                raise BinaryFormatError(
+                    f"{name} has format version {version}, this ttflow reads version {_VERSION} "
+                    f"(the file comes from {newer})"
+                )
+        if len(data) < _HEADER.size:
+            raise BinaryFormatError(f"{name} is truncated: {len(data)} bytes, shorter than the header")
+        _, _, length, crc = _HEADER.unpack_from(data)
         payload = data[_HEADER.size :]
         if len(payload) != length:
+            what = "truncated" if len(payload) < length else "followed by stray bytes"
             raise BinaryFormatError(
-                f"{os.fspath(path)!r} is truncated or has trailing bytes: "
-                f"payload is {len(payload)} bytes, header says {length}"
+                f"{name} is {what}: the payload is {len(payload)} bytes, the header says {length}"
             )
         if zlib.crc32(payload) != crc:
-            raise BinaryFormatError(f"{os.fspath(path)!r} is corrupt (checksum mismatch)")
+            raise BinaryFormatError(f"{name} is corrupt: the payload checksum does not match")
         try:
-            programs = [_program_from_json(p) for p in json.loads(payload)]
+            programs = [_program_from_json(p) for p in _expect(json.loads(payload), list, "payload")]
             return cls(programs)
-        except BinaryFormatError:
-            raise
-        except Exception as exc:
-            raise BinaryFormatError(f"{os.fspath(path)!r} has a malformed payload: {exc}") from None
+        except BinaryFormatError as exc:
+            raise BinaryFormatError(f"{name} holds a malformed program: {exc}") from None
+        except (ValueError, TypeError, KeyError, IndexError, RecursionError, ProgramError) as exc:
+            # ValueError covers JSON, Unicode, ShapeError and LayoutError from the replay.
+            raise BinaryFormatError(
+                f"{name} holds a malformed program: {type(exc).__name__}: {exc}"
+            ) from None
 
 
 def _spec_to_json(s: TensorSpec) -> list[Any]:
     return [list(s.shape), s.layout.memory.name, s.layout.tensor_layout.name, s.dtype.name]
 
 
-def _spec_from_json(j: list[Any]) -> TensorSpec:
-    shape, memory, tensor_layout, dtype = j
+def _expect(value: Any, kind: type, what: str) -> Any:
+    """`value` if it has the JSON type `kind` (bool is not an int here), else BinaryFormatError."""
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise BinaryFormatError(f"{what} must be a JSON {kind.__name__}, got {value!r:.60}")
+    return value
+
+
+def _spec_from_json(j: Any, what: str) -> TensorSpec:
+    shape, memory, tensor_layout, dtype = _expect(j, list, what)
+    dims = [_expect(d, int, f"{what} shape") for d in _expect(shape, list, f"{what} shape")]
+    for enum_type, member in ((MemorySpace, memory), (TensorLayout, tensor_layout), (DataType, dtype)):
+        if member not in enum_type.__members__:
+            raise BinaryFormatError(f"{what}: {member!r:.40} is not a {enum_type.__name__}")
     return TensorSpec(
-        check_shape(shape), Layout(MemorySpace[memory], TensorLayout[tensor_layout], DataType[dtype])
+        check_shape(dims), Layout(MemorySpace[memory], TensorLayout[tensor_layout], DataType[dtype])
     )
 
 
@@ -399,32 +517,59 @@ def _program_to_json(p: Program) -> dict[str, Any]:
         "name": p.name,
         "num_inputs": p.num_inputs,
         "values": [_spec_to_json(v) for v in p.values],
-        "steps": [[s.op, list(s.inputs), s.scalar, [list(a) for a in s.attrs], s.output] for s in p.steps],
+        "steps": [[s.op, list(s.inputs), s.scalar, [[k, v] for k, v in s.attrs], s.output] for s in p.steps],
         "outputs": list(p.outputs),
         "output_specs": [_spec_to_json(s) for s in p.output_specs],
     }
 
 
-def _program_from_json(j: dict[str, Any]) -> Program:
-    values = tuple(_spec_from_json(v) for v in j["values"])
-    n = len(values)
-    steps = []
-    for op, inputs, scalar, step_attrs, output in j["steps"]:
-        if op not in OPS:
-            raise BinaryFormatError(f"unknown op {op!r}")
-        ids = [*inputs, output]
-        if not all(isinstance(i, int) and 0 <= i < n for i in ids):
-            raise BinaryFormatError(f"op {op!r} refers to a value id out of range")
-        if scalar is not None and not isinstance(scalar, (int, float)):
-            raise BinaryFormatError(f"op {op!r} has a non-numeric scalar")
-        steps.append(Step(op, tuple(inputs), None if scalar is None else float(scalar),
-                          tuple((str(k), tuple(v) if isinstance(v, list) else v)
-                                for k, v in step_attrs), output))
-    outputs = tuple(j["outputs"])
-    if not all(isinstance(i, int) and 0 <= i < n for i in outputs):
-        raise BinaryFormatError("an output refers to a value id out of range")
-    output_specs = tuple(_spec_from_json(s) for s in j["output_specs"])
-    num_inputs = j["num_inputs"]
-    if not isinstance(num_inputs, int) or not 0 <= num_inputs <= n or len(output_specs) != len(outputs):
-        raise BinaryFormatError("inconsistent input or output counts")
-    return Program(str(j["name"]), values, tuple(steps), outputs, output_specs, num_inputs)
+def _replay(b: ProgramBuilder, op: str, args: list[Value], scalar: float | None,
+            attrs_: dict[str, Any]) -> Value:
+    """Calls the builder's method for one stored step, so the builder's checks run again."""
+    if op == "typecast":
+        return b.typecast(*args, DataType(attrs_.pop("dtype")), **attrs_)
+    if op == "reshape":
+        return b.reshape(*args, **attrs_)
+    method = getattr(b, op)
+    return method(*args, scalar, **attrs_) if scalar is not None else method(*args, **attrs_)
+
+
+def _program_from_json(j: Any) -> Program:
+    """Rebuilds a stored program through a builder and checks every value against the file."""
+    j = _expect(j, dict, "a program")
+    name = _expect(j["name"], str, "the program name")
+    values = [_spec_from_json(v, f"value {i}") for i, v in enumerate(_expect(j["values"], list, "values"))]
+    num_inputs = _expect(j["num_inputs"], int, "num_inputs")
+    if not 0 <= num_inputs <= len(values):
+        raise BinaryFormatError(f"num_inputs {num_inputs} does not fit {len(values)} values")
+    b = ProgramBuilder(name)
+    built = [b.input(spec.shape, spec.layout) for spec in values[:num_inputs]]
+    for index, raw in enumerate(_expect(j["steps"], list, "steps")):
+        op, inputs, scalar, step_attrs, output = _expect(raw, list, f"step {index}")
+        if not isinstance(op, str) or op not in OPS or op.startswith("_") or not hasattr(b, op):
+            raise BinaryFormatError(f"step {index}: unknown op {op!r:.40}")
+        ids = [_expect(i, int, f"step {index} input") for i in _expect(inputs, list, f"step {index} inputs")]
+        if not all(0 <= i < len(built) for i in ids):
+            raise BinaryFormatError(f"step {index} ({op}) reads a value that is not defined before it")
+        if scalar is not None:
+            scalar = float(_expect(scalar, (int, float), f"step {index} scalar"))  # type: ignore[arg-type]
+        pairs = [_expect(a, list, f"step {index} attrs") for a in _expect(step_attrs, list, f"step {index} attrs")]
+        kwargs = {_expect(k, str, "an attr name"): tuple(v) if isinstance(v, list) else v for k, v in pairs}
+        value = _replay(b, op, [built[i] for i in ids], scalar, kwargs)
+        if output != value.id or value.id >= len(values) or values[value.id] != b._values[value.id]:
+            raise BinaryFormatError(
+                f"step {index} ({op}) does not define value {output!r:.20} as the file declares it"
+            )
+        built.append(value)
+    if len(built) != len(values):
+        raise BinaryFormatError(f"{len(values)} values declared, {len(built)} defined by inputs and steps")
+    outputs = [_expect(i, int, "an output id") for i in _expect(j["outputs"], list, "outputs")]
+    specs = [_spec_from_json(s, f"output spec {k}") for k, s in enumerate(_expect(j["output_specs"], list, "output specs"))]
+    if len(specs) != len(outputs) or not all(0 <= i < len(built) for i in outputs):
+        raise BinaryFormatError("the outputs do not match their specs or refer to undefined values")
+    for value_id, spec in zip(outputs, specs):
+        b.output(built[value_id], spec.layout)
+    program = b.build()
+    if program.output_specs != tuple(specs):
+        raise BinaryFormatError("an output spec does not match its value's shape")
+    return program
