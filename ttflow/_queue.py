@@ -171,7 +171,7 @@ class CommandQueue:
                 deadline = time.perf_counter() + _YIELD_EVERY
 
     def _ready_batch(self) -> list[Command]:
-        batch = []
+        batch: list[Command] = []
         for command in self._pending:
             if len(batch) == _BATCH_MAX or not command.batchable or command.blocker() is not None:
                 break

@@ -180,10 +180,10 @@ def submit(device: Device, binary: Binary, program_index: int, inputs: Sequence[
                 f"input {index} of {program.name!r} has shape {tensor.shape}, "
                 f"the program declares {spec.shape}"
             )
-        _check_dtype(tensor, spec.layout.dtype, index)
+        _check_dtype(tensor, spec.dtype, index)
     plan = device._plans.get(program)
     if plan is None:
         plan = device._plans[program] = _Plan(program)
-    outputs = tuple(Tensor(device, s.shape, s.layout.dtype, s.layout) for s in program.output_specs)
+    outputs = tuple(Tensor(device, s.shape, s.dtype, s.layout) for s in program.output_specs)
     device._enqueue(ProgramCommand(device, program, plan, tuple(inputs), outputs), device._cq0)
     return list(outputs)

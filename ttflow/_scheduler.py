@@ -357,8 +357,8 @@ class ProgramCommand(Command):
                 array = io.read_array(d._banks(storage.layout.memory), storage, spec.shape)
                 values[index] = array.astype(plan.value_dtypes[index], copy=False)
         for index, step in enumerate(program.steps):
-            args = [values[v] for v in step.inputs]
-            result = plan.compute[index](args, step.scalar, **plan.step_attrs[index])
+            args = [values[v] for v in step.inputs]  # every operand is live: last_read says so
+            result = plan.compute[index](args, step.scalar, **plan.step_attrs[index])  # type: ignore[arg-type]
             value = step.output
             k = plan.store_in_output.get(value)
             storage = self.out_storages[k] if k is not None else self.scratch[value]
@@ -376,9 +376,9 @@ class ProgramCommand(Command):
             if plan.store_in_output.get(value) == k:
                 continue
             storage = self.out_storages[k]
-            array = values[value]
-            assert array is not None
-            io.write_array(d._banks(storage.layout.memory), storage, array)
+            kept = values[value]
+            assert kept is not None
+            io.write_array(d._banks(storage.layout.memory), storage, kept)
 
     def finish(self) -> None:
         d = self.device

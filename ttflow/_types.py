@@ -168,6 +168,10 @@ def _power_of_two(instance: Any, attribute: attrs.Attribute[Any], value: int) ->
         raise ValueError(f"DeviceSpec.{attribute.name} must be a power of two, got {value}")
 
 
+def _to_grid(value: Any) -> tuple[int, int]:
+    return tuple(value)  # type: ignore[return-value]  # the validator checks the length
+
+
 def _grid(instance: Any, attribute: attrs.Attribute[Any], value: tuple[int, int]) -> None:
     if len(value) != 2 or any(not isinstance(v, int) or v <= 0 for v in value):
         raise ValueError(f"DeviceSpec.worker_grid must be two positive ints, got {value!r}")
@@ -179,7 +183,7 @@ class DeviceSpec:
     """The shape of an emulated device. Use a preset, or `attrs.evolve` one to change a field."""
 
     name: str = "wormhole_n150"
-    worker_grid: tuple[int, int] = attrs.field(default=(8, 8), converter=tuple, validator=_grid)
+    worker_grid: tuple[int, int] = attrs.field(default=(8, 8), converter=_to_grid, validator=_grid)
     l1_bank_bytes: int = attrs.field(default=1_499_136, validator=_positive)
     dram_banks: int = attrs.field(default=12, validator=_positive)
     dram_bank_bytes: int = attrs.field(default=1 << 30, validator=_positive)
