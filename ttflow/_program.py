@@ -402,7 +402,7 @@ def run_on_host(program: Program, arrays: Sequence[Any]) -> list[np.ndarray[Any,
         raise ProgramError(
             f"program {program.name!r} takes {len(program.inputs)} inputs, {len(arrays)} were given"
         )
-    values: list[np.ndarray[Any, Any] | None] = [None] * len(program.values)
+    values: list[Any] = [None] * len(program.values)  # each set before any step reads it
     for index, (array, spec) in enumerate(zip(arrays, program.inputs)):
         host = np.asarray(array)
         if host.shape != spec.shape:
@@ -494,10 +494,12 @@ def _spec_to_json(s: TensorSpec) -> list[Any]:
     return [list(s.shape), s.layout.memory.name, s.layout.tensor_layout.name, s.dtype.name]
 
 
-def _expect(value: Any, kind: type, what: str) -> Any:
-    """`value` if it has the JSON type `kind` (bool is not an int here), else BinaryFormatError."""
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise BinaryFormatError(f"{what} must be a JSON {kind.__name__}, got {value!r:.60}")
+def _expect(value: Any, kind: type | tuple[type, ...], what: str) -> Any:
+    """`value` if it has the JSON type `kind` (a bool is not a number here), else BinaryFormatError."""
+    if not isinstance(value, kind) or isinstance(value, bool):
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        names = " or ".join(k.__name__ for k in kinds)
+        raise BinaryFormatError(f"{what} must be a JSON {names}, got {value!r:.60}")
     return value
 
 
@@ -527,11 +529,15 @@ def _replay(b: ProgramBuilder, op: str, args: list[Value], scalar: float | None,
             attrs_: dict[str, Any]) -> Value:
     """Calls the builder's method for one stored step, so the builder's checks run again."""
     if op == "typecast":
-        return b.typecast(*args, DataType(attrs_.pop("dtype")), **attrs_)
+        (x,) = args
+        return b.typecast(x, DataType(attrs_.pop("dtype")), **attrs_)
     if op == "reshape":
-        return b.reshape(*args, **attrs_)
+        (x,) = args
+        return b.reshape(x, **attrs_)
     method = getattr(b, op)
-    return method(*args, scalar, **attrs_) if scalar is not None else method(*args, **attrs_)
+    result = method(*args, scalar, **attrs_) if scalar is not None else method(*args, **attrs_)
+    assert isinstance(result, Value)
+    return result
 
 
 def _program_from_json(j: Any) -> Program:
@@ -552,7 +558,7 @@ def _program_from_json(j: Any) -> Program:
         if not all(0 <= i < len(built) for i in ids):
             raise BinaryFormatError(f"step {index} ({op}) reads a value that is not defined before it")
         if scalar is not None:
-            scalar = float(_expect(scalar, (int, float), f"step {index} scalar"))  # type: ignore[arg-type]
+            scalar = float(_expect(scalar, (int, float), f"step {index} scalar"))
         pairs = [_expect(a, list, f"step {index} attrs") for a in _expect(step_attrs, list, f"step {index} attrs")]
         kwargs = {_expect(k, str, "an attr name"): tuple(v) if isinstance(v, list) else v for k, v in pairs}
         value = _replay(b, op, [built[i] for i in ids], scalar, kwargs)
