@@ -1,141 +1,513 @@
-"""The program builder's checks, and the binary file format."""
+"""The program builder's inference and checks, the host interpreter, and the binary file format."""
 
 from __future__ import annotations
 
+import json
+import math
 import struct
+import zlib
 from pathlib import Path
+from typing import Any
 
+import ml_dtypes
+import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ttflow as tt
+from ttflow._program import Value, run_on_host
 
-F32, BF16, I32, U32 = tt.DataType.FLOAT32, tt.DataType.BFLOAT16, tt.DataType.INT32, tt.DataType.UINT32
-TILE = tt.TensorLayout.TILE
+F32, BF16, BF8 = tt.DataType.FLOAT32, tt.DataType.BFLOAT16, tt.DataType.BFLOAT8_B
+I32, U32 = tt.DataType.INT32, tt.DataType.UINT32
+DRAM, L1 = tt.MemorySpace.DRAM, tt.MemorySpace.L1
+TILE, ROW_MAJOR = tt.TensorLayout.TILE, tt.TensorLayout.ROW_MAJOR
+HEADER = struct.Struct("<8sIQI")
 
 
 def mlp() -> tt.Program:
     b = tt.ProgramBuilder("mlp")
     x = b.input((4, 40))
-    w = b.input((40, 8), tt.Layout(tt.MemorySpace.L1, TILE, BF16))
+    w = b.input((40, 8), tt.Layout(L1, TILE, BF16))
     h = b.gelu(b.matmul(x, w))
-    b.output(b.softmax(h), tt.Layout(tt.MemorySpace.L1, tt.TensorLayout.ROW_MAJOR))
+    b.output(b.softmax(h), tt.Layout(L1, ROW_MAJOR))
     b.output(b.sum(b.transpose(h), axis=-1))
     return b.build()
 
 
-def test_shapes_and_dtypes_are_inferred() -> None:
+# -- inference ------------------------------------------------------------------------------------
+
+def test_shapes_dtypes_and_layouts_are_inferred() -> None:
     p = mlp()
     assert [s.shape for s in p.inputs] == [(4, 40), (40, 8)]
-    assert p.inputs[0].layout == tt.Layout(tt.MemorySpace.DRAM, TILE, F32)  # the default
+    assert p.inputs[0].layout == tt.Layout(DRAM, TILE, F32)  # the default input layout
+    assert p.inputs == p.values[:2]
     assert [s.shape for s in p.output_specs] == [(4, 8), (8, 1)]
     assert [s.dtype for s in p.output_specs] == [F32, F32]  # float32 wins over bfloat16
-    assert p.output_specs[1].layout == tt.Layout(tt.MemorySpace.DRAM, TILE, F32)
+    assert p.output_specs[0].layout == tt.Layout(L1, ROW_MAJOR, F32)  # dtype None: the value's
+    assert p.output_specs[1].layout == tt.Layout(DRAM, TILE, F32)  # the default output layout
     assert [s.op for s in p.steps] == ["matmul", "gelu", "softmax", "transpose", "sum"]
-    assert "mlp" in repr(p) and "steps" in repr(p)
+    assert [s.output for s in p.steps] == [2, 3, 4, 5, 6] and p.outputs == (4, 6)
+    assert p.steps[2].attrs == (("axis", 1),) and p.steps[4].attrs == (("axis", 1),)
+    assert p.steps[0].inputs == (0, 1) and p.steps[0].scalar is None
+
+
+def test_input_layout_without_dtype_is_float32() -> None:
+    b = tt.ProgramBuilder("p")
+    assert b.input((3,), tt.Layout(L1, ROW_MAJOR)).dtype is F32
+    assert b.input((3,), tt.Layout(dtype=I32)).dtype is I32
+
+
+def test_repr_names_the_program_and_its_specs_not_its_steps() -> None:
+    text = repr(mlp())
+    assert "mlp" in text and "(4, 40) FLOAT32" in text and "(40, 8) BFLOAT16 L1" in text
+    assert "(8, 1)" in text and "5 steps" in text and "gelu" not in text
 
 
 def test_broadcasting_and_scalars() -> None:
     b = tt.ProgramBuilder("bcast")
-    x, bias = b.input((2, 3, 5)), b.input((1, 5))
-    w = b.input((5, 7))
+    x, bias, w = b.input((2, 3, 5)), b.input((1, 5)), b.input((5, 7))
+    col = b.input((3, 1), tt.Layout(dtype=BF16))
     y = b.add(x, bias)
     assert y.shape == (2, 3, 5)
+    assert b.sub(col, bias).shape == (3, 5) and b.sub(col, bias).dtype is F32
     assert b.mul(y, 2).shape == (2, 3, 5) and b.mul(y, 2).dtype is F32
+    assert b.mul(col, 0.5).dtype is BF16  # a scalar keeps the value's dtype
     assert b.matmul(y, w).shape == (2, 3, 7)
     assert b.transpose(y).shape == (2, 5, 3)
+    assert b.gt(col, 0).dtype is BF16
+    step = b._steps[-1]
+    assert step.op == "gt" and step.scalar == 0.0 and isinstance(step.scalar, float)
 
 
-def test_build_time_errors() -> None:
+def test_matmul_batch_dims_broadcast() -> None:
+    b = tt.ProgramBuilder("bmm")
+    a, c, d = b.input((2, 1, 3, 4)), b.input((5, 4, 6)), b.input((2, 3, 4))
+    assert b.matmul(a, c).shape == (2, 5, 3, 6)
+    assert b.matmul(c, b.transpose(c)).shape == (5, 4, 4)
+    with pytest.raises(tt.ShapeError, match=r"matmul: batch dims of \(2, 3, 4\) and \(3, 4, 10\)"):
+        b.matmul(d, b.reshape(c, (3, 4, 10)))
+
+
+@pytest.mark.parametrize(("a", "c", "want"), [(F32, BF16, F32), (BF16, BF8, BF16), (BF8, F32, F32),
+                                              (BF8, BF8, BF8), (I32, I32, I32), (U32, U32, U32)])
+def test_binary_result_dtypes(a: tt.DataType, c: tt.DataType, want: tt.DataType) -> None:
+    b = tt.ProgramBuilder("dt")
+    x, y = b.input((4, 4), tt.Layout(tensor_layout=TILE, dtype=a)), b.input((4, 4), tt.Layout(tensor_layout=TILE, dtype=c))
+    for op in ("add", "sub", "mul", "gt", "matmul"):
+        assert getattr(b, op)(x, y).dtype is want, op
+        assert getattr(b, op)(y, x).dtype is want, op
+
+
+def test_unary_and_reduction_inference() -> None:
+    b = tt.ProgramBuilder("u")
+    x, i = b.input((2, 3, 4)), b.input((2, 3, 4), tt.Layout(dtype=I32))
+    for op in ("relu", "gelu", "exp", "sqrt", "reciprocal", "neg"):
+        v = getattr(b, op)(x)
+        assert (v.shape, v.dtype) == ((2, 3, 4), F32), op
+    for op in ("relu", "neg"):
+        assert getattr(b, op)(i).dtype is I32
+    assert b.sum(x, -2).shape == (2, 1, 4) and b._steps[-1].attrs == (("axis", 1),)
+    assert b.max(i, 0).shape == (1, 3, 4) and b.max(i, 0).dtype is I32
+    assert b.sum(i, -1).dtype is I32
+    assert b.softmax(x, axis=0).shape == (2, 3, 4) and b._steps[-1].attrs == (("axis", 0),)
+    assert b.transpose(i).shape == (2, 4, 3)
+    cast = b.typecast(x, U32)
+    assert cast.dtype is U32 and b._steps[-1].attrs == (("dtype", "uint32"),)
+    assert b.reshape(x, (6, 4)).shape == (6, 4)
+
+
+# -- build-time errors ----------------------------------------------------------------------------
+
+def test_shape_errors_name_the_op_and_shapes() -> None:
     b = tt.ProgramBuilder("bad")
-    x, i, u = b.input((3, 4)), b.input((3, 4), tt.Layout(dtype=I32)), b.input((3, 4), tt.Layout(dtype=U32))
-    with pytest.raises(tt.ShapeError, match="broadcast"):
+    x, v = b.input((3, 4)), b.input((4,))
+    with pytest.raises(tt.ShapeError, match=r"add.*\(3, 4\).*\(4, 3\).*broadcast"):
         b.add(x, b.transpose(x))
-    with pytest.raises(tt.ShapeError, match="inner"):
+    with pytest.raises(tt.ShapeError, match=r"matmul.*inner.*\(3, 4\) @ \(3, 4\)"):
         b.matmul(x, x)
-    with pytest.raises(tt.LayoutError, match="INT32"):
+    with pytest.raises(tt.ShapeError, match=r"matmul.*rank >= 2.*\(4,\)"):
+        b.matmul(v, x)
+    with pytest.raises(tt.ShapeError, match=r"matmul.*rank"):
+        b.matmul(x, v)
+    with pytest.raises(tt.ShapeError, match=r"transpose.*\(4,\)"):
+        b.transpose(v)
+    for call in (lambda: b.sum(x, 2), lambda: b.max(x, -3), lambda: b.softmax(x, axis=5),
+                 lambda: b.sum(x, 1.0)):  # type: ignore[arg-type]
+        with pytest.raises(tt.ShapeError, match="axis"):
+            call()
+    with pytest.raises(tt.ShapeError, match="element counts"):
+        b.reshape(x, (5, 5))
+    for shape in ((), (0, 3), (3, -1), 3):
+        with pytest.raises(tt.ShapeError):
+            tt.ProgramBuilder("s").input(shape)  # type: ignore[arg-type]
+
+
+def test_dtype_errors() -> None:
+    b = tt.ProgramBuilder("bad")
+    x = b.input((3, 4))
+    i, u = b.input((3, 4), tt.Layout(dtype=I32)), b.input((3, 4), tt.Layout(dtype=U32))
+    with pytest.raises(tt.LayoutError, match=r"add.*FLOAT32.*INT32.*typecast"):
         b.add(x, i)
+    with pytest.raises(tt.LayoutError, match="matmul"):
+        b.matmul(i, b.transpose(x))
+    with pytest.raises(tt.LayoutError, match=r"INT32.*UINT32"):
+        b.sub(i, u)
+    for op in ("gelu", "exp", "sqrt", "reciprocal", "softmax"):
+        with pytest.raises(tt.LayoutError, match=rf"{op}.*float"):
+            getattr(b, op)(i)
+    with pytest.raises(tt.LayoutError, match="integral"):
+        b.mul(i, 0.5)
+    with pytest.raises(tt.LayoutError, match="integral"):
+        b.add(u, 2.0**60)
+    assert b.add(i, 3.0).dtype is I32  # an integral float is fine
+    with pytest.raises(tt.LayoutError, match="dtype"):
+        b.typecast(x, "int32")  # type: ignore[arg-type]
     with pytest.raises(tt.LayoutError):
-        b.add(i, u)
-    with pytest.raises(tt.LayoutError, match="float"):
-        b.exp(i)
-    with pytest.raises(tt.ShapeError, match="axis"):
-        b.sum(x, axis=2)
+        b.output(i, tt.Layout(dtype=F32))
+    with pytest.raises(tt.LayoutError):
+        b.output(x, tt.Layout(dtype=U32))
+    with pytest.raises(tt.LayoutError):
+        tt.ProgramBuilder("p").input((3,), "L1")  # type: ignore[arg-type]
+    with pytest.raises(tt.LayoutError):
+        b.output(x, tt.MemorySpace.L1)  # type: ignore[arg-type]
+
+
+def test_program_errors() -> None:
+    b = tt.ProgramBuilder("bad")
+    x = b.input((3, 4))
     other = tt.ProgramBuilder("other").input((3, 4))
     with pytest.raises(tt.ProgramError, match="another program"):
         b.add(x, other)
+    with pytest.raises(tt.ProgramError, match="another program"):
+        b.relu(other)
+    with pytest.raises(tt.ProgramError, match="another program"):
+        b.output(other)
+    with pytest.raises(tt.ProgramError, match="Value"):
+        b.add(x, np.ones((3, 4)))  # type: ignore[arg-type]
+    with pytest.raises(tt.ProgramError, match="boolean"):
+        b.add(x, True)
+    with pytest.raises(tt.ProgramError, match="NaN"):
+        b.mul(x, math.nan)
+    b.relu(x)
     with pytest.raises(tt.ProgramError, match="before the first op"):
         b.input((1,))
     with pytest.raises(tt.ProgramError, match="no outputs"):
-        tt.ProgramBuilder("empty").build()
-    with pytest.raises(tt.LayoutError):
-        b.output(i, tt.Layout(dtype=F32))
-    b.output(b.relu(i))
-    b.build()
-    with pytest.raises(tt.ProgramError, match="already built"):
-        b.relu(x)
-    r = tt.ProgramBuilder("r")
-    with pytest.raises(tt.ShapeError, match="rank"):
-        r.transpose(r.input((4,)))
-    with pytest.raises(tt.ShapeError, match="element counts"):
-        r.reshape(r.input((4, 6)), (5, 5))
+        b.build()
+    with pytest.raises(tt.ProgramError, match="name"):
+        tt.ProgramBuilder("")
+    b.output(x)
+    b.output(x)  # an output may repeat, and may be an input
+    p = b.build()
+    assert p.outputs == (0, 0)
+    for again in (b.build, lambda: b.relu(x), lambda: b.softmax(x, axis=9), lambda: b.output(x),
+                  lambda: b.input((1,))):
+        with pytest.raises(tt.ProgramError, match="already built"):
+            again()
 
 
-def test_get_layout() -> None:
-    binary = tt.Binary([mlp()])
-    assert tt.get_layout(binary, 0, 1) == tt.Layout(tt.MemorySpace.L1, TILE, BF16)
+def test_last_use() -> None:
+    b = tt.ProgramBuilder("lu")
+    x, unused, w = b.input((2, 2)), b.input((2, 2)), b.input((2, 2))
+    h = b.matmul(x, w)  # step 0 -> value 3
+    b.relu(h)  # step 1 -> value 4, never read
+    y = b.add(h, x)  # step 2 -> value 5
+    b.output(y)
+    b.output(w)
+    assert b.build().last_use() == (2, -1, 3, 2, -1, 3)
+
+
+# -- the host interpreter -------------------------------------------------------------------------
+
+def test_run_on_host_mlp_matches_numpy() -> None:
+    b = tt.ProgramBuilder("mlp")
+    x = b.input((8, 40))
+    w1 = b.input((40, 32), tt.Layout(L1, TILE, BF16))
+    b1 = b.input((1, 32))
+    w2 = b.input((32, 10))
+    h = b.gelu(b.add(b.matmul(x, w1), b1))
+    logits = b.matmul(h, w2)
+    b.output(b.softmax(logits))
+    b.output(logits, tt.Layout(dtype=BF16))
+    program = b.build()
+
+    r = np.random.default_rng(0)
+    arrays = [r.standard_normal(s).astype(np.float32) * 0.3 for s in ((8, 40), (40, 32), (1, 32), (32, 10))]
+    probs, low = run_on_host(program, arrays)
+
+    w1_bf16 = arrays[1].astype(ml_dtypes.bfloat16).astype(np.float64)  # the input is converted
+    pre = arrays[0].astype(np.float64) @ w1_bf16 + arrays[2]
+    gelu = 0.5 * pre * (1 + np.vectorize(math.erf)(pre / math.sqrt(2)))
+    ref_logits = gelu @ arrays[3]
+    e = np.exp(ref_logits - ref_logits.max(-1, keepdims=True))
+    assert probs.dtype == np.float32 and probs.shape == (8, 10)
+    np.testing.assert_allclose(probs, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+    assert low.dtype == ml_dtypes.bfloat16
+    np.testing.assert_allclose(low.astype(np.float32), ref_logits, rtol=2**-8, atol=1e-5)
+
+
+def test_run_on_host_rounds_every_value_to_its_dtype() -> None:
+    b = tt.ProgramBuilder("round")
+    x = b.input((1, 3), tt.Layout(tensor_layout=TILE, dtype=BF16))
+    b.output(b.mul(b.add(x, 1.0), 1.0))  # 1 + 2**-9 is not a bfloat16: rounded to 1 after add
+    (out,) = run_on_host(b.build(), [np.array([[2**-9, 2**-7, -3.0]], np.float32)])
+    assert out.dtype == ml_dtypes.bfloat16
+    assert out.astype(np.float32).tolist() == [[1.0, 1.0 + 2**-7, -2.0]]
+
+
+def test_run_on_host_integers_wrap_and_typecast() -> None:
+    b = tt.ProgramBuilder("ints")
+    i = b.input((4,), tt.Layout(dtype=I32))
+    u = b.input((4,), tt.Layout(dtype=U32))
+    f = b.input((4,))
+    b.output(b.add(i, 1))
+    b.output(b.sub(u, 1))
+    b.output(b.typecast(f, I32))
+    b.output(b.typecast(i, F32))
+    b.output(b.sum(i, 0))
+    got = run_on_host(b.build(), [np.array([2**31 - 1, -1, 0, 5], np.int32), np.array([0, 1, 2, 3], np.uint32),
+                                  np.array([1.9, -1.9, 5e9, np.nan], np.float32)])
+    assert [g.dtype for g in got] == [np.int32, np.uint32, np.int32, np.float32, np.int32]
+    assert got[0].tolist() == [-(2**31), 0, 1, 6]
+    assert got[1].tolist() == [2**32 - 1, 0, 1, 2]
+    assert got[2].tolist() == [1, -1, 2**31 - 1, 0]
+    assert got[3].tolist() == [2.0**31, -1.0, 0.0, 5.0]  # 2**31 - 1 rounds up in float32
+    assert got[4].tolist() == [-(2**31) + 3]  # 2**31 + 3 wraps
+
+
+def test_run_on_host_bfloat8_b_output() -> None:
+    pytest.importorskip("ttflow.kernels")
+    b = tt.ProgramBuilder("bfp8")
+    x = b.input((1, 16))
+    b.output(x, tt.Layout(tensor_layout=TILE, dtype=BF8))
+    row = np.array([[1.0, 0.01, -3.0, 0.5] * 4], np.float32)
+    (out,) = run_on_host(b.build(), [row])
+    # Shared exponent 1 (of 3.0): steps of 2**-5; 0.01 rounds to 0, the rest are exact.
+    assert out.dtype == np.float32 and out.tolist() == [[1.0, 0.0, -3.0, 0.5] * 4]
+
+
+def test_run_on_host_checks_its_inputs() -> None:
+    p = mlp()
+    with pytest.raises(tt.ProgramError, match="2 inputs"):
+        run_on_host(p, [np.zeros((4, 40), np.float32)])
+    with pytest.raises(tt.ShapeError, match=r"\(40, 8\)"):
+        run_on_host(p, [np.zeros((4, 40), np.float32), np.zeros((8, 40), np.float32)])
+
+
+# -- binaries -------------------------------------------------------------------------------------
+
+def test_get_layout_and_binary_construction() -> None:
+    binary = tt.Binary([mlp(), mlp()])
+    assert tt.get_layout(binary, 0, 1) == tt.Layout(L1, TILE, BF16)
+    assert tt.get_layout(binary, 1, 0) == tt.Layout(DRAM, TILE, F32)
+    for pi, ii in ((2, 0), (-1, 0), (0, 2), (0, -1), ("0", 0)):
+        with pytest.raises(tt.ProgramError, match="out of range"):
+            tt.get_layout(binary, pi, ii)  # type: ignore[arg-type]
     with pytest.raises(tt.ProgramError):
-        tt.get_layout(binary, 1, 0)
-    with pytest.raises(tt.ProgramError):
-        tt.get_layout(binary, 0, 2)
-    with pytest.raises(tt.ProgramError):
-        tt.Binary([])
+        tt.get_layout([mlp()], 0, 0)  # type: ignore[arg-type]
+    for bad in ([], [1], mlp()):
+        with pytest.raises(tt.ProgramError):
+            tt.Binary(bad)  # type: ignore[arg-type]
+
+
+def assert_same(a: tt.Program, c: tt.Program) -> None:
+    assert a.name == c.name and a.values == c.values and a.inputs == c.inputs
+    assert a.steps == c.steps and a.outputs == c.outputs and a.output_specs == c.output_specs
+    assert a.same_as(c)
 
 
 def test_save_load_round_trip(tmp_path: Path) -> None:
-    b = tt.ProgramBuilder("typed")
-    x = b.input((33,), tt.Layout(tt.MemorySpace.L1, tt.TensorLayout.ROW_MAJOR, I32))
-    b.output(b.typecast(b.add(x, 3), F32), tt.Layout(dtype=tt.DataType.BFLOAT8_B, tensor_layout=TILE))
+    b = tt.ProgramBuilder("typed \u00e9")
+    x = b.input((33,), tt.Layout(L1, ROW_MAJOR, I32))
+    b.output(b.typecast(b.add(x, 3), F32), tt.Layout(dtype=BF8, tensor_layout=TILE))
     b.output(b.reshape(x, (3, 11)))
+    b.output(x)
     binary = tt.Binary([mlp(), b.build()])
     path = tmp_path / "model.ttb"
     binary.save(path)
-    loaded = tt.Binary.load(path)
+    loaded = tt.Binary.load(str(path))
     assert len(loaded.programs) == 2
     for a, c in zip(binary.programs, loaded.programs):
-        assert a.same_as(c)
+        assert_same(a, c)
 
 
-@settings(max_examples=30)
-@given(data=st.data())
-def test_corrupt_files_raise_binary_format_error(tmp_path_factory: pytest.TempPathFactory, data: st.DataObject) -> None:
-    path = tmp_path_factory.mktemp("bin") / "m.ttb"
+_FLOATS = (F32, BF16, BF8)
+
+
+@st.composite
+def programs(draw: st.DrawFn) -> tt.Program:
+    """A random small program: ops drawn at random, the ones the builder refuses skipped."""
+    b = tt.ProgramBuilder(draw(st.text(min_size=1, max_size=8)))
+    values: list[Value] = []
+    for _ in range(draw(st.integers(1, 3))):
+        shape = tuple(draw(st.lists(st.integers(1, 5), min_size=1, max_size=3)))
+        dtype = draw(st.sampled_from([F32, BF16, BF8, I32, U32]))
+        space, tl = draw(st.sampled_from(list(tt.MemorySpace))), draw(st.sampled_from(list(tt.TensorLayout)))
+        if dtype is BF8:
+            tl = TILE
+        values.append(b.input(shape, tt.Layout(space, tl, dtype)))
+    for _ in range(draw(st.integers(0, 8))):
+        v = draw(st.sampled_from(values))
+        op = draw(st.sampled_from(["add", "sub", "mul", "gt", "matmul", "relu", "neg", "gelu", "exp", "sqrt",
+                                   "reciprocal", "softmax", "sum", "max", "transpose", "reshape", "typecast"]))
+        try:
+            if op in ("add", "sub", "mul", "gt"):
+                other = draw(st.one_of(st.sampled_from(values), st.integers(-3, 3), st.floats(-2, 2)))
+                values.append(getattr(b, op)(v, other))
+            elif op == "matmul":
+                values.append(b.matmul(v, draw(st.sampled_from(values))))
+            elif op in ("softmax", "sum", "max"):
+                values.append(getattr(b, op)(v, draw(st.integers(-len(v.shape), len(v.shape) - 1))))
+            elif op == "reshape":
+                values.append(b.reshape(v, (math.prod(v.shape),)))
+            elif op == "typecast":
+                values.append(b.typecast(v, draw(st.sampled_from(list(tt.DataType)))))
+            else:
+                values.append(getattr(b, op)(v))
+        except (tt.ShapeError, tt.LayoutError):
+            pass
+    for v in draw(st.lists(st.sampled_from(values), min_size=1, max_size=3)):
+        kinds = [d for d in tt.DataType if d.is_float == v.dtype.is_float] + [None]
+        dtype = draw(st.sampled_from(kinds))
+        b.output(v, tt.Layout(draw(st.sampled_from(list(tt.MemorySpace))),
+                              TILE if dtype is BF8 or (dtype is None and v.dtype is BF8) else ROW_MAJOR, dtype))
+    return b.build()
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(programs(), min_size=1, max_size=3))
+def test_random_programs_round_trip(tmp_path: Path, progs: list[tt.Program]) -> None:
+    path = tmp_path / "r.ttb"
+    tt.Binary(progs).save(path)
+    loaded = tt.Binary.load(path).programs
+    assert len(loaded) == len(progs)
+    for a, c in zip(progs, loaded):
+        assert_same(a, c)
+
+
+def saved(tmp_path: Path) -> tuple[Path, bytes]:
+    path = tmp_path / "m.ttb"
     tt.Binary([mlp()]).save(path)
-    raw = path.read_bytes()
-    kind = data.draw(st.sampled_from(["truncate", "flip", "magic", "version"]))
-    if kind == "truncate":
-        raw = raw[: data.draw(st.integers(0, len(raw) - 1))]
-    elif kind == "flip":
-        i = data.draw(st.integers(24, len(raw) - 1))
-        raw = raw[:i] + bytes([raw[i] ^ 0x5A]) + raw[i + 1 :]
-    elif kind == "magic":
-        raw = b"PK\x03\x04" + raw[4:]
-    else:
-        raw = raw[:8] + struct.pack("<I", 99) + raw[12:]
+    return path, path.read_bytes()
+
+
+def load_bytes(path: Path, raw: bytes, match: str | None = None) -> None:
     path.write_bytes(raw)
-    with pytest.raises(tt.BinaryFormatError):
+    with pytest.raises(tt.BinaryFormatError, match=match):
         tt.Binary.load(path)
 
 
-def test_valid_checksum_but_bad_schema(tmp_path: Path) -> None:
-    import json
-    import zlib
+def test_header_errors(tmp_path: Path) -> None:
+    path, raw = saved(tmp_path)
+    assert raw[:8] == b"TTFLOWB\0" and HEADER.unpack_from(raw)[1:] == (1, len(raw) - 24, zlib.crc32(raw[24:]))
+    load_bytes(path, b"PK\x03\x04" + raw[4:], "not a ttflow binary")
+    load_bytes(path, b"", "not a ttflow binary")
+    load_bytes(path, b"TTF", "truncated")
+    load_bytes(path, raw[:8] + struct.pack("<I", 2) + raw[12:], r"version 2.*version 1")
+    load_bytes(path, raw[:8] + struct.pack("<I", 0) + raw[12:], r"version 0.*version 1")
+    load_bytes(path, raw[:30], "truncated")
+    load_bytes(path, raw + b"\0", "stray bytes")
+    i = len(raw) // 2
+    load_bytes(path, raw[:i] + bytes([raw[i] ^ 1]) + raw[i + 1 :], "checksum")
 
-    for payload in (b"not json", json.dumps([{"name": "x"}]).encode(),
-                    json.dumps([{"name": "x", "num_inputs": 0, "values": [], "steps": [["warp", [0], None, [], 0]],
-                                 "outputs": [], "output_specs": []}]).encode()):
-        path = tmp_path / "m.ttb"
-        path.write_bytes(struct.pack("<8sIQI", b"TTFLOWB\0", 1, len(payload), zlib.crc32(payload)) + payload)
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_truncated_or_flipped_files(tmp_path: Path, data: st.DataObject) -> None:
+    path, raw = saved(tmp_path)
+    if data.draw(st.booleans()):
+        raw = raw[: data.draw(st.integers(0, len(raw) - 1))]
+    else:
+        i = data.draw(st.integers(12, len(raw) - 1))  # past magic and version
+        raw = raw[:i] + bytes([raw[i] ^ data.draw(st.integers(1, 255))]) + raw[i + 1 :]
+    load_bytes(path, raw)
+
+
+def with_payload(payload: bytes, version: int = 1) -> bytes:
+    return HEADER.pack(b"TTFLOWB\0", version, len(payload), zlib.crc32(payload)) + payload
+
+
+def mlp_json(tmp_path: Path) -> list[Any]:
+    """The JSON payload `save` writes for mlp(), read back from the file."""
+    _, raw = saved(tmp_path)
+    return json.loads(raw[HEADER.size :])
+
+
+def test_valid_checksum_but_bad_payload(tmp_path: Path) -> None:
+    path = tmp_path / "m.ttb"
+    good = mlp_json(tmp_path)
+
+    def edited(fn: Any) -> bytes:
+        j = json.loads(json.dumps(good))
+        fn(j[0])
+        return json.dumps(j).encode()
+
+    cases = {
+        "not json": b"not json",
+        "not utf-8": b"\xff\xfe[]",
+        "not a list": b'{"a": 1}',
+        "empty list": b"[]",
+        "unknown op": edited(lambda p: p["steps"][0].__setitem__(0, "warp")),
+        "private name": edited(lambda p: p["steps"][0].__setitem__(0, "_emit")),
+        "id out of range": edited(lambda p: p["steps"][0][1].__setitem__(0, 99)),
+        "reads a later value": edited(lambda p: p["steps"][0][1].__setitem__(0, 5)),
+        "bool id": edited(lambda p: p["steps"][0][1].__setitem__(0, True)),
+        "wrong output id": edited(lambda p: p["steps"][0].__setitem__(4, 7)),
+        "bad enum": edited(lambda p: p["values"][0].__setitem__(3, "FLOAT64")),
+        "bad memory": edited(lambda p: p["values"][0].__setitem__(1, "SRAM")),
+        "shape mismatch": edited(lambda p: p["values"][2].__setitem__(0, [4, 9])),
+        "dtype mismatch": edited(lambda p: p["values"][2].__setitem__(3, "BFLOAT16")),
+        "missing key": edited(lambda p: p.pop("steps")),
+        "bad attr": edited(lambda p: p["steps"][2].__setitem__(3, [["axis", "x"]])),
+        "extra attr": edited(lambda p: p["steps"][1].__setitem__(3, [["axis", 0]])),
+        "bad scalar": edited(lambda p: p["steps"][1].__setitem__(2, "1")),
+        "output out of range": edited(lambda p: p["outputs"].__setitem__(0, 50)),
+        "output spec shape": edited(lambda p: p["output_specs"][0].__setitem__(0, [1, 1])),
+        "spec count": edited(lambda p: p["output_specs"].pop()),
+        "num_inputs": edited(lambda p: p.__setitem__("num_inputs", 3)),
+        "float shape": edited(lambda p: p["values"][0].__setitem__(0, [4.0, 40])),
+        "zero dim": edited(lambda p: p["values"][0].__setitem__(0, [0, 40])),
+        "extra value": edited(lambda p: p["values"].append(p["values"][0])),
+        "bad step": edited(lambda p: p["steps"].__setitem__(0, 3)),
+        "deep": b"[" * 100_000 + b"]" * 100_000,
+    }
+    for what, payload in cases.items():
+        path.write_bytes(with_payload(payload))
         with pytest.raises(tt.BinaryFormatError):
             tt.Binary.load(path)
+            pytest.fail(what)
+    path.write_bytes(with_payload(json.dumps(good).encode()))
+    assert_same(tt.Binary.load(path).programs[0], mlp())  # the edits, not the framing, failed
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 100) | st.floats(allow_nan=False) | st.text(max_size=5)
+    | st.sampled_from(["FLOAT32", "L1", "TILE", "add", "axis", "relu"]),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_fuzzed_payloads_raise_only_binary_format_error(tmp_path: Path, data: st.DataObject) -> None:
+    """Any JSON edit of a valid program either still loads or raises BinaryFormatError."""
+    doc = mlp_json(tmp_path)
+    node: Any = doc[0]
+    while True:  # walk down to a random container, then replace one of its items
+        keys = list(node) if isinstance(node, dict) else list(range(len(node)))
+        if not keys:
+            break
+        key = data.draw(st.sampled_from(keys))
+        child = node[key]
+        if isinstance(child, (list, dict)) and child and data.draw(st.booleans()):
+            node = child
+            continue
+        node[key] = data.draw(json_values)
+        break
+    path = tmp_path / "f.ttb"
+    path.write_bytes(with_payload(json.dumps(doc).encode()))
+    try:
+        tt.Binary.load(path)
+    except tt.BinaryFormatError:
+        pass
