@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import threading
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip(

@@ -14,8 +14,6 @@ for L1, as tt-metal does.
 from __future__ import annotations
 
 import bisect
-import ctypes
-import ctypes.util
 import mmap
 from typing import Any, final
 

@@ -16,10 +16,10 @@ import numpy as np
 
 from . import _storage_io as io
 from ._errors import OutOfMemoryError, ProgramError
-from ._ops import OPS
+from ._ops import OPS, compute_dtype
 from ._queue import Command
 from ._tensor import Storage, Tensor
-from ._types import DataType, Layout, MemorySpace, TensorLayout
+from ._types import Layout, MemorySpace, TensorLayout
 
 if TYPE_CHECKING:
     from ._device import Device
@@ -34,14 +34,7 @@ def _nbytes(storage: Storage) -> int:
     return storage.buffer.page_size * storage.buffer.num_pages
 
 
-def compute_dtype(dtype: DataType) -> np.dtype[Any]:
-    """Programs compute floats in float32 and integers in int64 (wrapped when stored)."""
-    return _COMPUTE_DTYPES[dtype]
 
-
-_COMPUTE_DTYPES = {
-    dt: np.dtype(np.float32) if dt.is_float else np.dtype(np.int64) for dt in DataType
-}
 
 
 class WriteCommand(Command):

@@ -235,7 +235,7 @@ def check_shape(shape: Any) -> tuple[int, ...]:
     """A tensor shape as a tuple of positive ints; ShapeError for 0-d, empty or negative dims."""
     try:
         dims = tuple(int(d) for d in shape)
-    except TypeError:
+    except (TypeError, ValueError):
         raise ShapeError(f"a shape is a sequence of ints, got {shape!r}") from None
     if not dims:
         raise ShapeError("0-d tensors are not supported: reshape to (1,) first")

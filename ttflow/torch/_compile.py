@@ -14,7 +14,7 @@ gradients stay on the device as `TTTensor`s in each parameter's `.grad`.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
