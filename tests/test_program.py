@@ -208,7 +208,7 @@ def test_program_errors() -> None:
 
 def test_last_use() -> None:
     b = tt.ProgramBuilder("lu")
-    x, unused, w = b.input((2, 2)), b.input((2, 2)), b.input((2, 2))
+    x, _unused, w = b.input((2, 2)), b.input((2, 2)), b.input((2, 2))
     h = b.matmul(x, w)  # step 0 -> value 3
     b.relu(h)  # step 1 -> value 4, never read
     y = b.add(h, x)  # step 2 -> value 5

@@ -224,5 +224,6 @@ def store_as(array: Array, dtype: DataType) -> Array:
 
 
 def to_host_dtype(array: Array, dtype: DataType) -> Array:
-    """A stored value (already `store_as` rounded) as `to_host` returns it: `dtype.host_dtype`."""
-    return np.asarray(array).astype(dtype.host_dtype)
+    """`array` as `dtype.host_dtype` (floats round to nearest even, integers wrap to 32 bits);
+    no copy when it already is."""
+    return np.asarray(array).astype(dtype.host_dtype, copy=False)

@@ -93,18 +93,21 @@ class ReadCommand(Command):
     """A tensor's value back to a host array."""
 
     name = "read"
-    __slots__ = ("device", "tensor", "result")
+    __slots__ = ("device", "tensor", "source", "result")
 
     def __init__(self, device: Device, tensor: Tensor) -> None:
         super().__init__((tensor,), ())
         self.device = device
         self.tensor = tensor
+        self.source: Storage | None = None
         self.result: np.ndarray[Any, Any] | None = None
 
     def prepare(self) -> None:
-        self.cost = _nbytes(self._source())
+        # Chosen here, on the loop thread: `run` may be on a worker and reads no tensor state.
+        self.source = self._pick_source()
+        self.cost = _nbytes(self.source)
 
-    def _source(self) -> Storage:
+    def _pick_source(self) -> Storage:
         storages = self.tensor._storages
         if not storages:
             raise ProgramError("the tensor has no device storage")
@@ -116,7 +119,8 @@ class ReadCommand(Command):
         return exact[0]
 
     def run(self) -> None:
-        source = self._source()
+        source = self.source
+        assert source is not None
         self.result = io.read_array(
             self.device._banks(source.layout.memory), source, self.tensor.shape
         )

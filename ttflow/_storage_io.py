@@ -14,20 +14,13 @@ import numpy as np
 
 from . import kernels
 from ._kernels import _bfp8, _tiles
+from ._ops import to_host_dtype
 from ._tensor import Storage
 from ._types import DataType, TensorLayout
 
-__all__ = ["write_array", "read_array", "copy_storage", "zero_fill", "to_host_dtype"]
+__all__ = ["write_array", "read_array", "copy_storage", "zero_fill"]
 
 Banks = np.ndarray[Any, np.dtype[np.uint8]]
-
-
-def to_host_dtype(array: np.ndarray[Any, Any], dtype: DataType) -> np.ndarray[Any, Any]:
-    """`array` as the host dtype of `dtype` (integers wrap to 32 bits, floats round to nearest)."""
-    host = dtype.host_dtype
-    if array.dtype == host:
-        return array
-    return array.astype(host)
 
 
 def write_array(banks: Banks, storage: Storage, array: np.ndarray[Any, Any]) -> None:
