@@ -16,7 +16,7 @@ from typing import Any, final
 import anyio
 import attrs
 
-from ._errors import DeviceClosedError
+from ._errors import DeviceClosedError, detach_frames
 from ._memory import MemorySpaceState
 from ._queue import Command, CommandQueue
 from ._tensor import Storage, Tensor
@@ -36,6 +36,8 @@ class DeviceStatistics:
     evictions: int = 0
     eviction_bytes: int = 0
     layout_conversions: int = 0
+    residency_copies: int = 0
+    residency_copy_bytes: int = 0
     l1_peak_bytes: int = 0
     dram_peak_bytes: int = 0
     commands_run: int = 0
@@ -148,10 +150,10 @@ class Device:
             tensor._pending += 1
 
     def _complete(self, command: Command, error: BaseException | None) -> None:
-        command.complete(error)
         self._counters["commands_run"] += 1
         if error is not None:
             self._counters["commands_failed"] += 1
+            detach_frames(error, f"{command.describe()['name']} on {command.queue.name if command.queue else 'CQ0'}")
         for listener in self._listeners:
             listener(command, error)
         for tensor in command.writes:
@@ -163,6 +165,7 @@ class Device:
             if tensor._last_reader is command:
                 tensor._last_reader = None
             self._settle(tensor)
+        command.complete(error)
 
     def _settle(self, tensor: Tensor) -> None:
         tensor._pending -= 1
@@ -171,7 +174,7 @@ class Device:
 
     def _release(self, tensor: Tensor) -> None:
         """Frees a deallocated tensor's storages once no queued command needs them."""
-        if tensor._pending == 0 and tensor._moving is None:
+        if tensor._pending == 0:
             for storage in tensor._storages:
                 self._free(storage)
             tensor._storages.clear()

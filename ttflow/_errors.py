@@ -14,6 +14,10 @@ Each class says what went wrong; each message says what to do next.
 
 from __future__ import annotations
 
+import copy
+import traceback
+from typing import NoReturn
+
 __all__ = [
     "TTFlowError",
     "LayoutError",
@@ -68,3 +72,39 @@ class BinaryFormatError(TTFlowError):
 
 class DeviceClosedError(TTFlowError):
     """The device was closed; open a new one with `tt.open_device()`."""
+
+
+def detach_frames(error: BaseException, origin: str) -> None:
+    """Makes a stored error hold no frames: it may outlive them by a long time.
+
+    An error kept on a failed tensor is re-raised by every await; its traceback's frames would
+    keep the failed command, its inputs and every caller's locals alive while the tensor lives.
+    The frames are dropped (an unexpected error keeps where it came from as a note).
+    """
+    seen: set[int] = set()
+    link: BaseException | None = error
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        tb = link.__traceback__
+        if tb is not None:
+            if link is error:
+                link.add_note(f"raised by {origin}")
+                if not isinstance(link, TTFlowError):
+                    link.add_note("".join(traceback.format_tb(tb)).rstrip())
+            link.__traceback__ = None
+        link = link.__cause__ or link.__context__
+
+
+def raise_stored(error: BaseException) -> NoReturn:
+    """Raises a fresh copy of a stored error, caused by the original.
+
+    Raising the stored object itself would append the awaiting frames to its traceback on every
+    await (a traceback that grows without bound and pins each caller's frames).
+    """
+    try:
+        fresh = copy.copy(error)
+    except Exception:
+        fresh = None
+    if fresh is None or type(fresh) is not type(error) or fresh is error:
+        raise error.with_traceback(None)
+    raise fresh.with_traceback(None) from error

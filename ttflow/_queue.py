@@ -85,10 +85,23 @@ class Command:
         """Undoes what a failed `prepare` or `run` left behind (allocations)."""
 
     def complete(self, error: BaseException | None = None) -> None:
+        """Marks the command done and lets go of everything it referenced.
+
+        A finished command may stay reachable for a long time (a queued command's `deps`, an
+        awaiting caller), so it must not keep tensors, storages or other commands alive: memory
+        held stays bounded by what the user holds plus what is queued.
+        """
         self.error = error
         self.done = True
+        self.deps = []
+        self.reads = ()
+        self.writes = ()
+        self.forget()
         if self._event is not None:
             self._event.set()
+
+    def forget(self) -> None:
+        """Drops the references a subclass keeps beyond `reads`, `writes` and `deps`."""
 
     async def wait(self) -> None:
         """Waits until the command has completed (successfully or not)."""
@@ -218,19 +231,19 @@ class CommandQueue:
     async def _execute(self, command: Command) -> BaseException | None:
         # Once started, a command runs to the end: cancellation is only delivered between
         # commands, so device state is never left half-updated.
+        for tensor in command.reads:
+            if tensor._error is not None:
+                return tensor._error  # an input failed: so does this command
         try:
-            for tensor in command.reads:
-                if tensor._error is not None:
-                    raise tensor._error
             preamble = command.preamble()
-            if preamble is not None:
-                preamble.queue = self
-                error = await self._phases(preamble)
-                self._on_complete(preamble, error)
-                if error is not None:
-                    raise error
         except Exception as exc:
             return exc
+        if preamble is not None:
+            preamble.queue = self
+            error = await self._phases(preamble)
+            self._on_complete(preamble, error)
+            if error is not None:
+                return error
         return await self._phases(command)
 
     async def _phases(self, command: Command) -> BaseException | None:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ._device import Device
-from ._errors import LayoutError, ProgramError, ShapeError
+from ._errors import LayoutError, ProgramError, ShapeError, raise_stored
 from ._program import Binary, Program
 from ._scheduler import ConvertCommand, ProgramCommand, ReadCommand, WriteCommand, _Plan
 from ._tensor import Tensor
@@ -106,14 +106,16 @@ async def to_host(tensor: Tensor) -> np.ndarray[Any, Any]:
     device._enqueue(command, device._cq0)
     await command.wait()
     if command.error is not None:
-        raise command.error
+        raise_stored(command.error)
     assert command.result is not None
     return command.result
 
 
 async def wait(tensor: Tensor) -> None:
     """Waits for every queued write of the tensor; re-raises its producer's error."""
-    await _check_tensor(tensor)
+    if not isinstance(tensor, Tensor):
+        raise TypeError(f"expected a ttflow Tensor, got {type(tensor).__name__}")
+    await tensor
 
 
 def to_layout(tensor: Tensor, layout: Layout) -> Tensor:

@@ -34,6 +34,19 @@ def _nbytes(storage: Storage) -> int:
     return storage.buffer.page_size * storage.buffer.num_pages
 
 
+def _same_format(a: Storage, b: Storage) -> bool:
+    """Whether a copy between the two only moves pages (same dtype and tensor layout)."""
+    return a.layout.dtype is b.layout.dtype and a.layout.tensor_layout is b.layout.tensor_layout
+
+
+def _count_copy(device: Device, src: Storage, dst: Storage) -> None:
+    """Counts a copy made for a layout: a conversion if it changes the format, else residency."""
+    if _same_format(src, dst):
+        device._count("residency_copies", 1)
+        device._count("residency_copy_bytes", _nbytes(dst))
+    else:
+        device._count("layout_conversions", 1)
+
 
 
 
@@ -42,18 +55,21 @@ class WriteCommand(Command):
 
     name = "write"
     batchable = True
-    __slots__ = ("device", "tensor", "array", "new_value", "target", "zero")
+    __slots__ = ("device", "array", "new_value", "target", "zero")
 
     def __init__(
         self, device: Device, tensor: Tensor, array: np.ndarray[Any, Any] | None, new_value: bool
     ) -> None:
         super().__init__((), (tensor,))
         self.device = device
-        self.tensor = tensor
         self.array = array
         self.zero = array is None
         self.new_value = new_value
         self.target: Storage | None = None
+
+    @property
+    def tensor(self) -> Tensor:
+        return self.writes[0]
 
     def blocker(self) -> Command | None:
         moving = self.tensor._moving
@@ -83,7 +99,10 @@ class WriteCommand(Command):
     def finish(self) -> None:
         if self.array is not None:
             self.device._count("host_to_device_bytes", self.array.nbytes)
+
+    def forget(self) -> None:
         self.array = None
+        self.target = None
 
     def describe(self) -> dict[str, Any]:
         return {"name": "zero_fill" if self.zero else "write", "bytes": self.cost}
@@ -93,14 +112,17 @@ class ReadCommand(Command):
     """A tensor's value back to a host array."""
 
     name = "read"
-    __slots__ = ("device", "tensor", "source", "result")
+    __slots__ = ("device", "source", "result")
 
     def __init__(self, device: Device, tensor: Tensor) -> None:
         super().__init__((tensor,), ())
         self.device = device
-        self.tensor = tensor
         self.source: Storage | None = None
         self.result: np.ndarray[Any, Any] | None = None
+
+    @property
+    def tensor(self) -> Tensor:
+        return self.reads[0]
 
     def prepare(self) -> None:
         # Chosen here, on the loop thread: `run` may be on a worker and reads no tensor state.
@@ -129,6 +151,9 @@ class ReadCommand(Command):
         assert self.result is not None
         self.device._count("device_to_host_bytes", self.result.nbytes)
 
+    def forget(self) -> None:
+        self.source = None
+
     def describe(self) -> dict[str, Any]:
         return {"name": "read", "bytes": self.cost}
 
@@ -137,16 +162,22 @@ class ConvertCommand(Command):
     """`to_layout`: a new tensor holding the source's value in another layout."""
 
     name = "to_layout"
-    __slots__ = ("device", "source", "target", "layout", "dst", "src")
+    __slots__ = ("device", "layout", "dst", "src")
 
     def __init__(self, device: Device, source: Tensor, target: Tensor, layout: Layout) -> None:
         super().__init__((source,), (target,))
         self.device = device
-        self.source = source
-        self.target = target
         self.layout = layout
         self.dst: Storage | None = None
         self.src: Storage | None = None
+
+    @property
+    def source(self) -> Tensor:
+        return self.reads[0]
+
+    @property
+    def target(self) -> Tensor:
+        return self.writes[0]
 
     def prepare(self) -> None:
         storages = self.source._storages
@@ -165,14 +196,17 @@ class ConvertCommand(Command):
         )
 
     def finish(self) -> None:
-        assert self.dst is not None
+        assert self.dst is not None and self.src is not None
         self.target._storages.append(self.dst)
-        self.device._count("layout_conversions", 1)
+        _count_copy(self.device, self.src, self.dst)
 
     def rollback(self) -> None:
         if self.dst is not None:
             self.device._free(self.dst)
             self.dst = None
+
+    def forget(self) -> None:
+        self.src = self.dst = None
 
     def describe(self) -> dict[str, Any]:
         return {"name": "to_layout", "bytes": self.cost}
@@ -201,6 +235,7 @@ class EvictCommand(Command):
                     self.cost += 2 * _nbytes(storage)
                 moves.append((tensor, storage, target))
                 tensor._moving = self
+                tensor._pending += 1  # deallocating it now must wait for the move
         finally:
             self.moves = moves + self.moves[len(moves) :]
 
@@ -231,14 +266,21 @@ class EvictCommand(Command):
                     storages.insert(0, copy)
             d._free(storage)
             tensor._moving = None
+            d._settle(tensor)
         d._count("evictions", len(self.moves))
         d._count("eviction_bytes", self.copied)
 
     def rollback(self) -> None:
         for tensor, _, target in self.moves:
+            if tensor._moving is not self:
+                continue  # prepare failed before reaching it
             if target is not None:
                 self.device._free(target)
             tensor._moving = None
+            self.device._settle(tensor)
+
+    def forget(self) -> None:
+        self.moves = []
 
     def describe(self) -> dict[str, Any]:
         return {"name": "evict", "bytes": self.copied, "tensors": len(self.moves)}
@@ -288,8 +330,8 @@ class ProgramCommand(Command):
     """One program run: evict, convert inputs, allocate, compute the steps, free scratch."""
 
     name = "program"
-    __slots__ = ("device", "program", "plan", "inputs", "outputs", "sources", "conversions",
-                 "out_storages", "scratch")
+    __slots__ = ("device", "program", "plan", "sources", "conversions", "out_storages", "scratch",
+                 "moved")
 
     def __init__(
         self, device: Device, program: Program, plan: _Plan, inputs: tuple[Tensor, ...],
@@ -299,12 +341,19 @@ class ProgramCommand(Command):
         self.device = device
         self.program = program
         self.plan = plan
-        self.inputs = inputs
-        self.outputs = outputs
         self.sources: list[Storage] = []
         self.conversions: list[tuple[Tensor, Storage, Storage]] = []
         self.out_storages: list[Storage] = []
         self.scratch: dict[int, Storage] = {}
+        self.moved = 0  # bytes the run reads and writes (the trace's `bytes`)
+
+    @property
+    def inputs(self) -> tuple[Tensor, ...]:
+        return self.reads
+
+    @property
+    def outputs(self) -> tuple[Tensor, ...]:
+        return self.writes
 
     def preamble(self) -> Command | None:
         if not self.device._l1:
@@ -337,6 +386,7 @@ class ProgramCommand(Command):
                 storage = d._allocate(dram_layout, shape, None)
             self.scratch[value] = storage
             cost += 2 * _nbytes(storage)
+        self.moved = cost
         self.cost = cost + self.plan.matmul_cost
 
     def run(self) -> None:
@@ -382,12 +432,12 @@ class ProgramCommand(Command):
         for storage in self.scratch.values():
             d._free(storage)
         self.scratch.clear()
-        for tensor, _, storage in self.conversions:
+        for tensor, source, storage in self.conversions:
             tensor._storages.append(storage)
+            _count_copy(d, source, storage)
         for tensor, storage in zip(self.outputs, self.out_storages):
             tensor._storages.append(storage)
         d._count("programs_run", 1)
-        d._count("layout_conversions", len(self.conversions))
 
     def rollback(self) -> None:
         d = self.device
@@ -401,5 +451,12 @@ class ProgramCommand(Command):
         self.conversions.clear()
         self.out_storages.clear()
 
+    def forget(self) -> None:
+        self.sources = []
+        self.conversions = []
+        self.out_storages = []
+        self.scratch = {}
+
     def describe(self) -> dict[str, Any]:
-        return {"name": self.program.name, "bytes": self.cost, "conversions": len(self.conversions)}
+        return {"name": self.program.name, "bytes": self.moved, "cost": self.cost,
+                "conversions": len(self.conversions)}

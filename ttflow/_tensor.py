@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, final
 
 import anyio.lowlevel
 
-from ._errors import DeallocatedTensorError, DeviceClosedError
+from ._errors import DeallocatedTensorError, DeviceClosedError, raise_stored
 from ._memory import BufferInfo
 from ._types import DataType, Layout
 
@@ -112,17 +112,17 @@ class Tensor:
         return self._wait().__await__()
 
     async def _wait(self) -> Tensor:
-        if self._deallocated:
-            await anyio.lowlevel.checkpoint()
-            self.check_usable()
+        # Same checks, in the same order, as `tt.wait`: a deallocated tensor or a closed device
+        # raises, whether or not the value was ready before.
         writer = self._last_writer
-        if writer is not None and not writer.done:
+        if writer is not None and not writer.done and not self._deallocated:
             await anyio.lowlevel.checkpoint_if_cancelled()
             await writer.wait()
         else:
             await anyio.lowlevel.checkpoint()
+        self.check_usable()
         if self._error is not None:
-            raise self._error
+            raise_stored(self._error)
         return self
 
     def __del__(self) -> None:
