@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import ttflow as tt
 from ttflow._program import Value, run_on_host
+from ttflow._types import check_shape, storage_geometry
 
 F32, BF16, BF8 = tt.DataType.FLOAT32, tt.DataType.BFLOAT16, tt.DataType.BFLOAT8_B
 I32, U32 = tt.DataType.INT32, tt.DataType.UINT32
@@ -141,6 +142,51 @@ def test_shape_errors_name_the_op_and_shapes() -> None:
     for shape in ((), (0, 3), (3, -1), 3):
         with pytest.raises(tt.ShapeError):
             tt.ProgramBuilder("s").input(shape)  # type: ignore[arg-type]
+
+
+def test_check_shape_takes_integers_only() -> None:
+    # Before: (32, 1.5) became (32, 1), (32, 2.0) and (True, 3) passed, inf raised a bare
+    # OverflowError and nan a bare ValueError.
+    for shape in ((32, 1.5), (32, 2.0), (32, np.float32(2.0)), (32, math.inf), (32, -math.inf),
+                  (32, math.nan), (True, 3), (3, np.bool_(True)), (3, "4"), (3, None), (3, 2 + 0j),
+                  (3, np.array([4])), 32, None):
+        with pytest.raises(tt.ShapeError):
+            check_shape(shape)
+        with pytest.raises(tt.ShapeError):
+            tt.ProgramBuilder("s").input(shape)  # type: ignore[arg-type]
+    with pytest.raises(tt.ShapeError, match=r"1\.5.*float.*//"):
+        check_shape((32, 1.5))
+    with pytest.raises(tt.ShapeError, match="bool"):
+        check_shape((True, 3))
+    with pytest.raises(tt.ShapeError, match=r"\(32,\)"):
+        check_shape(32)
+    for shape in ((np.int64(3), np.uint8(4), np.int32(5)), [3, 4, 5], np.array([3, 4, 5]),
+                  (3, np.array(4), 5), range(3, 6)):
+        dims = check_shape(shape)
+        assert dims == (3, 4, 5) and all(type(d) is int for d in dims)
+    assert check_shape((2**100,)) == (2**100,)  # no upper bound here: memory decides
+
+
+def test_shapes_are_multiplied_as_python_ints() -> None:
+    # np.prod wraps at 2**64: (2**32, 2**32) and (2**33, 2**32) both "held 0 elements", so the
+    # reshape was accepted; np.broadcast_shapes refuses dims past int64 as if they did not meet.
+    b = tt.ProgramBuilder("huge")
+    x = b.input((2**32, 2**32))
+    big, row, wider = b.input((2**70, 3)), b.input((1, 3)), b.input((2**70 + 1, 3))
+    m, w = b.input((2**64, 2, 3)), b.input((3, 4))
+    with pytest.raises(tt.ShapeError, match="element counts"):
+        b.reshape(x, (2**33, 2**32))
+    with pytest.raises(tt.ShapeError, match="element counts"):
+        b.reshape(x, (2**64 + 1,))
+    assert b.reshape(x, (2**31, 2**33)).shape == (2**31, 2**33)
+    assert b.reshape(x, (2**64,)).shape == (2**64,)
+    assert b.add(big, big).shape == (2**70, 3)
+    assert b.mul(big, row).shape == (2**70, 3)
+    with pytest.raises(tt.ShapeError, match="broadcast"):
+        b.add(big, wider)
+    assert b.matmul(m, w).shape == (2**64, 2, 4)
+    assert storage_geometry((2**1100, 32), F32, TILE) == (4096, 2**1095)  # was an OverflowError
+    assert storage_geometry((2**60 + 1, 33), F32, TILE) == (4096, (2**55 + 1) * 2)  # float ceil lost the +1
 
 
 def test_dtype_errors() -> None:

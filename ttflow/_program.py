@@ -30,6 +30,7 @@ BinaryFormatError too.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 import zlib
@@ -157,6 +158,16 @@ def _result_dtype(op: str, a: DataType, b: DataType) -> DataType:
     raise LayoutError(f"{op}: cannot mix {a.name} and {b.name}; typecast one operand first")
 
 
+def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
+    """numpy's broadcast of two shapes, or None; on Python ints, so dims past int64 are exact
+    (np.broadcast_shapes refuses them with a ValueError that would read as a mismatch)."""
+    rank = max(len(a), len(b))
+    a, b = (1,) * (rank - len(a)) + a, (1,) * (rank - len(b)) + b
+    if any(x != y and x != 1 and y != 1 for x, y in zip(a, b)):
+        return None
+    return tuple(y if x == 1 else x for x, y in zip(a, b))
+
+
 def _normalise_axis(op: str, axis: int, rank: int) -> int:
     if not isinstance(axis, (int, np.integer)) or not -rank <= axis < rank:
         raise ShapeError(f"{op}: axis {axis!r} is out of range for rank {rank}")
@@ -258,10 +269,9 @@ class ProgramBuilder:
         if isinstance(other, (int, float, np.integer, np.floating)):
             return self._emit(op, [a], a.shape, a.dtype, _scalar(op, a, other))
         b = self._value(op, other)
-        try:
-            shape = tuple(np.broadcast_shapes(a.shape, b.shape))
-        except ValueError:
-            raise ShapeError(f"{op}: shapes {a.shape} and {b.shape} do not broadcast") from None
+        shape = _broadcast(a.shape, b.shape)
+        if shape is None:
+            raise ShapeError(f"{op}: shapes {a.shape} and {b.shape} do not broadcast")
         return self._emit(op, [a, b], shape, _result_dtype(op, a.dtype, b.dtype))
 
     def add(self, a: Value, other: Value | float) -> Value:
@@ -288,10 +298,9 @@ class ProgramBuilder:
             raise ShapeError(f"matmul needs operands of rank >= 2, got {a.shape} and {b.shape}")
         if a.shape[-1] != b.shape[-2]:
             raise ShapeError(f"matmul: inner dimensions differ: {a.shape} @ {b.shape}")
-        try:
-            batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
-        except ValueError:
-            raise ShapeError(f"matmul: batch dims of {a.shape} and {b.shape} do not broadcast") from None
+        batch = _broadcast(a.shape[:-2], b.shape[:-2])
+        if batch is None:
+            raise ShapeError(f"matmul: batch dims of {a.shape} and {b.shape} do not broadcast")
         shape = batch + (a.shape[-2], b.shape[-1])
         return self._emit("matmul", [a, b], shape, _result_dtype("matmul", a.dtype, b.dtype))
 
@@ -359,7 +368,7 @@ class ProgramBuilder:
         self._check_open()
         x = self._value("reshape", x)
         dims = check_shape(shape)
-        if int(np.prod(dims)) != int(np.prod(x.shape)):
+        if math.prod(dims) != math.prod(x.shape):  # Python ints: exact at any size
             raise ShapeError(f"reshape: cannot view {x.shape} as {dims}: element counts differ")
         return self._emit("reshape", [x], dims, x.dtype, shape=dims)
 

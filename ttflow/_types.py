@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import functools
 import math
+import operator
 from typing import Any, final
 
 import attrs
@@ -232,16 +233,35 @@ class DeviceSpec:
 
 
 def check_shape(shape: Any) -> tuple[int, ...]:
-    """A tensor shape as a tuple of positive ints; ShapeError for 0-d, empty or negative dims."""
+    """A tensor shape as a tuple of positive Python ints.
+
+    Each dim must be an integer: a Python int or a numpy integer (anything `operator.index`
+    takes). A float is refused even when it is integral (`2.0`): a float dim is a mistake
+    upstream (a `/` where `//` was meant), and truncating it would hide it. Bools, NaN and
+    infinities are refused too. ShapeError for those, for 0-d shapes and for dims below 1.
+    """
     try:
-        dims = tuple(int(d) for d in shape)
-    except (TypeError, ValueError):
-        raise ShapeError(f"a shape is a sequence of ints, got {shape!r}") from None
+        items = tuple(shape)
+    except TypeError:
+        hint = f"; for one dim write ({shape!r:.20},)" if isinstance(shape, (int, np.integer)) else ""
+        raise ShapeError(f"a shape is a sequence of ints, got {shape!r:.60}{hint}") from None
+    dims = []
+    for d in items:
+        if isinstance(d, (bool, np.bool_)):
+            raise ShapeError(f"a shape's dims are ints, got the bool {d!r} in {items!r:.80}")
+        try:
+            dims.append(operator.index(d))
+        except TypeError:
+            finite_float = isinstance(d, (float, np.floating)) and math.isfinite(d)
+            hint = "; use // for integer division, or int()" if finite_float else ""
+            raise ShapeError(
+                f"a shape's dims are ints, got {d!r:.40} ({type(d).__name__}) in {items!r:.80}{hint}"
+            ) from None
     if not dims:
         raise ShapeError("0-d tensors are not supported: reshape to (1,) first")
     if any(d <= 0 for d in dims):
-        raise ShapeError(f"every dimension must be positive, got shape {dims}")
-    return dims
+        raise ShapeError(f"every dimension must be positive, got shape {tuple(dims)}")
+    return tuple(dims)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -252,7 +272,7 @@ def storage_geometry(
     *outer, width = shape
     if tensor_layout is TensorLayout.TILE:
         height = outer.pop() if outer else 1
-        tiles = math.ceil(height / TILE) * math.ceil(width / TILE) * math.prod(outer)
+        tiles = -(-height // TILE) * -(-width // TILE) * math.prod(outer)  # exact for any int
         return dtype.tile_bytes, tiles
     if dtype is DataType.BFLOAT8_B:
         raise LayoutError("BFLOAT8_B exists only in TILE layout; ask for TensorLayout.TILE")
