@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import struct
@@ -16,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ttflow as tt
+from ttflow import _program
 from ttflow._program import Value, run_on_host
 from ttflow._types import check_shape, storage_geometry
 
@@ -457,6 +459,95 @@ def test_header_errors(tmp_path: Path) -> None:
     load_bytes(path, raw[:i] + bytes([raw[i] ^ 1]) + raw[i + 1 :], "checksum")
 
 
+class CountingFileIO(io.FileIO):
+    """A raw file that counts every byte read from the OS (read-ahead buffers included)."""
+
+    opened = 0
+    bytes_read = 0
+
+    def __init__(self, path: Any) -> None:
+        super().__init__(path, "r")
+        CountingFileIO.opened += 1
+
+    def readinto(self, buffer: Any) -> int | None:
+        n = super().readinto(buffer)
+        CountingFileIO.bytes_read += n or 0
+        return n
+
+    def readall(self) -> bytes:
+        data = super().readall()
+        CountingFileIO.bytes_read += len(data)
+        return data
+
+    def read(self, size: int | None = -1) -> bytes | None:
+        data = super().read(size)
+        CountingFileIO.bytes_read += len(data or b"")
+        return data
+
+
+def counting_open(monkeypatch: pytest.MonkeyPatch) -> type[CountingFileIO]:
+    def fake_open(path: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        assert mode == "rb" and not args and not kwargs
+        return io.BufferedReader(CountingFileIO(path))
+
+    monkeypatch.setattr(CountingFileIO, "opened", 0)
+    monkeypatch.setattr(CountingFileIO, "bytes_read", 0)
+    monkeypatch.setattr(_program, "open", fake_open, raising=False)
+    return CountingFileIO
+
+
+def sparse_file(path: Path, head: bytes, size: int) -> Path:
+    with open(path, "wb") as f:
+        f.write(head)
+        f.truncate(size)  # a hole: costs no disk
+    return path
+
+
+def test_load_checks_the_header_before_reading_the_payload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before, load read the whole file first: a 64 MiB foreign file cost 64 MiB of reading.
+    _, raw = saved(tmp_path)
+    big = 64 << 20
+    header = HEADER.unpack_from(raw)
+    cases = {
+        "not a ttflow binary": b"PK\x03\x04" + raw[4:],  # a zip, say
+        "version 2": raw[:8] + struct.pack("<I", 2) + raw[12:],
+        "stray bytes": raw,  # the header's length disagrees with the file's size
+        r"truncated.*header says 1099511627776": HEADER.pack(header[0], 1, 1 << 40, header[3]) + raw[24:],
+    }
+    counter = counting_open(monkeypatch)
+    for match, head in cases.items():
+        counter.bytes_read = counter.opened = 0
+        path = sparse_file(tmp_path / "big.ttb", head, big)
+        with pytest.raises(tt.BinaryFormatError, match=match):
+            tt.Binary.load(path)
+        assert counter.opened == 1 and counter.bytes_read <= 64 << 10, match  # the header's buffer
+    counter.bytes_read = counter.opened = 0
+    path = tmp_path / "ok.ttb"
+    path.write_bytes(raw)
+    assert_same(tt.Binary.load(path).programs[0], mlp())
+    assert counter.opened == 1 and counter.bytes_read == len(raw)  # exactly the file, once
+
+
+def test_decoding_errors_are_binary_format_errors(tmp_path: Path) -> None:
+    # A valid checksum over a 400-digit integer scalar raised a bare OverflowError.
+    b = tt.ProgramBuilder("scaled")
+    x = b.input((3, 4))
+    b.output(b.mul(x, 2.0))
+    tt.Binary([b.build()]).save(tmp_path / "s.ttb")
+    doc = json.loads((tmp_path / "s.ttb").read_bytes()[HEADER.size :])
+    assert doc[0]["steps"][0][2] == 2.0
+    path = tmp_path / "huge.ttb"
+    for scalar in (10**400, -(10**400)):
+        doc[0]["steps"][0][2] = scalar
+        path.write_bytes(with_payload(json.dumps(doc).encode()))
+        with pytest.raises(tt.BinaryFormatError, match=r"malformed.*OverflowError") as info:
+            tt.Binary.load(path)
+        assert isinstance(info.value.__cause__, OverflowError)  # chained, so the cause is kept
+    doc[0]["steps"][0][2] = 10**20  # a large int that is a float is fine
+    path.write_bytes(with_payload(json.dumps(doc).encode()))
+    assert tt.Binary.load(path).programs[0].steps[0].scalar == 1e20
+
+
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_truncated_or_flipped_files(tmp_path: Path, data: st.DataObject) -> None:
@@ -528,6 +619,7 @@ def test_valid_checksum_but_bad_payload(tmp_path: Path) -> None:
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-3, 100) | st.floats(allow_nan=False) | st.text(max_size=5)
+    | st.sampled_from([10**400, -(10**400), 2**64, 2**70])
     | st.sampled_from(["FLOAT32", "L1", "TILE", "add", "axis", "relu"]),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
     max_leaves=8,

@@ -462,29 +462,21 @@ class Binary:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Binary:
-        """Reads a file `save` wrote; BinaryFormatError for any file it did not write whole."""
-        with open(path, "rb") as f:
-            data = f.read()
+        """Reads a file `save` wrote; BinaryFormatError for any file it did not write whole.
+
+        The header is read and checked first (magic, version, and a payload length that agrees
+        with the file's size), so a foreign or truncated file is refused after reading 24 bytes;
+        only then is the payload read, exactly as many bytes as the header says."""
         name = repr(os.fspath(path))
-        if not data or not data.startswith(_MAGIC[: len(data)]):
-            raise BinaryFormatError(f"{name} is not a ttflow binary (bad magic bytes)")
-        if len(data) >= 12:
-            (version,) = struct.unpack_from("<I", data, 8)
-            if version != _VERSION:
-                newer = "a newer ttflow; upgrade to read it" if version > _VERSION else "an unknown writer"
-                raise BinaryFormatError(
-                    f"{name} has format version {version}, this ttflow reads version {_VERSION} "
-                    f"(the file comes from {newer})"
-                )
-        if len(data) < _HEADER.size:
-            raise BinaryFormatError(f"{name} is truncated: {len(data)} bytes, shorter than the header")
-        _, _, length, crc = _HEADER.unpack_from(data)
-        payload = data[_HEADER.size :]
-        if len(payload) != length:
-            what = "truncated" if len(payload) < length else "followed by stray bytes"
+        with open(path, "rb") as f:
+            header = f.read(_HEADER.size)
+            length = _check_header(name, header, os.fstat(f.fileno()).st_size)
+            payload = f.read(length)
+        if len(payload) != length:  # the file shrank after the size check
             raise BinaryFormatError(
-                f"{name} is {what}: the payload is {len(payload)} bytes, the header says {length}"
+                f"{name} is truncated: the payload is {len(payload)} bytes, the header says {length}"
             )
+        _, _, _, crc = _HEADER.unpack(header)
         if zlib.crc32(payload) != crc:
             raise BinaryFormatError(f"{name} is corrupt: the payload checksum does not match")
         try:
@@ -492,11 +484,38 @@ class Binary:
             return cls(programs)
         except BinaryFormatError as exc:
             raise BinaryFormatError(f"{name} holds a malformed program: {exc}") from None
-        except (ValueError, TypeError, KeyError, IndexError, RecursionError, ProgramError) as exc:
-            # ValueError covers JSON, Unicode, ShapeError and LayoutError from the replay.
+        except (ValueError, TypeError, KeyError, IndexError, ArithmeticError, RecursionError,
+                ProgramError) as exc:
+            # ValueError covers JSON, Unicode, ShapeError and LayoutError from the replay;
+            # ArithmeticError an integer too large for a float (a 400-digit scalar).
             raise BinaryFormatError(
                 f"{name} holds a malformed program: {type(exc).__name__}: {exc}"
-            ) from None
+            ) from exc
+
+
+def _check_header(name: str, header: bytes, file_size: int) -> int:
+    """The payload length of a file whose first bytes are `header`; BinaryFormatError unless the
+    magic and version are this ttflow's and the length agrees with the file's size."""
+    if not header or not header.startswith(_MAGIC[: len(header)]):
+        raise BinaryFormatError(f"{name} is not a ttflow binary (bad magic bytes)")
+    if len(header) >= 12:
+        (version,) = struct.unpack_from("<I", header, 8)
+        if version != _VERSION:
+            newer = "a newer ttflow; upgrade to read it" if version > _VERSION else "an unknown writer"
+            raise BinaryFormatError(
+                f"{name} has format version {version}, this ttflow reads version {_VERSION} "
+                f"(the file comes from {newer})"
+            )
+    if len(header) < _HEADER.size:
+        raise BinaryFormatError(f"{name} is truncated: {len(header)} bytes, shorter than the header")
+    _, _, length, _ = _HEADER.unpack(header)
+    actual = file_size - _HEADER.size
+    if actual != length:
+        what = "truncated" if actual < length else "followed by stray bytes"
+        raise BinaryFormatError(
+            f"{name} is {what}: the payload is {actual} bytes, the header says {length}"
+        )
+    return int(length)
 
 
 def _spec_to_json(s: TensorSpec) -> list[Any]:
