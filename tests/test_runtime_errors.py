@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import anyio
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -11,7 +12,8 @@ from ttflow import _ops
 
 pytestmark = pytest.mark.anyio
 
-F32 = tt.DataType.FLOAT32
+F32, BF16, BF8 = tt.DataType.FLOAT32, tt.DataType.BFLOAT16, tt.DataType.BFLOAT8_B
+I32, U32 = tt.DataType.INT32, tt.DataType.UINT32
 DRAM_TILE = tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE)
 L1_TILE = tt.Layout(tt.MemorySpace.L1, tt.TensorLayout.TILE)
 
@@ -80,6 +82,138 @@ async def test_host_array_errors() -> None:
         with pytest.raises(tt.ShapeError):
             tt.write(t, np.ones((3, 2), np.float32))
         assert used(device) == (device.memory_used(tt.MemorySpace.DRAM), 0)
+        await still_works(device)
+
+
+def tile(dtype: tt.DataType) -> tt.Layout:
+    return tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, dtype)
+
+
+async def test_write_takes_only_the_tensors_host_dtype_and_shape() -> None:
+    # write never converts: the array's dtype must be tensor.dtype.host_dtype (float32 for
+    # BFLOAT8_B) and its shape the tensor's. Before, anything numeric was cast on the device
+    # side: 3e10 became -2147483648 in an INT32 tensor, lists and bools went through.
+    async with tt.open_device(tt.DeviceSpec.small()) as device:
+        ints = tt.to_device(np.arange(6, dtype=np.int32).reshape(2, 3), device)
+        floats = tt.to_device(np.ones((2, 3), np.float32), device)
+        halves = tt.to_device(np.ones((2, 3), ml_dtypes.bfloat16), device)
+        blocks = tt.to_device(np.ones((2, 3), np.float32), device, tile(BF8))
+        for t in (ints, floats, halves, blocks):
+            await t
+        before = (used(device), device.stats)
+        bad = [
+            (ints, np.array([[3e10, 1, 2], [3, 4, 5]], np.float32), r"float32.*INT32.*astype\(np\.int32\)"),
+            (ints, np.arange(6).reshape(2, 3), r"int64.*INT32.*astype\(np\.int32\)"),
+            (ints, np.ones((2, 3), bool), r"bool.*INT32"),
+            (ints, np.ones((2, 3), np.uint32), r"uint32.*INT32"),
+            (floats, np.ones((2, 3)), r"float64.*FLOAT32.*astype\(np\.float32\)"),
+            (floats, np.ones((2, 3), np.int32), r"int32.*FLOAT32"),
+            (floats, np.ones((2, 3), ml_dtypes.bfloat16), r"bfloat16.*FLOAT32"),
+            (halves, np.ones((2, 3), np.float32), r"float32.*BFLOAT16.*ml_dtypes\.bfloat16"),
+            (blocks, np.ones((2, 3), ml_dtypes.bfloat16), r"bfloat16.*BFLOAT8_B.*np\.float32"),
+            (blocks, np.array([[1, np.nan, 2], [3, 4, 5]], np.float32), r"NaN.*index 1"),
+            (blocks, np.array([[1, 2, 3], [4, 5, -np.inf]], np.float32), r"infinity.*index 5"),
+        ]
+        for tensor, array, match in bad:
+            with pytest.raises(tt.LayoutError, match=match):
+                tt.write(tensor, array)
+        for tensor in (ints, floats):
+            with pytest.raises(tt.LayoutError, match="numpy array"):
+                tt.write(tensor, [[1, 2, 3], [4, 5, 6]])
+            with pytest.raises(tt.LayoutError, match="numpy array"):
+                tt.write(tensor, 1.0)
+        with pytest.raises(tt.ShapeError, match=r"\(3, 2\).*\(2, 3\)"):
+            tt.write(floats, np.ones((3, 2), np.float32))
+        with pytest.raises(tt.ShapeError, match=r"0-d"):
+            tt.write(floats, np.float32(1.0))
+        assert (used(device), device.stats) == before  # nothing allocated, queued or counted
+        np.testing.assert_array_equal(await tt.to_host(ints), np.arange(6, dtype=np.int32).reshape(2, 3))
+        np.testing.assert_array_equal(await tt.to_host(blocks), np.ones((2, 3), np.float32))
+        tt.write(ints, np.full((2, 3), 7, np.int32))  # the right dtype still writes
+        tt.write(blocks, np.full((2, 3), 0.5, np.float32))
+        np.testing.assert_array_equal(await tt.to_host(ints), np.full((2, 3), 7, np.int32))
+        np.testing.assert_array_equal(await tt.to_host(blocks), np.full((2, 3), 0.5, np.float32))
+        for t in (ints, floats, halves, blocks):
+            tt.deallocate(t)
+        assert used(device) == (0, 0)
+        await still_works(device)
+
+
+async def test_to_device_takes_numpy_arrays_and_converts_only_floats_to_floats() -> None:
+    # The array's dtype must be a device dtype, or the layout's host dtype; the one conversion
+    # is float to float when the layout names a float dtype (ttnn's from_torch(dtype=...)),
+    # and a finite value that would become infinity is refused. Before, lists and strings went
+    # through np.asarray, and any numeric array was cast to the layout's dtype.
+    async with tt.open_device(tt.DeviceSpec.small()) as device:
+        base = used(device), device.stats
+        refused: list[tuple[object, tt.Layout | None, str]] = [
+            ("hello", None, "numpy array"),
+            ([[1.0, 2.0]], None, "numpy array"),
+            ([[1.0, 2.0]], tt.Layout(dtype=F32), "numpy array"),
+            ((1, 2), tt.Layout(dtype=I32), "numpy array"),
+            (np.array(["a", "b"]), None, r"<U1.*astype"),
+            (np.array([1, "a"], object), None, r"object.*astype"),
+            (np.array(["a", "b"]), tt.Layout(dtype=F32), r"<U1.*FLOAT32"),
+            (np.ones(3), None, r"float64.*astype\(np\.float32\).*Layout\(dtype"),
+            (np.ones(3, np.int64), None, r"int64.*astype"),
+            (np.ones(3, bool), None, r"bool"),
+            (np.ones(3, np.int64), tt.Layout(dtype=I32), r"int64.*INT32.*astype\(np\.int32\)"),
+            (np.ones(3, np.int32), tt.Layout(dtype=U32), r"int32.*UINT32"),
+            (np.ones(3, bool), tt.Layout(dtype=I32), r"bool.*INT32"),
+            (np.array([3e10], np.float32), tt.Layout(dtype=I32), r"float32.*INT32.*only between float"),
+            (np.ones(3, np.int32), tt.Layout(dtype=F32), r"int32.*FLOAT32.*only between float"),
+            (np.ones(3, np.int32), tile(BF8), r"int32.*BFLOAT8_B"),
+            (np.array([1.0, 1e300]), tt.Layout(dtype=F32), r"1e\+300.*index 1.*FLOAT32.*infinity"),
+            (np.array([3.4e38], np.float32), tt.Layout(dtype=BF16), r"BFLOAT16.*infinity"),
+            (np.array([[1.0, np.nan]], np.float32), tile(BF8), r"NaN.*index 1"),
+            (np.array([[np.inf]], ml_dtypes.bfloat16), tile(BF8), r"infinity"),
+        ]
+        for array, layout, match in refused:
+            with pytest.raises(tt.LayoutError, match=match):
+                tt.to_device(array, device, layout)
+        with pytest.raises(tt.ShapeError, match="0-d"):
+            tt.to_device(np.array(1.0, np.float32), device)
+        assert (used(device), device.stats) == base  # refused before allocating or queuing
+        accepted = [
+            (np.array([1.5, 1e30]), tt.Layout(dtype=F32), np.array([1.5, 1e30], np.float32)),
+            (np.array([1.0 + 2**-10, np.inf, -np.inf], np.float32), tt.Layout(dtype=BF16),
+             np.array([1.0, np.inf, -np.inf], ml_dtypes.bfloat16)),  # infinity is not an overflow
+            (np.array([[0.5, -3.0]], ml_dtypes.bfloat16), tile(BF8), np.array([[0.5, -3.0]], np.float32)),
+            (np.array([[2.0, 4.0]], np.float16), tile(F32), np.array([[2.0, 4.0]], np.float32)),
+        ]
+        for array, layout, want in accepted:
+            t = tt.to_device(array, device, layout)
+            back = await tt.to_host(t)
+            assert back.dtype == want.dtype
+            np.testing.assert_array_equal(back, want)
+            tt.deallocate(t)
+        assert used(device) == base[0]
+        await still_works(device)
+
+
+async def test_to_device_and_empty_check_their_other_arguments() -> None:
+    async with tt.open_device(tt.DeviceSpec.small()) as device:
+        base = used(device), device.stats
+        with pytest.raises(tt.LayoutError, match="tt.Layout"):
+            tt.to_device(np.ones(3, np.float32), device, "L1")  # type: ignore[arg-type]
+        with pytest.raises(tt.LayoutError, match="tt.Layout"):
+            tt.empty((3,), F32, device, tt.MemorySpace.L1)  # type: ignore[arg-type]
+        with pytest.raises(tt.LayoutError, match="from_numpy"):
+            tt.empty((3,), np.float32, device)  # type: ignore[arg-type]
+        for shape in ((32, 1.5), (32, 2.0), (32, float("inf")), (32, float("nan")), (True, 32), 32):
+            with pytest.raises(tt.ShapeError):
+                tt.empty(shape, F32, device)  # type: ignore[arg-type]
+        # Page counts are exact Python ints: a huge shape is out of memory, not an OverflowError.
+        for shape, layout in (((2**1100, 32), DRAM_TILE), ((2**70, 2**70), DRAM_TILE),
+                              ((2**1100, 32), tt.Layout())):
+            with pytest.raises(tt.OutOfMemoryError, match="DRAM"):
+                tt.empty(shape, F32, device, layout)
+        assert (used(device), device.stats) == base
+        t = tt.empty((np.int64(3), np.uint8(50)), F32, device)  # numpy integers are dims
+        assert t.shape == (3, 50) and all(type(d) is int for d in t.shape)
+        np.testing.assert_array_equal(await tt.to_host(t), np.zeros((3, 50), np.float32))
+        tt.deallocate(t)
+        assert used(device) == base[0]
         await still_works(device)
 
 
@@ -196,13 +330,15 @@ async def test_cancelling_the_block_closes_cleanly() -> None:
 
 async def test_batched_writes_fail_one_by_one() -> None:
     # Ready host writes share one worker-thread hand-off; a write that fails (NaN has no
-    # BFLOAT8_B encoding) fails alone and the others land.
+    # BFLOAT8_B encoding) fails alone and the others land. to_device refuses a NaN it can see,
+    # so the NaN is planted after it (the array is read when the copy runs: nothing has run
+    # before the first await).
     bfp8 = tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, tt.DataType.BFLOAT8_B)
     arrays = [np.full((256, 256), i + 1, np.float32) for i in range(6)]
-    arrays[3][5, 5] = np.nan
     async with tt.open_device(tt.DeviceSpec.small()) as device:
         with tt.record_trace(device) as recorder:
             tensors = [tt.to_device(a, device, bfp8) for a in arrays]
+            arrays[3][5, 5] = np.nan
             with pytest.raises(tt.LayoutError, match="NaN"):
                 await tensors[3]
             for i, t in enumerate(tensors):

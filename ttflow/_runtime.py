@@ -10,10 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from ._device import Device
 from ._errors import LayoutError, ProgramError, ShapeError, raise_stored
+from ._kernels import _bfp8
 from ._program import Binary, Program
 from ._scheduler import ConvertCommand, ProgramCommand, ReadCommand, WriteCommand, _Plan
 from ._tensor import Tensor
@@ -31,15 +33,79 @@ __all__ = [
 ]
 
 
-def _host_array(array: Any, dtype: DataType | None) -> np.ndarray[Any, Any]:
-    array = np.asarray(array)
+_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+_DTYPE_NAMES = {
+    np.dtype(np.float32): "np.float32",
+    _BFLOAT16: "ml_dtypes.bfloat16",
+    np.dtype(np.int32): "np.int32",
+    np.dtype(np.uint32): "np.uint32",
+}
+
+
+def _is_float(dtype: np.dtype[Any]) -> bool:
+    return dtype.kind == "f" or dtype == _BFLOAT16
+
+
+def _host_array(array: Any, dtype: DataType | None, what: str, convert: bool) -> np.ndarray[Any, Any]:
+    """`array` checked for a tensor of `dtype` (None: the array's own dtype).
+
+    The rule: the array's dtype must be `dtype.host_dtype` (float32 for BFLOAT8_B). When
+    `convert` (to_device given a layout dtype) a float array may also go into a float dtype: it
+    is rounded here, and a finite value that overflows to infinity is an error. Integers are
+    never converted, nor floats to integers or back. BFLOAT8_B has no NaN or infinity. Every
+    refusal is a LayoutError (dtype, values) or a ShapeError (0-d, empty), before anything is
+    allocated or queued.
+    """
+    if isinstance(array, np.generic):
+        array = np.asarray(array)  # a numpy scalar is a 0-d array: the shape check says so
+    if not isinstance(array, np.ndarray):
+        raise LayoutError(
+            f"{what} takes a numpy array, got {type(array).__name__}; "
+            "make one with np.asarray(data, dtype=np.float32) (or the dtype you want on the device)"
+        )
+    array = np.asarray(array)  # ndarray subclasses (np.matrix, memmap) as plain arrays
     if array.ndim == 0:
-        raise ShapeError("0-d arrays are not supported: reshape to (1,) first")
+        raise ShapeError(f"{what}: 0-d arrays and numpy scalars are not supported: reshape to (1,) first")
     check_shape(array.shape)
     if dtype is None:
-        DataType.from_numpy(array.dtype)
-    elif not (array.dtype.kind in "fiub" or array.dtype == dtype.host_dtype):
-        raise LayoutError(f"cannot store a {array.dtype} array as {dtype.name}")
+        if array.dtype not in _DTYPE_NAMES:
+            hint = (" or pass a float layout, e.g. tt.Layout(dtype=tt.DataType.FLOAT32), to convert it"
+                    if _is_float(array.dtype) else "")
+            raise LayoutError(
+                f"{what}: an array of dtype {array.dtype} has no device dtype: the device holds float32, "
+                f"bfloat16 (ml_dtypes.bfloat16), int32 and uint32 arrays; convert with "
+                f"array.astype(np.float32) (or np.int32){hint}"
+            )
+        return array
+    host = dtype.host_dtype
+    if array.dtype != host:
+        if not (convert and dtype.is_float and _is_float(array.dtype)):
+            if not convert:
+                rule = f"write never converts: the tensor holds {dtype.name}, whose host arrays are {host}"
+            elif dtype.is_float or _is_float(array.dtype):
+                rule = "to_device converts only between float types"
+            else:
+                rule = f"integer arrays are not converted: {dtype.name} takes {host} arrays"
+            raise LayoutError(
+                f"{what}: cannot store an array of dtype {array.dtype} as {dtype.name}: {rule}; convert with "
+                f"array.astype({_DTYPE_NAMES[host]}) first, checking that the values fit"
+            )
+        with np.errstate(over="ignore"):  # an overflow is reported below, not warned about
+            converted = array.astype(host)
+        overflow = np.isinf(converted) & np.isfinite(array)
+        if overflow.any():
+            index = int(np.flatnonzero(overflow.reshape(-1))[0])
+            raise LayoutError(
+                f"{what}: {array.reshape(-1)[index].item()!r} (flat index {index}) does not fit in "
+                f"{dtype.name}: it would become infinity; scale or clip the array first"
+            )
+        array = converted
+    if dtype is DataType.BFLOAT8_B and _bfp8.any_non_finite(array):
+        index = int(np.flatnonzero(~np.isfinite(array.reshape(-1)))[0])
+        raise LayoutError(
+            f"{what}: BFLOAT8_B has no encoding for NaN or infinity (first at flat index {index}); "
+            "replace them first (e.g. np.nan_to_num) or use a FLOAT32 or BFLOAT16 layout"
+        )
     return array
 
 
@@ -58,12 +124,17 @@ def _check_tensor(tensor: Any, device: Device | None = None) -> Tensor:
 def to_device(array: Any, device: Device, layout: Layout | None = None) -> Tensor:
     """Starts copying a host array to the device (on CQ1); returns its device tensor at once.
 
-    The array is read when the copy runs: do not modify it until the tensor is ready.
+    `array` must be a numpy array of a device dtype (float32, ml_dtypes.bfloat16, int32,
+    uint32). A layout with a float dtype also takes any float array and rounds it now, as
+    ttnn's `from_torch(dtype=...)` does; no other conversion is made (see docs/api.md).
+    Otherwise the array is read when the copy runs: do not modify it until the tensor is ready.
     Default layout: DRAM, ROW_MAJOR, the array's dtype.
     """
     device.check_open()
+    if layout is not None and not isinstance(layout, Layout):
+        raise LayoutError(f"layout must be a tt.Layout, got {layout!r:.60}")
     layout = layout if layout is not None else Layout()
-    array = _host_array(array, layout.dtype)
+    array = _host_array(array, layout.dtype, "to_device", convert=True)
     layout = layout.resolve(layout.dtype or DataType.from_numpy(array.dtype))
     assert layout.dtype is not None
     shape = tuple(array.shape)
@@ -78,7 +149,11 @@ def empty(shape: Sequence[int], dtype: DataType, device: Device, layout: Layout 
     device.check_open()
     shape = check_shape(shape)
     if not isinstance(dtype, DataType):
-        raise LayoutError(f"dtype must be a tt.DataType, got {dtype!r}")
+        raise LayoutError(
+            f"dtype must be a tt.DataType, got {dtype!r:.60}; for a numpy dtype use tt.DataType.from_numpy"
+        )
+    if layout is not None and not isinstance(layout, Layout):
+        raise LayoutError(f"layout must be a tt.Layout, got {layout!r:.60}")
     layout = (layout if layout is not None else Layout()).resolve(dtype)
     if layout.dtype is not dtype:
         raise LayoutError(f"layout dtype {layout.dtype} differs from dtype {dtype}")
@@ -89,11 +164,19 @@ def empty(shape: Sequence[int], dtype: DataType, device: Device, layout: Layout 
 
 
 def write(tensor: Tensor, array: Any) -> None:
-    """Queues a new value for `tensor` (on CQ1), after every queued program that reads the old one."""
+    """Queues a new value for `tensor` (on CQ1), after every queued program that reads the old one.
+
+    `array` must be a numpy array of the tensor's shape and host dtype (`tensor.dtype.host_dtype`:
+    float32 for BFLOAT8_B); nothing is converted. It is read when the write runs: do not modify
+    it until the tensor is ready.
+    """
     tensor = _check_tensor(tensor)
-    array = _host_array(array, tensor.dtype)
+    array = _host_array(array, tensor.dtype, "write", convert=False)
     if tuple(array.shape) != tensor.shape:
-        raise ShapeError(f"cannot write a {array.shape} array into a {tensor.shape} tensor")
+        raise ShapeError(
+            f"write: cannot write a {array.shape} array into a {tensor.shape} tensor; "
+            "the shapes must be equal (reshape the array, or write into a tensor of its shape)"
+        )
     device = tensor.device
     device._enqueue(WriteCommand(device, tensor, array, new_value=True), device._cq1)
 
