@@ -276,3 +276,19 @@ async def test_finished_commands_keep_nothing_alive() -> None:
         assert sum(ref() is not None for ref in refs) == 1  # no gc.collect: refcounts alone
         assert device.memory_used(DRAM) == _footprint(t, spec, DRAM) + _footprint(slot, spec, DRAM)
         np.testing.assert_array_equal(await tt.to_host(t), np.full((32, 32), 50, np.float32))
+
+
+async def test_a_dropped_binary_is_not_kept_by_the_device() -> None:
+    async with tt.open_device(tt.DeviceSpec.small()) as device:
+        x = tt.to_device(np.ones((32, 32), np.float32), device, DRAM_TILE)
+        programs = []
+        for i in range(20):  # a front-end that builds a program per call
+            b = tt.ProgramBuilder(f"step{i}")
+            b.output(b.add(b.input((32, 32), DRAM_TILE), float(i)), DRAM_TILE)
+            binary = tt.Binary([b.build()])
+            (y,) = tt.submit(device, binary, 0, [x])
+            np.testing.assert_array_equal(await tt.to_host(y), np.full((32, 32), 1.0 + i, np.float32))
+            programs.append(weakref.ref(binary.programs[0]))
+            del binary, b
+        gc.collect()
+        assert sum(ref() is not None for ref in programs) <= 1

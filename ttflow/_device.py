@@ -63,7 +63,9 @@ class Device:
         self._owned: dict[Storage, None] = {}
         self._l1: dict[Storage, weakref.ReferenceType[Tensor]] = {}
         self._garbage: collections.deque[list[Storage]] = collections.deque()
-        self._plans: dict[Any, Any] = {}
+        # Per-program plans die with their program: a front-end that builds programs on the fly
+        # (one per shape, say) must not find every one it ever built kept alive here.
+        self._plans: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self._listeners: list[Any] = []
 
     def __repr__(self) -> str:
