@@ -9,16 +9,13 @@
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 import time
 from typing import Any
 
 import anyio
 import numpy as np
+from threadpoolctl import threadpool_info
 
 from .._device import Device, open_device
 from .._program import Binary, ProgramBuilder
@@ -39,11 +36,10 @@ def _layer(name: str, batch: int, d: int, d_out: int | None = None) -> ProgramBu
     return b
 
 
-def _blas_threads() -> str:
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        if var in os.environ:
-            return f"{var}={os.environ[var]}"
-    return "library default"
+def _blas_in_force() -> str:
+    """The BLAS libraries threadpoolctl finds and their thread counts, as they are now."""
+    found = [f"{i['internal_api']} {i['num_threads']}" for i in threadpool_info() if i["user_api"] == "blas"]
+    return ", ".join(found) or "no BLAS library found"
 
 
 async def _double_buffering(device: Device, iterations: int, batch: int, d: int,
@@ -152,15 +148,15 @@ async def _resident(device: Device, iterations: int, batch: int, d: int) -> dict
     return {"resident_ms": r * 1e3, "pushed_every_iteration_ms": p * 1e3, "speedup": p / r}
 
 
-async def _all(quick: bool, only_overlap: bool = False) -> dict[str, Any]:
+async def _all(quick: bool, only_overlap: bool = False, blas_threads: int | None = 1) -> dict[str, Any]:
     spec = DeviceSpec.small() if quick else DeviceSpec.wormhole_n150()
     it, batch, d, d_out = (4, 64, 128, 32) if quick else (16, 2048, 1024, 48)
-    async with open_device(spec) as device:
+    async with open_device(spec, blas_threads=blas_threads) as device:
         result: dict[str, Any] = {
             "benchmark": "pipeline",
             "device": spec.name,
             "sizes": {"iterations": it, "batch": batch, "d": d, "overlap_layer_out": d_out},
-            "blas_threads": _blas_threads(),
+            "blas_threads": _blas_in_force(),
             "double_buffering": await _double_buffering(device, it, batch, d, d_out),
         }
         if not only_overlap:
@@ -169,29 +165,23 @@ async def _all(quick: bool, only_overlap: bool = False) -> dict[str, Any]:
         return result
 
 
-def _overlap_with_blas_threads(threads: int, quick: bool) -> dict[str, float]:
-    """The double-buffering figure in a fresh process whose BLAS uses `threads` threads."""
-    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
-               MKL_NUM_THREADS=str(threads))
-    code = ("import json, anyio; from ttflow._bench import pipeline; "
-            f"print(json.dumps(anyio.run(pipeline._all, {quick}, True)['double_buffering']))")
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          check=True)
-    return json.loads(done.stdout)
-
-
 def run(quick: bool = False) -> dict[str, Any]:
+    """Everything with ttflow's default BLAS policy (`open_device(blas_threads=1)`), then the
+    double-buffering figure again under each policy, so the choice stays checked every run."""
     result = anyio.run(_all, quick)
-    result["blas_thread_policy"] = {
-        f"{n}_thread{'s' if n > 1 else ''}": _overlap_with_blas_threads(n, quick) for n in (1, 2)
-    }
+    policies: dict[str, int | None] = {"1_thread": 1, "library_default": None}
+    result["blas_thread_policy"] = {}
+    for name, threads in policies.items():
+        measured = anyio.run(_all, quick, True, threads)
+        result["blas_thread_policy"][name] = dict(measured["double_buffering"], blas=measured["blas_threads"])
     return result
 
 
 def format_table(r: dict[str, Any]) -> str:
     db, st, rw = r["double_buffering"], r["stitching"], r["resident_weights"]
     policy = ", ".join(
-        f"{name.replace('_', ' ')}: overlap {v['overlap']:.2f}, pipelined {v['pipelined_ms']:.2f} ms"
+        f"{name.replace('_', ' ')} ({v['blas']}): overlap {v['overlap']:.2f}, "
+        f"pipelined {v['pipelined_ms']:.2f} ms"
         for name, v in r["blas_thread_policy"].items()
     )
     return "\n".join([
@@ -204,5 +194,5 @@ def format_table(r: dict[str, Any]) -> str:
         f"vs {st['round_trip_host_bytes_per_iteration']}",
         f"  resident weights: {rw['resident_ms']:.2f} ms vs pushed every iteration "
         f"{rw['pushed_every_iteration_ms']:.2f} ms ({rw['speedup']:.2f}x)",
-        f"  BLAS thread policy (double buffering, fresh processes): {policy}",
+        f"  BLAS thread policy (double buffering again): {policy}",
     ])
