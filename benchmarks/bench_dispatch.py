@@ -1,4 +1,4 @@
-"""`python benchmarks/bench_dispatch.py [--json]`: the dispatch benchmark (also `ttflow bench dispatch`)."""
+"""`python benchmarks/bench_dispatch.py [--json] [--quick]`: the dispatch benchmark (also `ttflow bench dispatch`)."""
 
 import sys
 
