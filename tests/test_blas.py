@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import anyio
 import numpy as np
 import pytest
-from threadpoolctl import OpenBLASController, threadpool_info, threadpool_limits
+import threadpoolctl
+from threadpoolctl import threadpool_info, threadpool_limits
 
 import ttflow as tt
 
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.skipif(not blas_threads(), reason="threadpoolctl finds 
 def let_go() -> None:
     """threadpoolctl 3.8+ lets the thread that last set OpenBLAS keep it: give it up, as
     ttflow does, so that devices on other threads can set it."""
-    clear = getattr(OpenBLASController, "clear_controlling_thread", None)
+    clear = getattr(getattr(threadpoolctl, "OpenBLASController", None), "clear_controlling_thread", None)
     if clear is not None:
         clear()
 

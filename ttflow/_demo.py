@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 
 import anyio
 import numpy as np
@@ -21,7 +21,7 @@ from ._device import open_device
 from ._program import Binary, ProgramBuilder
 from ._runtime import empty, submit, to_device, to_host, write
 from ._tensor import Tensor
-from ._trace import TraceRecorder, record_trace
+from ._trace import record_trace
 from ._types import DataType, DeviceSpec, Layout, MemorySpace, TensorLayout
 
 F32 = DataType.FLOAT32
@@ -43,46 +43,42 @@ def build_binary(batch: int, d_in: int, hidden: int, classes: int) -> Binary:
 
 def _softmax(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     e = np.exp(x - x.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
-
-
-def _busy_overlap(recorder: TraceRecorder) -> tuple[float, float, float]:
-    """(CQ0 busy s, CQ1 busy s, seconds both queues were busy at once), from the trace."""
-    spans: dict[int, list[tuple[float, float]]] = {0: [], 1: []}
-    for event in recorder.events:
-        if event["ph"] == "X":
-            spans[event["tid"]].append((event["ts"], event["ts"] + event["dur"]))
-    both = 0.0
-    j = 0
-    cq1 = sorted(spans[1])
-    for start, end in sorted(spans[0]):
-        while j < len(cq1) and cq1[j][1] <= start:
-            j += 1
-        k = j
-        while k < len(cq1) and cq1[k][0] < end:
-            both += max(0.0, min(end, cq1[k][1]) - max(start, cq1[k][0]))
-            k += 1
-    busy = [sum(e - s for s, e in spans[q]) for q in (0, 1)]
-    return busy[0] / 1e6, busy[1] / 1e6, both / 1e6
+    result: np.ndarray[Any, Any] = e / e.sum(-1, keepdims=True)
+    return result
 
 
 class _Progress:
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total, self.enabled, self.done = total, enabled, 0
+    """A one-line bar on stderr, redrawn with carriage returns: only on a terminal, since in a
+    log or a pipe every redraw would stay as a line of `\r`-joined text."""
+
+    def __init__(self, total: int, enabled: bool, stream: TextIO | None = None) -> None:
+        self.stream = sys.stderr if stream is None else stream
+        self.total, self.done = total, 0
+        self.enabled = enabled and _isatty(self.stream)
 
     def advance(self) -> None:
         self.done += 1
         if self.enabled:
             width = 30
             filled = width * self.done // self.total
-            sys.stderr.write(f"\r  [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} batches")
+            self.stream.write(f"\r  [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} batches")
             if self.done == self.total:
-                sys.stderr.write("\n")
-            sys.stderr.flush()
+                self.stream.write("\n")
+            self.stream.flush()
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
 
 
 async def demo(batches: int = 64, trace: str | None = None, small: bool = False,
-               progress: bool = True) -> dict[str, Any]:
+               progress: bool = True, blas_threads: int | None = 1) -> dict[str, Any]:
+    """Runs the pipeline and returns its figures; `blas_threads` goes to `open_device`."""
+    if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
+        raise ValueError(f"batches must be a whole number of at least 1, got {batches!r}")
     spec = DeviceSpec.small() if small else DeviceSpec.wormhole_n150()
     batch, d_in, hidden, classes = (32, 64, 64, 32) if small else (256, 1024, 1024, 256)
     rng = np.random.default_rng(0)
@@ -92,7 +88,7 @@ async def demo(batches: int = 64, trace: str | None = None, small: bool = False,
     binary = build_binary(batch, d_in, hidden, classes)
     bar = _Progress(batches, progress and batches >= 8)
     began = time.perf_counter()
-    async with open_device(spec) as device:
+    async with open_device(spec, blas_threads=blas_threads) as device:
         with record_trace(device) as recorder:
             tw1, tw2 = to_device(w1, device), to_device(w2, device)  # pushed once, row-major
             slots = [empty((batch, d_in), F32, device, DRAM_TILE) for _ in range(2)]
@@ -118,7 +114,7 @@ async def demo(batches: int = 64, trace: str | None = None, small: bool = False,
         )
         if trace:
             recorder.save(trace)
-        cq0, cq1, both = _busy_overlap(recorder)
+        queues = recorder.queue_summary()
         l1_capacity = spec.l1_banks * spec.l1_bank_bytes
     return {
         "device": spec.name,
@@ -132,17 +128,25 @@ async def demo(batches: int = 64, trace: str | None = None, small: bool = False,
         "l1_peak_bytes": stats.l1_peak_bytes,
         "l1_capacity_bytes": l1_capacity,
         "wall_seconds": wall,
-        "cq0_busy_seconds": cq0,
-        "cq1_busy_seconds": cq1,
-        "overlap_seconds": both,
+        "blas_threads": "library default" if blas_threads is None else blas_threads,
+        "cq0_busy_seconds": queues["CQ0"]["busy_seconds"],
+        "cq1_busy_seconds": queues["CQ1"]["busy_seconds"],
+        "cq0_bytes": queues["CQ0"]["bytes"],
+        "cq1_bytes": queues["CQ1"]["bytes"],
+        "overlap_seconds": queues["both_busy_seconds"],
         "max_abs_error": worst,
         "trace_events": len(recorder.events),
         "commands": recorder.commands,
     }
 
 
-def _mib(n: int) -> str:
-    return f"{n / 2**20:,.1f} MiB"
+def _size(n: float) -> str:
+    """Bytes in the largest unit that keeps the number at least 1: 512 B, 4.0 KiB, 1.5 MiB."""
+    for unit in ("B", "KiB", "MiB"):
+        if abs(n) < 1024 or unit == "MiB":
+            break
+        n /= 1024
+    return f"{n:,.0f} B" if unit == "B" else f"{n:,.1f} {unit}"
 
 
 def format_summary(r: dict[str, Any]) -> str:
@@ -150,14 +154,15 @@ def format_summary(r: dict[str, Any]) -> str:
     rows = [
         ("device", r["device"]),
         ("batches / programs run", f"{r['batches']} / {r['programs_run']}"),
-        ("host -> device", _mib(r["host_to_device_bytes"])),
-        ("device -> host", _mib(r["device_to_host_bytes"])),
-        ("evictions (bytes moved)", f"{r['evictions']} ({_mib(r['eviction_bytes'])})"),
+        ("host -> device", _size(r["host_to_device_bytes"])),
+        ("device -> host", _size(r["device_to_host_bytes"])),
+        ("evictions (bytes moved)", f"{r['evictions']} ({_size(r['eviction_bytes'])})"),
         ("layout conversions", str(r["layout_conversions"])),
-        ("L1 peak / capacity", f"{_mib(r['l1_peak_bytes'])} / {_mib(r['l1_capacity_bytes'])} "
+        ("L1 peak / capacity", f"{_size(r['l1_peak_bytes'])} / {_size(r['l1_capacity_bytes'])} "
          f"({r['l1_peak_bytes'] / r['l1_capacity_bytes']:.1%})"),
-        ("wall time", f"{r['wall_seconds'] * 1e3:,.0f} ms"),
+        ("wall time", f"{r['wall_seconds'] * 1e3:,.0f} ms (BLAS threads: {r['blas_threads']})"),
         ("CQ0 busy / CQ1 busy", f"{r['cq0_busy_seconds'] * 1e3:,.0f} ms / {r['cq1_busy_seconds'] * 1e3:,.0f} ms"),
+        ("CQ0 / CQ1 bytes moved", f"{_size(r['cq0_bytes'])} / {_size(r['cq1_bytes'])}"),
         ("CQ1 writes overlapped", f"{overlap:.0%} of write time ran beside a CQ0 command"),
         ("max |error| vs numpy", f"{r['max_abs_error']:.1e}"),
     ]
@@ -166,10 +171,10 @@ def format_summary(r: dict[str, Any]) -> str:
 
 
 def run_demo(batches: int = 64, trace: str | None = None, small: bool = False,
-             progress: bool = True) -> int:
+             progress: bool = True, blas_threads: int | None = 1) -> int:
     print("ttflow demo: an MLP classifier, encoder and head stitched on the device, "
           "weights resident, inputs double-buffered")
-    result = anyio.run(demo, batches, trace, small, progress)
+    result = anyio.run(demo, batches, trace, small, progress, blas_threads)
     print(format_summary(result))
     if trace:
         print(f"  trace: {trace} ({result['trace_events']} events; open it at ui.perfetto.dev)")

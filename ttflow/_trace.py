@@ -1,8 +1,9 @@
 """Recording what the command queues did, as Chrome/Perfetto trace-event JSON.
 
-One track per command queue (each command a complete event with its name, bytes and duration)
-and a counter track of L1 and DRAM occupancy. Recording costs nothing when no recorder is
-attached: the device calls its listeners only if there are any.
+One track per command queue (each command a complete event with its name, duration and, in
+`args`, what the command's `describe()` reports: `bytes` is the bytes it moved, other keys are
+passed through as they are) and a counter track of L1 and DRAM occupancy. Recording costs
+nothing when no recorder is attached: the device calls its listeners only if there are any.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from ._device import Device
     from ._queue import Command
 
-__all__ = ["TraceRecorder", "record_trace"]
+__all__ = ["TraceRecorder", "queue_summary", "record_trace"]
 
 _TRACKS = {"CQ0": 0, "CQ1": 1}
 _TRACK_NAMES = {0: "CQ0: programs, conversions, evictions, reads", 1: "CQ1: host-to-device writes"}
@@ -71,6 +72,16 @@ class TraceRecorder:
             }
         )
 
+    def queue_summary(self) -> dict[str, Any]:
+        """What each queue did: `{"CQ0": {...}, "CQ1": {...}, "both_busy_seconds": s}`.
+
+        Per queue: `busy_seconds`, the length of the union of its commands' spans (commands
+        that run together, such as batched host writes, are counted once), `bytes`, the sum of
+        the commands' `args["bytes"]`, and `commands`. `both_busy_seconds` is how long both
+        queues were busy at once.
+        """
+        return queue_summary(self.events)
+
     def to_json(self) -> dict[str, Any]:
         meta: list[dict[str, Any]] = [
             {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": f"ttflow {self.device.spec.name}"}}
@@ -96,3 +107,47 @@ def record_trace(device: Device) -> Iterator[TraceRecorder]:
         yield recorder
     finally:
         device._listeners.remove(recorder.on_command)
+
+
+def queue_summary(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """`TraceRecorder.queue_summary` over trace events (also those of a saved trace)."""
+    spans: dict[int, list[tuple[float, float]]] = {tid: [] for tid in _TRACKS.values()}
+    moved = dict.fromkeys(_TRACKS.values(), 0)
+    for event in events:
+        if event.get("ph") == "X" and event.get("tid") in spans:
+            spans[event["tid"]].append((event["ts"], event["ts"] + event["dur"]))
+            moved[event["tid"]] += int(event.get("args", {}).get("bytes", 0))
+    busy = {tid: _union(s) for tid, s in spans.items()}
+    summary: dict[str, Any] = {
+        queue: {
+            "busy_seconds": sum(end - start for start, end in busy[tid]) / 1e6,
+            "bytes": moved[tid],
+            "commands": len(spans[tid]),
+        }
+        for queue, tid in _TRACKS.items()
+    }
+    summary["both_busy_seconds"] = _intersection(busy[0], busy[1]) / 1e6
+    return summary
+
+
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted, disjoint intervals covering the same time as `spans`."""
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Total length of the overlap of two sorted, disjoint interval lists."""
+    total, i, j = 0.0, 0, 0
+    while i < len(a) and j < len(b):
+        total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total

@@ -1,0 +1,197 @@
+"""The `ttflow` command as a newcomer meets it: --version, argument errors, the demo's output, and
+the benchmarks on a machine without the test extra."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import io
+import json
+import sys
+import tomllib
+from pathlib import Path
+
+import anyio
+import pytest
+
+import ttflow
+from ttflow import _demo
+from ttflow._bench import dispatch
+from ttflow._trace import queue_summary
+from ttflow.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+DISTRIBUTION = "ttflow-runtime"
+
+
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit:
+        main(["--version"])
+    assert exit.value.code == 0
+    assert capsys.readouterr().out == f"ttflow {ttflow.__version__}\n"
+
+
+def test_the_version_has_one_source_and_the_distribution_its_own_name() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["project"]["name"] == DISTRIBUTION  # "ttflow" on PyPI is another project
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "ttflow.__version__"}
+    try:
+        installed = importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return  # run from a checkout installed under the old name, or not installed
+    assert installed == ttflow.__version__
+
+
+@pytest.mark.parametrize("value, says", [("0", "at least 1, got 0"), ("-2", "at least 1, got -2"),
+                                         ("many", "expected a whole number")])
+def test_bad_batches_is_an_argument_error_before_anything_runs(
+    value: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit:
+        main(["demo", "--small", "--batches", value])
+    assert exit.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""  # the demo did not start
+    assert "argument --batches" in err and says in err and "Traceback" not in err
+
+
+def test_the_demo_function_rejects_zero_batches() -> None:
+    with pytest.raises(ValueError, match="batches"):
+        anyio.run(_demo.demo, 0)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two"])
+def test_bad_blas_threads_is_an_argument_error(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit:
+        main(["demo", "--small", "--blas-threads", value])
+    assert exit.value.code == 2 and "argument --blas-threads" in capsys.readouterr().err
+
+
+def test_a_trace_in_a_missing_folder_creates_the_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "not" / "yet" / "demo.json"
+    assert main(["demo", "--small", "--batches", "2", "--no-progress", "--trace", str(trace)]) == 0
+    assert json.loads(trace.read_text())["traceEvents"]
+    assert f"trace: {trace}" in capsys.readouterr().out
+
+
+def test_a_trace_path_that_is_a_folder_is_an_argument_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit:
+        main(["demo", "--small", "--trace", str(tmp_path)])
+    assert exit.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "argument --trace" in err and "is a folder" in err
+
+
+def test_a_trace_folder_that_cannot_be_made_is_an_argument_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as exit:
+        main(["demo", "--small", "--trace", str(tmp_path / "file" / "demo.json")])
+    assert exit.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "argument --trace: cannot create the folder" in err
+
+
+def test_help_says_what_happens_to_a_missing_trace_folder(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    assert "missing folders" in " ".join(capsys.readouterr().out.split())
+
+
+def test_no_progress_bar_when_stderr_is_not_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--small", "--batches", "10"]) == 0  # capsys's streams are no TTY
+    out, err = capsys.readouterr()
+    assert "\r" not in out and "\r" not in err and "batches" in out
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("flags, drawn", [([], True), (["--no-progress"], False)])
+def test_the_progress_bar_on_a_terminal_and_no_progress(
+    flags: list[str], drawn: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    terminal = FakeTerminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(["demo", "--small", "--batches", "10", *flags]) == 0
+    assert ("\r" in terminal.getvalue()) == drawn
+    if drawn:
+        assert terminal.getvalue().endswith("10/10 batches\n")
+
+
+@pytest.mark.parametrize("n, text", [(0, "0 B"), (512, "512 B"), (1023, "1,023 B"), (1024, "1.0 KiB"),
+                                     (20 * 1024, "20.0 KiB"), (3 * 2**20 // 2, "1.5 MiB"),
+                                     (24 * 2**30, "24,576.0 MiB")])
+def test_byte_counts_are_shown_in_sensible_units(n: int, text: str) -> None:
+    assert _demo._size(n) == text
+
+
+def test_the_small_demo_shows_no_zero_mib_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--small", "--batches", "4", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "0.0 MiB" not in out and "KiB" in out
+
+
+def span(tid: int, ts: float, dur: float, nbytes: int, **extra: object) -> dict[str, object]:
+    return {"name": "cmd", "ph": "X", "pid": 1, "tid": tid, "ts": ts, "dur": dur,
+            "args": {"bytes": nbytes, **extra}}
+
+
+def test_queue_busy_time_is_the_union_of_its_commands() -> None:
+    events = [
+        # Three batched writes on CQ1 run together over 0-100 us, then one alone over 300-400 us.
+        span(1, 0.0, 100.0, 10), span(1, 0.0, 100.0, 20), span(1, 0.0, 100.0, 30), span(1, 300.0, 100.0, 40),
+        # CQ0: a program over 50-350 us whose cost is not bytes moved, and a read.
+        span(0, 50.0, 300.0, 1000, cost=123456), span(0, 360.0, 10.0, 5),
+        {"name": "memory used (bytes)", "ph": "C", "pid": 1, "ts": 0.0, "args": {"DRAM": 1, "L1": 2}},
+    ]
+    summary = queue_summary(events)
+    assert summary["CQ1"] == {"busy_seconds": pytest.approx(200e-6), "bytes": 100, "commands": 4}
+    assert summary["CQ0"] == {"busy_seconds": pytest.approx(310e-6), "bytes": 1005, "commands": 2}
+    # 50-100 and 300-350 and 360-370: 110 us.
+    assert summary["both_busy_seconds"] == pytest.approx(110e-6)
+
+
+def test_demo_queue_figures_come_from_the_trace_union() -> None:
+    result = anyio.run(_demo.demo, 6, None, True, False)
+    assert 0 <= result["overlap_seconds"] <= min(result["cq0_busy_seconds"], result["cq1_busy_seconds"])
+    assert result["cq1_busy_seconds"] <= result["wall_seconds"]
+    assert result["cq1_bytes"] >= result["host_to_device_bytes"]  # writes, plus the zero fills
+
+
+def test_batched_writes_count_once_in_the_busy_time() -> None:
+    import numpy as np
+
+    async def body() -> tuple[dict[str, object], float]:
+        async with ttflow.open_device(ttflow.DeviceSpec.small()) as device:
+            with ttflow.record_trace(device) as recorder:
+                tensors = [ttflow.to_device(np.full((64, 64), i, np.float32), device) for i in range(8)]
+                for t in tensors:
+                    await t
+            spans = [e for e in recorder.events if e["ph"] == "X"]
+            window = (max(e["ts"] + e["dur"] for e in spans) - min(e["ts"] for e in spans)) / 1e6
+            return recorder.queue_summary(), window
+
+    summary, window = anyio.run(body)
+    cq1 = summary["CQ1"]
+    assert isinstance(cq1, dict) and cq1["commands"] == 8 and cq1["bytes"] == 8 * 64 * 64 * 4
+    assert cq1["busy_seconds"] <= window + 1e-9  # a sum over the batch would count it 8 times
+
+
+def test_bench_dispatch_skips_a_missing_backend_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(dispatch, "backend_available", lambda name: name != "trio")
+    assert main(["bench", "dispatch", "--quick", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [r["backend"] for r in result["results"]] == ["asyncio"]
+    assert result["skipped"] == [{"backend": "trio", "reason": "trio is not installed (pip install trio)"}]
+    assert main(["bench", "dispatch", "--quick"]) == 0
+    table = capsys.readouterr().out
+    assert "asyncio" in table and "trio     skipped: trio is not installed" in table
+
+
+def test_dispatch_knows_which_backends_are_installed() -> None:
+    assert dispatch.backend_available("asyncio")
+    assert not dispatch.backend_available("no_such_event_loop_xyz")
