@@ -35,29 +35,38 @@ def gelu(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return np.asarray(flat, np.float64).reshape(x.shape).astype(np.float32)
 
 
+def bfp8_pack_rows(rows: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """tt-metal's BFLOAT8_B host packer (`convert_u32_to_bfp`), written from SPEC's rule with
+    integer ops on the uint32 view: (exponent byte per row, 16 mantissa bytes per row).
+
+    `rows`: float32 values, 16 per face row (shape (..., 16)). Per row, the shared exponent is
+    the largest biased exponent (zeros and subnormals count as 0). Per value: exponent 0 packs
+    to 0x00; else its 24-bit significand is shifted right by shared - exponent (the bits shifted
+    out are dropped), rounded to 7 bits on the low 17 bits (ties to even), clamped to 127; the
+    byte is sign << 7 | magnitude, and 0x00 when the magnitude is 0."""
+    bits = np.asarray(rows, np.float32).view(np.uint32).astype(np.int64)
+    exp = (bits >> 23) & 0xFF
+    shared = exp.max(axis=-1, keepdims=True)
+    sig = (bits & 0x7FFFFF) | 0x800000
+    kept = sig >> np.minimum(shared - exp, 31)  # sig < 2^24: a shift of 24 or more leaves 0
+    low, mag = kept & 0x1FFFF, kept >> 17
+    mag = mag + ((low > 0x10000) | ((low == 0x10000) & ((mag & 1) == 1)))
+    mag = np.where(exp == 0, 0, np.minimum(mag, 127))
+    byte = np.where(mag == 0, 0, (bits >> 31) << 7 | mag)
+    return shared[..., 0].astype(np.uint8), byte.astype(np.uint8)
+
+
 def bfp8_pack_reference(values: np.ndarray[Any, Any]) -> bytes:
-    """SPEC's BFLOAT8_B packing of one tile, value by value (1024 face-ordered float32s)."""
-    bits = np.asarray(values, np.float32).view(np.uint32).tolist()
-    exps, mants = [], []
-    for k in range(64):
-        row = bits[k * 16 : (k + 1) * 16]
-        e = [(v >> 23) & 0xFF for v in row]
-        shared = max(e)
-        exps.append(shared)
-        for v, ev in zip(row, e):
-            sign = v >> 31
-            if ev == 0:
-                mag = 0
-            else:
-                sig = (v & 0x7FFFFF) | 0x800000
-                shift = 17 + shared - ev
-                q, rem = sig >> shift, sig & ((1 << shift) - 1)
-                half = 1 << (shift - 1)
-                if rem > half or (rem == half and q % 2 == 1):
-                    q += 1
-                mag = min(q, 127)
-            mants.append(sign << 7 | mag)
-    return bytes(exps + mants)
+    """One BFLOAT8_B tile (1024 face-ordered float32s): 64 exponent bytes, 1024 mantissa bytes."""
+    exps, mants = bfp8_pack_rows(np.asarray(values, np.float32).reshape(64, 16))
+    return exps.tobytes() + mants.tobytes()
+
+
+def bfp8_pack_array_reference(array: np.ndarray[Any, Any]) -> bytes:
+    """All BFLOAT8_B tiles of a float32 array of any shape (tilized, zero padded)."""
+    tiles = tilize(np.asarray(array, np.float32)).reshape(-1, 64, 16)
+    exps, mants = bfp8_pack_rows(tiles)
+    return np.concatenate([exps, mants.reshape(-1, 1024)], axis=1).tobytes()
 
 
 def bfp8_unpack_reference(tile: bytes) -> np.ndarray[Any, Any]:

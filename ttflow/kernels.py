@@ -9,8 +9,8 @@ Bank memory is one 2-D uint8 C-contiguous array `banks[bank, address]`; page `i`
 interleaved buffer lives in bank `i % banks.shape[0]` at `address + (i // banks.shape[0]) *
 aligned_page_size`.
 
-BFLOAT8_B: NaN and infinity have no encoding, so packing one raises `LayoutError`; subnormal
-float32 inputs are flushed to zero (the format's shared exponent cannot hold them).
+BFLOAT8_B follows tt-metal's host packer byte for byte (SPEC section 1). NaN and infinity have
+no encoding, so packing one raises `LayoutError`; subnormal float32 inputs pack to 0x00.
 """
 
 from __future__ import annotations
@@ -170,9 +170,12 @@ def pack_bfloat8_b(array: Any, out: Array | None = None) -> Array:
     """Tilizes a float array and packs each tile into 1088 BFLOAT8_B bytes.
 
     float32 is packed as is; other float dtypes (bfloat16, float16, float64) are converted to
-    float32 first; integer arrays raise LayoutError. Each 16-value face row shares the largest
-    biased exponent of its values; magnitudes are rounded once, to nearest with ties to even, and
-    clamped to 127. Subnormal inputs are flushed to zero (keeping their sign); -0.0 packs as 0x80.
+    float32 first; integer arrays raise LayoutError. As tt-metal's `convert_u32_to_bfp`: each
+    16-value face row shares the largest biased exponent of its values; a value's 24-bit
+    significand is shifted right to that exponent (the bits shifted out are dropped), then
+    rounded to a 7-bit magnitude, to nearest with ties to even, and clamped to 127. A magnitude
+    of 0 packs as 0x00 with no sign bit, as do zeros and subnormals (an all-zero row has
+    exponent 0). Unpacking gives magnitude * 2^(exponent - 133) exactly, with the sign.
     NaN and infinity have no encoding: they raise LayoutError naming the first one's flat index
     (found by the exponent scan the pack does anyway; `out`, if given, is then partly written)."""
     array = _float32(array, "pack_bfloat8_b")
@@ -186,7 +189,9 @@ def pack_bfloat8_b(array: Any, out: Array | None = None) -> Array:
 
 
 def unpack_bfloat8_b(packed: Any, shape: Any, out: Array | None = None) -> Array:
-    """The float32 array of `shape` that BFLOAT8_B tiles hold."""
+    """The float32 array of `shape` that BFLOAT8_B tiles hold: each byte's magnitude (its low 7
+    bits) times 2^(row exponent - 133), exactly, negated if its top bit is set (so 0x80, which
+    pack never writes, reads as -0.0)."""
     packed = np.ascontiguousarray(packed)
     if packed.dtype != np.uint8:
         raise LayoutError(f"unpack_bfloat8_b: packed tiles are uint8, got {packed.dtype}")

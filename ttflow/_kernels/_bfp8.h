@@ -1,15 +1,21 @@
 /* BFLOAT8_B, one 16-value face row at a time: 16 float32 <-> one exponent byte + 16 mantissas.
  *
- * Pack (SPEC section 1): the shared exponent is the largest biased exponent of the row; each
- * value keeps its sign and a 7-bit magnitude, (1 << 23 | fraction) >> (17 + shared - exp), rounded
- * once to nearest with ties to even and clamped to 127. Exponent-0 inputs (zeros, subnormals)
- * get magnitude 0 and keep their sign.
+ * Pack follows tt-metal's host packer bit for bit (SPEC section 1; `convert_u32_to_bfp` in
+ * tt_metal/impl/data_format/blockfloat_common.cpp). The shared exponent is the largest biased
+ * exponent of the row (zeros and subnormals count as 0, so an all-zero row has exponent 0). For
+ * each value of exponent e != 0, the 24-bit significand (hidden 1 + fraction) is first shifted
+ * right by d = shared - e, the bits shifted out being dropped (truncation, no sticky bit); the 24
+ * remaining bits are then rounded to 7 at bit 17, to nearest with ties to even, and clamped to
+ * 127. The byte is sign << 7 | magnitude, but a zero magnitude is 0x00 (no negative zero).
+ * Exponent-0 inputs (zeros, subnormals) pack to 0x00.
  *
- * The SSE2 path computes the magnitude as |x| * 2^(133 - shared) in float32, which is exact (a
- * power-of-two scale; a result small enough to lose bits is below 0.5 and rounds to 0 anyway),
- * then rounds it to an integer by adding and removing 2^23: one rounding, to nearest even, with
- * no branch per value. Rows whose shared exponent is below 6 would need a scale above 2^127, so
- * they are first scaled by 2^64 (exact as well). The portable path is the integer rule itself.
+ * The SSE2 path finds sig >> d without a per-lane shift (SSE2 has none): |x| * 2^(150 - shared)
+ * is exactly sig * 2^-d (a power-of-two scale), and the float-to-int conversion truncates it,
+ * which is the shift. The rounding at bit 17 is then integer: add 0xFFFF plus the bit that
+ * decides ties, shift by 17. The scale must stay a normal float, which holds for shared >= 24;
+ * there a subnormal input (below 2^-126) scales to under 2^-102 and truncates to 0 by itself.
+ * Rows with shared exponent 0 are all zero bytes; rows with shared exponent 1-23 (values below
+ * 2^-103) take the portable path, which is the integer rule as written above.
  */
 #ifndef TTFLOW_BFP8_H
 #define TTFLOW_BFP8_H
@@ -19,21 +25,38 @@
 #include <emmintrin.h>
 #endif
 
+/* The rule itself, value by value; returns the shared exponent (255: a NaN or inf was seen). */
+static inline unsigned ttf_bfp8_pack_row_scalar(const float *src, uint8_t *mant) {
+    uint32_t bits[16];
+    unsigned shared = 0, c;
+    memcpy(bits, src, 64);
+    for (c = 0; c < 16; c++) {
+        unsigned e = (bits[c] >> 23) & 0xFF;
+        shared = e > shared ? e : shared;
+    }
+    for (c = 0; c < 16; c++) {
+        uint32_t v = bits[c], e = (v >> 23) & 0xFF, d = shared - e, q = 0;
+        if (e != 0 && d < 24) {
+            uint32_t t = ((v & 0x7FFFFF) | 0x800000) >> d; /* the shifted-out bits are gone */
+            q = (t + 0xFFFF + ((t >> 17) & 1)) >> 17;      /* nearest, ties to even, at bit 17 */
+            q = q > 127 ? 127 : q;
+        }
+        mant[c] = (uint8_t)(q ? ((v >> 31) << 7) | q : 0);
+    }
+    return shared;
+}
+
 #if defined(__SSE2__)
 static inline __m128 ttf_f32_bits(uint32_t bits) {
     return _mm_castsi128_ps(_mm_set1_epi32((int)bits));
 }
 
-static inline __m128i ttf_bfp8_mag(__m128i v, __m128 pre, __m128 scale) {
-    const __m128 magic = _mm_set1_ps(8388608.0f);
+/* Four rounded magnitudes (0-128, before the clamp) for a row of shared exponent >= 24. */
+static inline __m128i ttf_bfp8_mag4(__m128i v, __m128 scale) {
     __m128 a = _mm_castsi128_ps(_mm_and_si128(v, _mm_set1_epi32(0x7FFFFFFF)));
-    __m128 q = _mm_mul_ps(_mm_mul_ps(a, pre), scale);
-    q = _mm_min_ps(_mm_sub_ps(_mm_add_ps(q, magic), magic), _mm_set1_ps(127.0f));
-    __m128i m = _mm_cvttps_epi32(q);
-    __m128i zero_exp = _mm_cmpeq_epi32(_mm_and_si128(v, _mm_set1_epi32(0x7F800000)),
-                                       _mm_setzero_si128());
-    m = _mm_andnot_si128(zero_exp, m);
-    return _mm_or_si128(m, _mm_and_si128(_mm_srli_epi32(v, 24), _mm_set1_epi32(0x80)));
+    __m128i t = _mm_cvttps_epi32(_mm_mul_ps(a, scale)); /* sig >> d, exactly */
+    __m128i odd = _mm_and_si128(_mm_srli_epi32(t, 17), _mm_set1_epi32(1));
+    return _mm_srli_epi32(_mm_add_epi32(t, _mm_add_epi32(odd, _mm_set1_epi32(0xFFFF))), 17);
 }
 #endif
 
@@ -52,39 +75,29 @@ static inline unsigned ttf_bfp8_pack_row(const float *src, uint8_t *mant) {
     m = _mm_max_ps(m, _mm_shuffle_ps(m, m, _MM_SHUFFLE(1, 0, 3, 2)));
     m = _mm_max_ps(m, _mm_shuffle_ps(m, m, _MM_SHUFFLE(2, 3, 0, 1)));
     unsigned shared = (unsigned)_mm_cvtsi128_si32(_mm_castps_si128(m)) >> 23;
-    int e = 133 - (int)shared;
-    __m128 pre = _mm_set1_ps(1.0f);
-    if (shared < 6) {
-        pre = ttf_f32_bits(0x5F800000u); /* 2^64 */
-        e -= 64;
+    if (shared < 24) {
+        if (shared == 0) { /* zeros and subnormals only */
+            memset(mant, 0, 16);
+            return 0;
+        }
+        return ttf_bfp8_pack_row_scalar(src, mant);
     }
-    __m128 scale = ttf_f32_bits((uint32_t)(e + 127) << 23);
-    __m128i lo = _mm_packs_epi32(ttf_bfp8_mag(v0, pre, scale), ttf_bfp8_mag(v1, pre, scale));
-    __m128i hi = _mm_packs_epi32(ttf_bfp8_mag(v2, pre, scale), ttf_bfp8_mag(v3, pre, scale));
-    _mm_storeu_si128((__m128i *)mant, _mm_packus_epi16(lo, hi));
+    /* 2^(150 - shared): biased exponent 277 - shared, in 22..253 for shared in 24..255. */
+    __m128 scale = ttf_f32_bits((277u - shared) << 23);
+    __m128i mag = _mm_packus_epi16(
+        _mm_packs_epi32(ttf_bfp8_mag4(v0, scale), ttf_bfp8_mag4(v1, scale)),
+        _mm_packs_epi32(ttf_bfp8_mag4(v2, scale), ttf_bfp8_mag4(v3, scale)));
+    mag = _mm_min_epu8(mag, _mm_set1_epi8(127));
+    /* Sign bytes: each lane's top bit spread by an arithmetic shift, narrowed by signed packs. */
+    __m128i sign = _mm_packs_epi16(
+        _mm_packs_epi32(_mm_srai_epi32(v0, 31), _mm_srai_epi32(v1, 31)),
+        _mm_packs_epi32(_mm_srai_epi32(v2, 31), _mm_srai_epi32(v3, 31)));
+    sign = _mm_andnot_si128(_mm_cmpeq_epi8(mag, _mm_setzero_si128()),
+                            _mm_and_si128(sign, _mm_set1_epi8((char)0x80)));
+    _mm_storeu_si128((__m128i *)mant, _mm_or_si128(mag, sign));
     return shared;
 #else
-    uint32_t bits[16];
-    unsigned shared = 0, c;
-    memcpy(bits, src, 64);
-    for (c = 0; c < 16; c++) {
-        unsigned e = (bits[c] >> 23) & 0xFF;
-        shared = e > shared ? e : shared;
-    }
-    for (c = 0; c < 16; c++) {
-        uint32_t v = bits[c], e = (v >> 23) & 0xFF, q = 0;
-        if (e != 0) {
-            uint32_t sig = (v & 0x7FFFFF) | 0x800000, shift = 17 + shared - e;
-            if (shift < 25) {
-                uint32_t rem = sig & ((1u << shift) - 1), half = 1u << (shift - 1);
-                q = sig >> shift;
-                q += (rem > half) | ((rem == half) & (q & 1));
-                q = q > 127 ? 127 : q;
-            }
-        }
-        mant[c] = (uint8_t)(((v >> 31) << 7) | q);
-    }
-    return shared;
+    return ttf_bfp8_pack_row_scalar(src, mant);
 #endif
 }
 

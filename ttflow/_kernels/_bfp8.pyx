@@ -2,12 +2,12 @@
 """BFLOAT8_B pack and unpack, a face row at a time, with the GIL released.
 
 Each 16-value face row is read straight from its source row (or from a zero-padded copy at the
-array's edges, or for strided inputs) and packed by `ttf_bfp8_pack_row` (`_bfp8.h`): its shared
-exponent is the largest biased exponent of its values; each value keeps its sign and a 7-bit
-magnitude, the hidden 1 and the top 6 fraction bits shifted right by (shared - own exponent),
-rounded once from the full 24-bit significand to nearest with ties to even, clamped to 127.
-Subnormals are flushed to zero. NaN and infinity have no encoding: the pack reports them (a
-shared exponent of 255) and the caller raises.
+array's edges, or for strided inputs) and packed by `ttf_bfp8_pack_row` (`_bfp8.h`) as tt-metal's
+host packer does: its shared exponent is the largest biased exponent of its values; each value's
+24-bit significand is shifted right by (shared - own exponent), dropping the bits shifted out,
+then rounded to 7 bits at bit 17, to nearest with ties to even, and clamped to 127. A zero
+magnitude packs as 0x00 whatever the sign; zeros and subnormals pack as 0x00. NaN and infinity
+have no encoding: the pack reports them (a shared exponent of 255) and the caller raises.
 
 A tile is written front to back (64 exponent bytes, then 1024 mantissa bytes), so the same loop
 packs into a flat buffer or straight into interleaved bank pages (`_tile_ptr`).
