@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import ttflow as tt
-from ttflow import _scheduler
+from ttflow import _commands, _queue
 
 pytestmark = pytest.mark.anyio
 
@@ -127,12 +127,13 @@ async def test_deallocate_while_its_eviction_runs_on_a_worker() -> None:
     # A large eviction runs on a worker thread; deallocating the evicted tensor meanwhile must
     # free its new DRAM copy when the move finishes, not when the handle is garbage-collected.
     started, release = threading.Event(), threading.Event()
-    original_run = _scheduler.EvictCommand.run
+    original_run = _queue.run
 
-    def slow_run(self: Any) -> None:
-        started.set()
-        release.wait(10)
-        original_run(self)
+    def slow_run(record: Any, banks: Any) -> Any:
+        if any(isinstance(step, _commands.Copy) and step.src.layout.memory is L1 for step in record.steps):
+            started.set()  # the eviction's copy, on a worker thread
+            release.wait(10)
+        return original_run(record, banks)
 
     spec = tt.DeviceSpec.small()
     b = tt.ProgramBuilder("touch")
@@ -140,7 +141,7 @@ async def test_deallocate_while_its_eviction_runs_on_a_worker() -> None:
     binary = tt.Binary([b.build()])
     big = np.ones((256, 256), np.float32)  # 256 KiB: moved on a worker thread
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_scheduler.EvictCommand, "run", slow_run)
+        mp.setattr(_queue, "run", slow_run)
         async with tt.open_device(spec) as device:
             victim = tt.to_device(big, device, L1_TILE)
             x = tt.to_device(np.zeros((32, 32), np.float32), device, DRAM_TILE)
@@ -230,9 +231,8 @@ async def test_a_failed_command_keeps_no_frames() -> None:
     async with tt.open_device(tt.DeviceSpec.small()) as device:
         x = tt.to_device(np.ones((32, 32), np.float32), device, DRAM_TILE)
         with pytest.MonkeyPatch.context() as mp:
-            plan = _scheduler._Plan(binary.programs[0])
-            plan.compute = [broken]
-            device._plans[binary.programs[0]] = plan
+            plan = device._scheduler.plan(binary.programs[0])
+            mp.setattr(plan, "compute", [broken])
             (y,) = tt.submit(device, binary, 0, [x])
             ref = weakref.ref(x)
             del x

@@ -21,9 +21,9 @@ import attrs
 import numpy as np
 
 from ._errors import OutOfMemoryError, ShapeError
-from ._types import DeviceSpec, MemorySpace
+from ._types import DeviceSpec, Layout, MemorySpace
 
-__all__ = ["BufferInfo", "BankMemory", "Allocator", "MemorySpaceState"]
+__all__ = ["BufferInfo", "Storage", "BankMemory", "Allocator", "MemorySpaceState"]
 
 _MAP_NORESERVE = 0x4000  # Linux; Python < 3.13 does not export it.
 
@@ -38,6 +38,36 @@ class BufferInfo:
     page_size: int
     aligned_page_size: int
     num_pages: int
+
+
+@final
+class Storage:
+    """One copy of a value in one layout, at one place in bank memory (no tensor state)."""
+
+    __slots__ = ("layout", "buffer", "dims3", "nbytes", "__weakref__")
+
+    def __init__(self, layout: Layout, buffer: BufferInfo, shape: tuple[int, ...]) -> None:
+        self.layout = layout
+        self.buffer = buffer
+        self.nbytes = buffer.page_size * buffer.num_pages
+        # (batch, rows, cols) of the logical shape: how the tile kernels see it.
+        if len(shape) == 1:
+            self.dims3 = (1, 1, shape[0])
+        else:
+            batch = 1
+            for d in shape[:-2]:
+                batch *= d
+            self.dims3 = (batch, shape[-2], shape[-1])
+
+    def same_format(self, other: Storage) -> bool:
+        """Whether a copy between the two only moves pages (same dtype and tensor layout)."""
+        return (
+            self.layout.dtype is other.layout.dtype
+            and self.layout.tensor_layout is other.layout.tensor_layout
+        )
+
+    def __repr__(self) -> str:
+        return f"Storage({self.layout}, {self.buffer})"
 
 
 def _round_up(value: int, multiple: int) -> int:

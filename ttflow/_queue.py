@@ -1,12 +1,13 @@
-"""Commands and the in-order command queues that run them.
+"""In-order command queues: each takes its commands in turn, has them decided, runs the records.
 
-A command goes through three phases: `prepare` (bookkeeping: allocation, residency; always on
-the event loop thread, so device state has a single writer), `run` (bytes and arithmetic only:
-kernels and numpy, which release the GIL) and `finish` (bookkeeping again). Small commands run
-all three inline in the queue's task: a thread hand-off costs 85-150 us here, more than a tiny
-program. Commands whose `run` moves more than `INLINE_COST` bytes go to a worker thread so the
-event loop is never blocked by a large kernel, and a CQ1 write overlaps a CQ0 program.
-Consecutive ready host writes travel together: one hand-off carries up to 32 of them.
+A command goes through three phases. `decide` (on the event loop thread, by the scheduler that owns
+the command: allocation, residency, conversions) returns a `Record`; `run(record, banks)` moves the
+bytes (kernels and numpy, which release the GIL) and touches no scheduling state; `commit` gives
+the result back to the scheduler. Small records run inline in the queue's task: a thread
+hand-off costs 85-180 us here, more than a tiny program. Records estimated above
+`INLINE_SECONDS` go to a worker thread, so the event loop is never blocked by a large kernel and
+a CQ1 write overlaps a CQ0 program. Consecutive ready host writes travel together: one hand-off
+carries up to 32 of them.
 
 Completion is a flag plus an `anyio.Event` made only when somebody waits: most commands are
 never awaited directly, and an event per command would cost more than the command.
@@ -16,20 +17,16 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import anyio
 import anyio.lowlevel
 
+from ._commands import INLINE_SECONDS, Banks, Record, run, run_all
 from ._errors import DeviceClosedError
 
-if TYPE_CHECKING:
-    from ._tensor import Tensor
-
-__all__ = ["Command", "CommandQueue", "INLINE_COST"]
-
-INLINE_COST = 256 * 1024
-"""Bytes of work below which a command runs inline in the queue task (no thread hand-off)."""
+__all__ = ["Command", "CommandQueue"]
 
 _BATCH_MAX = 32
 """Most commands one worker-thread hand-off carries."""
@@ -39,27 +36,22 @@ _YIELD_EVERY = 0.002
 
 
 class Command:
-    """One unit of queued device work; subclasses say what it reads, writes and does."""
+    """One unit of queued device work. The scheduler's subclasses decide and commit it."""
 
     name = "command"
     batchable = False
     """Whether consecutive ready commands of this kind may share one worker-thread hand-off:
-    true when `prepare` does not depend on an earlier command's `finish` (host writes)."""
-    __slots__ = (
-        "queue", "deps", "done", "error", "_event", "reads", "writes", "cost", "started",
-        "__weakref__",
-    )
+    true when `decide` does not depend on an earlier command's `commit` (host writes)."""
+    __slots__ = ("queue", "deps", "done", "error", "_event", "started", "record", "__weakref__")
 
-    def __init__(self, reads: tuple[Tensor, ...], writes: tuple[Tensor, ...]) -> None:
+    def __init__(self) -> None:
         self.queue: CommandQueue | None = None
         self.deps: list[Command] = []
         self.done = False
         self.error: BaseException | None = None
         self._event: anyio.Event | None = None
-        self.reads = reads
-        self.writes = writes
-        self.cost = 0
         self.started = 0.0
+        self.record: Record | None = None
 
     def blocker(self) -> Command | None:
         """A command that must finish before this one may start, or None when it may start."""
@@ -68,21 +60,24 @@ class Command:
                 return dep
         return None
 
-    def preamble(self) -> Command | None:
-        """Work that must complete before this command prepares (a program's evictions)."""
+    def failed_input(self) -> BaseException | None:
+        """The error of an input that failed (this command then fails with it), or None."""
         return None
 
-    def prepare(self) -> None:
-        """Bookkeeping before the bytes move; sets `self.cost`. Raises to fail the command."""
+    def preamble(self) -> Command | None:
+        """Work that must complete before this command is decided (a program's evictions)."""
+        return None
 
-    def run(self) -> None:
-        """Moves bytes and computes; may run on a worker thread, so it touches no shared state."""
+    def decide(self) -> Record:
+        """Decides what the command does (allocations, sources) as a record. Raises to fail;
+        a failed decide leaves nothing behind."""
+        raise NotImplementedError
 
-    def finish(self) -> None:
-        """Bookkeeping after the bytes moved."""
+    def commit(self, record: Record, result: Any) -> None:
+        """Applies a record that ran: the scheduler's bookkeeping after the bytes moved."""
 
-    def rollback(self) -> None:
-        """Undoes what a failed `prepare` or `run` left behind (allocations)."""
+    def rollback(self, record: Record) -> None:
+        """Undoes a decided record that failed to run (frees what it allocated)."""
 
     def complete(self, error: BaseException | None = None) -> None:
         """Marks the command done and lets go of everything it referenced.
@@ -94,14 +89,13 @@ class Command:
         self.error = error
         self.done = True
         self.deps = []
-        self.reads = ()
-        self.writes = ()
+        self.record = None
         self.forget()
         if self._event is not None:
             self._event.set()
 
     def forget(self) -> None:
-        """Drops the references a subclass keeps beyond `reads`, `writes` and `deps`."""
+        """Drops the references a subclass keeps."""
 
     async def wait(self) -> None:
         """Waits until the command has completed (successfully or not)."""
@@ -111,14 +105,19 @@ class Command:
             await self._event.wait()
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name}
+        """What the timeline shows of the command: its name, bytes moved and other figures."""
+        record = self.record
+        return {"name": self.name, "bytes": record.nbytes if record is not None else 0}
 
 
 class CommandQueue:
-    """An in-order queue served by one task; `closing` makes it exit once empty."""
+    """An in-order queue served by one task; `close` makes it exit once empty."""
 
-    def __init__(self, name: str, on_complete: Any) -> None:
+    def __init__(
+        self, name: str, banks: Banks, on_complete: Callable[[Command, BaseException | None], None]
+    ) -> None:
         self.name = name
+        self._banks = banks
         self._pending: collections.deque[Command] = collections.deque()
         self._wakeup: anyio.Event | None = None
         self._closing = False
@@ -136,6 +135,12 @@ class CommandQueue:
         if self._wakeup is not None:
             self._wakeup.set()
             self._wakeup = None
+
+    def pop_all(self) -> list[Command]:
+        """Takes every command that has not started (the device is shutting down)."""
+        commands = list(self._pending)
+        self._pending.clear()
+        return commands
 
     def close(self, abort: BaseException | None = None) -> None:
         """Stops accepting work; with `abort`, fails what has not started with that error."""
@@ -178,7 +183,7 @@ class CommandQueue:
             error = await self._execute(command)
             pending.popleft()
             self._on_complete(command, error)
-            del command  # an idle queue must not keep the last command's tensors alive
+            del command  # an idle queue must not keep the last command alive
             if time.perf_counter() > deadline:
                 await anyio.lowlevel.checkpoint()
                 deadline = time.perf_counter() + _YIELD_EVERY
@@ -192,48 +197,42 @@ class CommandQueue:
         return batch
 
     async def _execute_batch(self, batch: list[Command]) -> list[BaseException | None]:
-        """Prepares every command, runs them all in one hand-off (if large), then finishes each."""
+        """Decides every command, runs them all in one hand-off (if large), then commits each."""
         errors: list[BaseException | None] = [None] * len(batch)
-        prepared = []
+        decided: list[int] = []
         now = time.perf_counter()
         for i, command in enumerate(batch):
             command.started = now
             try:
-                command.prepare()
-                prepared.append(i)
+                command.record = command.decide()
+                decided.append(i)
             except Exception as exc:
-                command.rollback()
                 errors[i] = exc
-
-        def run_all() -> None:
-            for i in prepared:
-                try:
-                    batch[i].run()
-                except Exception as exc:
-                    errors[i] = exc
-
-        if sum(batch[i].cost for i in prepared) > INLINE_COST:
+        records = [record for i in decided if (record := batch[i].record) is not None]
+        if sum(r.seconds for r in records) > INLINE_SECONDS:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(run_all)
+                ran = await anyio.to_thread.run_sync(run_all, records, self._banks)
         else:
-            run_all()
-        for i in prepared:
+            ran = run_all(records, self._banks)
+        for i, error in zip(decided, ran):
             command = batch[i]
+            record = command.record
+            assert record is not None
             try:
-                if errors[i] is not None:
-                    raise errors[i]  # type: ignore[misc]
-                command.finish()
+                if error is not None:
+                    raise error
+                command.commit(record, None)
             except Exception as exc:
-                command.rollback()
+                command.rollback(record)
                 errors[i] = exc
         return errors
 
     async def _execute(self, command: Command) -> BaseException | None:
         # Once started, a command runs to the end: cancellation is only delivered between
         # commands, so device state is never left half-updated.
-        for tensor in command.reads:
-            if tensor._error is not None:
-                return tensor._error  # an input failed: so does this command
+        failed = command.failed_input()
+        if failed is not None:
+            return failed
         try:
             preamble = command.preamble()
         except Exception as exc:
@@ -249,14 +248,17 @@ class CommandQueue:
     async def _phases(self, command: Command) -> BaseException | None:
         command.started = time.perf_counter()
         try:
-            command.prepare()
-            if command.cost > INLINE_COST:
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(command.run)
-            else:
-                command.run()
-            command.finish()
+            record = command.record = command.decide()
         except Exception as exc:
-            command.rollback()
+            return exc
+        try:
+            if record.seconds > INLINE_SECONDS:
+                with anyio.CancelScope(shield=True):
+                    result = await anyio.to_thread.run_sync(run, record, self._banks)
+            else:
+                result = run(record, self._banks)
+            command.commit(record, result)
+        except Exception as exc:
+            command.rollback(record)
             return exc
         return None

@@ -17,7 +17,6 @@ from ._device import Device
 from ._errors import LayoutError, ProgramError, ShapeError, raise_stored
 from ._kernels import _bfp8
 from ._program import Binary, Program
-from ._scheduler import ConvertCommand, ProgramCommand, ReadCommand, WriteCommand, _Plan
 from ._tensor import Tensor
 from ._types import DataType, Layout, check_shape
 
@@ -137,11 +136,7 @@ def to_device(array: Any, device: Device, layout: Layout | None = None) -> Tenso
     array = _host_array(array, layout.dtype, "to_device", convert=True)
     layout = layout.resolve(layout.dtype or DataType.from_numpy(array.dtype))
     assert layout.dtype is not None
-    shape = tuple(array.shape)
-    tensor = Tensor(device, shape, layout.dtype, layout)
-    tensor._storages.append(device._allocate(layout, shape, tensor))
-    device._enqueue(WriteCommand(device, tensor, array, new_value=False), device._cq1)
-    return tensor
+    return Tensor._wrap(device, device._scheduler.push(array, layout, tuple(array.shape)))
 
 
 def empty(shape: Sequence[int], dtype: DataType, device: Device, layout: Layout | None = None) -> Tensor:
@@ -157,10 +152,7 @@ def empty(shape: Sequence[int], dtype: DataType, device: Device, layout: Layout 
     layout = (layout if layout is not None else Layout()).resolve(dtype)
     if layout.dtype is not dtype:
         raise LayoutError(f"layout dtype {layout.dtype} differs from dtype {dtype}")
-    tensor = Tensor(device, shape, dtype, layout)
-    tensor._storages.append(device._allocate(layout, shape, tensor))
-    device._enqueue(WriteCommand(device, tensor, None, new_value=False), device._cq1)
-    return tensor
+    return Tensor._wrap(device, device._scheduler.push(None, layout, shape))
 
 
 def write(tensor: Tensor, array: Any) -> None:
@@ -177,16 +169,13 @@ def write(tensor: Tensor, array: Any) -> None:
             f"write: cannot write a {array.shape} array into a {tensor.shape} tensor; "
             "the shapes must be equal (reshape the array, or write into a tensor of its shape)"
         )
-    device = tensor.device
-    device._enqueue(WriteCommand(device, tensor, array, new_value=True), device._cq1)
+    tensor.device._scheduler.write(tensor._state, array)
 
 
 async def to_host(tensor: Tensor) -> np.ndarray[Any, Any]:
     """Waits for the tensor and copies its value out (on CQ0); the device copy stays."""
     tensor = _check_tensor(tensor)
-    device = tensor.device
-    command = ReadCommand(device, tensor)
-    device._enqueue(command, device._cq0)
+    command = tensor.device._scheduler.read(tensor._state)
     await command.wait()
     if command.error is not None:
         raise_stored(command.error)
@@ -209,9 +198,7 @@ def to_layout(tensor: Tensor, layout: Layout) -> Tensor:
     layout = layout.resolve(tensor.dtype)
     assert layout.dtype is not None
     device = tensor.device
-    target = Tensor(device, tensor.shape, layout.dtype, layout)
-    device._enqueue(ConvertCommand(device, tensor, target, layout), device._cq0)
-    return target
+    return Tensor._wrap(device, device._scheduler.to_layout(tensor._state, layout))
 
 
 def deallocate(tensor: Tensor, force: bool = True) -> None:
@@ -222,10 +209,9 @@ def deallocate(tensor: Tensor, force: bool = True) -> None:
     """
     if not isinstance(tensor, Tensor):
         raise TypeError(f"expected a ttflow Tensor, got {type(tensor).__name__}")
-    if tensor._deallocated or tensor.device.closed:
+    if tensor.device.closed:
         return
-    tensor._deallocated = True
-    tensor.device._release(tensor)
+    tensor.device._scheduler.deallocate(tensor._state)
 
 
 def _check_dtype(tensor: Tensor, declared: DataType, index: int) -> None:
@@ -266,9 +252,5 @@ def submit(device: Device, binary: Binary, program_index: int, inputs: Sequence[
                 f"the program declares {spec.shape}"
             )
         _check_dtype(tensor, spec.dtype, index)
-    plan = device._plans.get(program)
-    if plan is None:
-        plan = device._plans[program] = _Plan(program)
-    outputs = tuple(Tensor(device, s.shape, s.dtype, s.layout) for s in program.output_specs)
-    device._enqueue(ProgramCommand(device, program, plan, tuple(inputs), outputs), device._cq0)
-    return list(outputs)
+    states = device._scheduler.submit(program, tuple(tensor._state for tensor in inputs))
+    return [Tensor._wrap(device, state) for state in states]

@@ -1,462 +1,568 @@
-"""The commands the two queues run, and the residency rules they follow.
+"""The scheduler: the one owner of scheduling state.
 
-CQ1 carries host-to-device writes; CQ0 carries programs, layout conversions, evictions and
-device-to-host reads. When a program reaches the head of CQ0 it first moves to DRAM every L1
-storage it does not use (an `EvictCommand`, its preamble), then converts inputs whose storage
-does not match the declared layout (the conversion is kept on the tensor for the next program),
-allocates its outputs and intermediates, runs its steps and frees the intermediates.
+For every device tensor the scheduler keeps a `TensorState`: its storages (the home storage first,
+then conversions kept for reuse), the last queued command that writes it and the last that reads
+it, how many queued commands use it, its error, and whether its handle is gone. Nothing else
+writes these fields: the user's `Tensor` is a handle that reads them, commands decide into records
+through the scheduler's methods, and the queues only run records.
+
+What the scheduler decides, when a command reaches the head of its queue:
+- a program first moves to DRAM every L1 storage it does not read (an `EvictCommand`, its
+  preamble; a storage whose value DRAM already holds in the same format is just freed);
+- an input whose storages do not include the declared layout gets one, copied from the cheapest
+  source; the copy is kept on the tensor for later programs (converted once). A copy that changes
+  layout or dtype is a conversion; one that only changes memory space is residency;
+- outputs and scratch are allocated; scratch is freed when the program ends.
+
+Ordering: a command waits for the last writer of what it reads (read-after-write) and, when it
+writes, for the last reader and writer (write-after-read, write-after-write). Commands on one queue
+run in order, so only cross-queue dependencies are recorded.
 """
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING, Any
+import collections
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, final
 
 import numpy as np
 
-from . import _storage_io as io
-from ._errors import OutOfMemoryError, ProgramError
-from ._ops import OPS, compute_dtype
-from ._queue import Command
-from ._tensor import Storage, Tensor
-from ._types import Layout, MemorySpace, TensorLayout
+from ._commands import Compute, Copy, Load, Plan, Record, Store
+from ._errors import OutOfMemoryError, ProgramError, detach_frames
+from ._memory import MemorySpaceState, Storage
+from ._queue import Command, CommandQueue
+from ._types import DataType, Layout, MemorySpace, TensorLayout, storage_geometry
 
 if TYPE_CHECKING:
-    from ._device import Device
     from ._program import Program
 
-__all__ = ["WriteCommand", "ReadCommand", "ConvertCommand", "EvictCommand", "ProgramCommand"]
-
-_L1_TILE = Layout(MemorySpace.L1, TensorLayout.TILE)
+__all__ = ["Scheduler", "TensorState", "ReadCommand"]
 
 
-def _nbytes(storage: Storage) -> int:
-    return storage.buffer.page_size * storage.buffer.num_pages
+@final
+class TensorState:
+    """What the scheduler knows of one tensor. Written only by this module."""
 
+    __slots__ = ("shape", "dtype", "declared", "storages", "last_writer", "last_reader",
+                 "pending", "error", "deallocated", "moving", "__weakref__")
 
-def _same_format(a: Storage, b: Storage) -> bool:
-    """Whether a copy between the two only moves pages (same dtype and tensor layout)."""
-    return a.layout.dtype is b.layout.dtype and a.layout.tensor_layout is b.layout.tensor_layout
-
-
-def _count_copy(device: Device, src: Storage, dst: Storage) -> None:
-    """Counts a copy made for a layout: a conversion if it changes the format, else residency."""
-    if _same_format(src, dst):
-        device._count("residency_copies", 1)
-        device._count("residency_copy_bytes", _nbytes(dst))
-    else:
-        device._count("layout_conversions", 1)
-
-
-
-
-class WriteCommand(Command):
-    """Host array (or zeros) into a tensor's home storage; a new value drops old conversions."""
-
-    name = "write"
-    batchable = True
-    __slots__ = ("device", "array", "new_value", "target", "zero")
-
-    def __init__(
-        self, device: Device, tensor: Tensor, array: np.ndarray[Any, Any] | None, new_value: bool
-    ) -> None:
-        super().__init__((), (tensor,))
-        self.device = device
-        self.array = array
-        self.zero = array is None
-        self.new_value = new_value
-        self.target: Storage | None = None
+    def __init__(self, shape: tuple[int, ...], dtype: DataType, layout: Layout) -> None:
+        self.shape = shape
+        self.dtype = dtype
+        self.declared = layout  # where it will live, before it has a storage
+        self.storages: list[Storage] = []
+        self.last_writer: Command | None = None
+        self.last_reader: Command | None = None
+        self.pending = 0  # queued commands that read, write or move it
+        self.error: BaseException | None = None
+        self.deallocated = False  # by `deallocate`, or its handle was dropped
+        self.moving: Command | None = None
 
     @property
-    def tensor(self) -> Tensor:
-        return self.writes[0]
+    def layout(self) -> Layout:
+        return self.storages[0].layout if self.storages else self.declared
 
-    def blocker(self) -> Command | None:
-        moving = self.tensor._moving
-        if moving is not None and not moving.done:
-            return moving
-        return super().blocker()
+    def done(self) -> bool:
+        writer = self.last_writer
+        return writer is None or writer.done
 
-    def prepare(self) -> None:
-        tensor = self.tensor
-        if not tensor._storages:
+    def find(self, layout: Layout) -> Storage | None:
+        for storage in self.storages:
+            if storage.layout == layout:
+                return storage
+        return None
+
+    def conversion_source(self, layout: Layout) -> Storage:
+        """The cheapest storage to make `layout` from: one that only needs its pages moved."""
+        for storage in self.storages:
+            if storage.layout.dtype is layout.dtype and storage.layout.tensor_layout is layout.tensor_layout:
+                return storage
+        return self.storages[0]
+
+    def exact_source(self) -> Storage:
+        """A storage holding the value exactly (its own dtype), row-major if there is one."""
+        if not self.storages:
             raise ProgramError("the tensor has no device storage: its producer failed")
-        if self.new_value:
-            for stale in tensor._storages[1:]:
-                self.device._free(stale)
-            del tensor._storages[1:]
-        self.target = tensor._storages[0]
-        self.cost = _nbytes(self.target)
-
-    def run(self) -> None:
-        assert self.target is not None
-        banks = self.device._banks(self.target.layout.memory)
-        if self.array is None:
-            io.zero_fill(banks, self.target)
-        else:
-            io.write_array(banks, self.target, self.array)
-
-    def finish(self) -> None:
-        if self.array is not None:
-            self.device._count("host_to_device_bytes", self.array.nbytes)
-
-    def forget(self) -> None:
-        self.array = None
-        self.target = None
-
-    def describe(self) -> dict[str, Any]:
-        return {"name": "zero_fill" if self.zero else "write", "bytes": self.cost}
-
-
-class ReadCommand(Command):
-    """A tensor's value back to a host array."""
-
-    name = "read"
-    __slots__ = ("device", "source", "result")
-
-    def __init__(self, device: Device, tensor: Tensor) -> None:
-        super().__init__((tensor,), ())
-        self.device = device
-        self.source: Storage | None = None
-        self.result: np.ndarray[Any, Any] | None = None
-
-    @property
-    def tensor(self) -> Tensor:
-        return self.reads[0]
-
-    def prepare(self) -> None:
-        # Chosen here, on the loop thread: `run` may be on a worker and reads no tensor state.
-        self.source = self._pick_source()
-        self.cost = _nbytes(self.source)
-
-    def _pick_source(self) -> Storage:
-        storages = self.tensor._storages
-        if not storages:
-            raise ProgramError("the tensor has no device storage")
-        # Any storage of the value's own dtype is exact; row-major ones are cheapest to read.
-        exact = [s for s in storages if s.layout.dtype is self.tensor.dtype]
+        exact = [s for s in self.storages if s.layout.dtype is self.dtype]
         for storage in exact:
             if storage.layout.tensor_layout is TensorLayout.ROW_MAJOR:
                 return storage
         return exact[0]
 
-    def run(self) -> None:
-        source = self.source
-        assert source is not None
-        self.result = io.read_array(
-            self.device._banks(source.layout.memory), source, self.tensor.shape
-        )
 
-    def finish(self) -> None:
-        assert self.result is not None
-        self.device._count("device_to_host_bytes", self.result.nbytes)
+class _Scheduled(Command):
+    """A command of this scheduler: it reads and writes tensor states."""
+
+    __slots__ = ("scheduler", "reads", "writes")
+
+    def __init__(self, scheduler: Scheduler, reads: tuple[TensorState, ...],
+                 writes: tuple[TensorState, ...]) -> None:
+        super().__init__()
+        self.scheduler = scheduler
+        self.reads = reads
+        self.writes = writes
+
+    def failed_input(self) -> BaseException | None:
+        for state in self.reads:
+            if state.error is not None:
+                return state.error
+        return None
+
+    def complete(self, error: BaseException | None = None) -> None:
+        self.reads = ()
+        self.writes = ()
+        super().complete(error)
+
+
+class WriteCommand(_Scheduled):
+    """A host array (or zeros) into a tensor's home storage; a new value drops old conversions."""
+
+    name = "write"
+    batchable = True
+    __slots__ = ("array", "new_value")
+
+    def __init__(self, scheduler: Scheduler, state: TensorState,
+                 array: np.ndarray[Any, Any] | None, new_value: bool) -> None:
+        super().__init__(scheduler, (), (state,))
+        self.array = array
+        self.new_value = new_value
+
+    def blocker(self) -> Command | None:
+        moving = self.writes[0].moving
+        if moving is not None and not moving.done:
+            return moving
+        return super().blocker()
+
+    def decide(self) -> Record:
+        state = self.writes[0]
+        if not state.storages:
+            raise ProgramError("the tensor has no device storage: its producer failed")
+        if self.new_value:
+            for stale in state.storages[1:]:
+                self.scheduler.free(stale)
+            del state.storages[1:]
+        target = state.storages[0]
+        return Record((Store(target, self.array),), nbytes=target.nbytes)
+
+    def commit(self, record: Record, result: Any) -> None:
+        if self.array is not None:
+            self.scheduler.count("host_to_device_bytes", self.array.nbytes)
 
     def forget(self) -> None:
-        self.source = None
+        self.array = None
 
     def describe(self) -> dict[str, Any]:
-        return {"name": "read", "bytes": self.cost}
+        info = super().describe()
+        info["name"] = "write" if self.array is not None else "zero_fill"
+        return info
 
 
-class ConvertCommand(Command):
+class ReadCommand(_Scheduled):
+    """A tensor's value back to a host array (`result`)."""
+
+    name = "read"
+    __slots__ = ("result",)
+
+    def __init__(self, scheduler: Scheduler, state: TensorState) -> None:
+        super().__init__(scheduler, (state,), ())
+        self.result: np.ndarray[Any, Any] | None = None
+
+    def decide(self) -> Record:
+        state = self.reads[0]
+        source = state.exact_source()
+        return Record((Load(source, state.shape),), nbytes=source.nbytes)
+
+    def commit(self, record: Record, result: Any) -> None:
+        self.result = result
+        self.scheduler.count("device_to_host_bytes", result.nbytes)
+
+
+class ConvertCommand(_Scheduled):
     """`to_layout`: a new tensor holding the source's value in another layout."""
 
     name = "to_layout"
-    __slots__ = ("device", "layout", "dst", "src")
+    __slots__ = ("layout",)
 
-    def __init__(self, device: Device, source: Tensor, target: Tensor, layout: Layout) -> None:
-        super().__init__((source,), (target,))
-        self.device = device
+    def __init__(self, scheduler: Scheduler, source: TensorState, target: TensorState,
+                 layout: Layout) -> None:
+        super().__init__(scheduler, (source,), (target,))
         self.layout = layout
-        self.dst: Storage | None = None
-        self.src: Storage | None = None
 
-    @property
-    def source(self) -> Tensor:
-        return self.reads[0]
-
-    @property
-    def target(self) -> Tensor:
-        return self.writes[0]
-
-    def prepare(self) -> None:
-        storages = self.source._storages
-        if not storages:
+    def decide(self) -> Record:
+        source, target = self.reads[0], self.writes[0]
+        if not source.storages:
             raise ProgramError("the source tensor has no device storage")
-        self.src = self.source._conversion_source(self.layout)
-        self.dst = self.device._allocate(self.layout, self.target.shape, self.target)
-        self.cost = _nbytes(self.src) + _nbytes(self.dst)
+        src = source.conversion_source(self.layout)
+        dst = self.scheduler.allocate(self.layout, target.shape, target)
+        return Record((Copy(src, dst, source.shape),), nbytes=src.nbytes + dst.nbytes)
 
-    def run(self) -> None:
-        assert self.src is not None and self.dst is not None
-        d = self.device
-        io.copy_storage(
-            d._banks(self.src.layout.memory), self.src, d._banks(self.dst.layout.memory),
-            self.dst, self.source.shape,
-        )
+    def commit(self, record: Record, result: Any) -> None:
+        (copy,) = record.steps
+        assert isinstance(copy, Copy)
+        self.writes[0].storages.append(copy.dst)
+        self.scheduler.count_copy(copy.src, copy.dst)
 
-    def finish(self) -> None:
-        assert self.dst is not None and self.src is not None
-        self.target._storages.append(self.dst)
-        _count_copy(self.device, self.src, self.dst)
-
-    def rollback(self) -> None:
-        if self.dst is not None:
-            self.device._free(self.dst)
-            self.dst = None
-
-    def forget(self) -> None:
-        self.src = self.dst = None
-
-    def describe(self) -> dict[str, Any]:
-        return {"name": "to_layout", "bytes": self.cost}
+    def rollback(self, record: Record) -> None:
+        for step in record.steps:
+            assert isinstance(step, Copy)
+            self.scheduler.free(step.dst)
 
 
 class EvictCommand(Command):
     """Moves L1 storages to DRAM; a storage whose value DRAM already holds is just freed."""
 
     name = "evict"
-    __slots__ = ("device", "moves", "copied")
+    __slots__ = ("scheduler", "victims", "moves")
 
-    def __init__(self, device: Device, victims: list[tuple[Tensor, Storage]]) -> None:
-        super().__init__((), ())
-        self.device = device
-        self.moves: list[tuple[Tensor, Storage, Storage | None]] = [(t, s, None) for t, s in victims]
-        self.copied = 0
+    def __init__(self, scheduler: Scheduler, victims: list[tuple[TensorState, Storage]]) -> None:
+        super().__init__()
+        self.scheduler = scheduler
+        self.victims = victims
+        self.moves: list[tuple[TensorState, Storage, Storage | None]] = []
 
-    def prepare(self) -> None:
-        moves = []
+    def decide(self) -> Record:
+        s = self.scheduler
+        steps = []
+        nbytes = 0
         try:
-            for tensor, storage, _ in self.moves:
+            for state, storage in self.victims:
                 layout = Layout(MemorySpace.DRAM, storage.layout.tensor_layout, storage.layout.dtype)
                 target = None
-                if tensor._find_storage(layout) is None:
-                    target = self.device._allocate(layout, tensor.shape, tensor)
-                    self.cost += 2 * _nbytes(storage)
-                moves.append((tensor, storage, target))
-                tensor._moving = self
-                tensor._pending += 1  # deallocating it now must wait for the move
-        finally:
-            self.moves = moves + self.moves[len(moves) :]
+                if state.find(layout) is None:
+                    target = s.allocate(layout, state.shape, state)
+                    steps.append(Copy(storage, target, state.shape))
+                    nbytes += storage.nbytes + target.nbytes
+                self.moves.append((state, storage, target))
+                state.moving = self
+                state.pending += 1  # deallocating it now must wait for the move
+        except BaseException:
+            self._undo()
+            raise
+        return Record(tuple(steps), nbytes=nbytes)
 
-    def run(self) -> None:
-        d = self.device
-        l1 = d._banks(MemorySpace.L1)
-        dram = d._banks(MemorySpace.DRAM)
-        for tensor, storage, target in self.moves:
-            if target is not None:
-                self.copied += io.copy_storage(l1, storage, dram, target, tensor.shape)
-
-    def finish(self) -> None:
-        d = self.device
-        for tensor, storage, target in self.moves:
-            storages = tensor._storages
+    def commit(self, record: Record, result: Any) -> None:
+        s = self.scheduler
+        copied = 0
+        for state, storage, target in self.moves:
+            storages = state.storages
             index = storages.index(storage)
             if target is not None:
                 storages[index] = target
+                copied += target.nbytes
             else:
                 del storages[index]
                 if index == 0:
                     # The home moved for free: the DRAM copy of the same format is the new home
                     # (it holds the value exactly; a converted storage may not).
                     layout = Layout(MemorySpace.DRAM, storage.layout.tensor_layout, storage.layout.dtype)
-                    copy = tensor._find_storage(layout)
+                    copy = state.find(layout)
                     assert copy is not None
                     storages.remove(copy)
                     storages.insert(0, copy)
-            d._free(storage)
-            tensor._moving = None
-            d._settle(tensor)
-        d._count("evictions", len(self.moves))
-        d._count("eviction_bytes", self.copied)
+            s.free(storage)
+            state.moving = None
+            s.settle(state)
+        s.count("evictions", len(self.moves))
+        s.count("eviction_bytes", copied)
+        self.moves = []
 
-    def rollback(self) -> None:
-        for tensor, _, target in self.moves:
-            if tensor._moving is not self:
-                continue  # prepare failed before reaching it
+    def rollback(self, record: Record) -> None:
+        self._undo()
+
+    def _undo(self) -> None:
+        for state, _, target in self.moves:
             if target is not None:
-                self.device._free(target)
-            tensor._moving = None
-            self.device._settle(tensor)
+                self.scheduler.free(target)
+            state.moving = None
+            self.scheduler.settle(state)
+        self.moves = []
 
     def forget(self) -> None:
+        self.victims = []
         self.moves = []
 
     def describe(self) -> dict[str, Any]:
-        return {"name": "evict", "bytes": self.copied, "tensors": len(self.moves)}
+        info = super().describe()
+        info["tensors"] = len(self.victims)
+        return info
 
 
-class _Plan:
-    """What a program needs that does not change between submissions."""
-
-    __slots__ = ("last_read", "step_attrs", "store_in_output", "copied_out", "compute",
-                 "value_dtypes", "scratch", "matmul_cost")
-
-    def __init__(self, program: Program) -> None:
-        self.last_read = [-1] * len(program.values)  # the last step reading each value
-        for index, step in enumerate(program.steps):
-            for value in step.inputs:
-                self.last_read[value] = index
-        self.step_attrs = [dict(step.attrs) for step in program.steps]
-        self.compute = [OPS[step.op].compute for step in program.steps]
-        self.value_dtypes = [compute_dtype(spec.dtype) for spec in program.values]
-        # A step value that is an output of the same dtype is stored straight into that output.
-        self.store_in_output: dict[int, int] = {}
-        for k, value in enumerate(program.outputs):
-            if value >= len(program.inputs) and value not in self.store_in_output:
-                if program.output_specs[k].dtype is program.values[value].dtype:
-                    self.store_in_output[value] = k
-        # Values some output receives by a copy after the steps (not stored in place).
-        self.copied_out = [False] * len(program.values)
-        for k, value in enumerate(program.outputs):
-            if self.store_in_output.get(value) != k:
-                self.copied_out[value] = True
-        # Step values that need scratch storage: (value id, shape, L1 layout, DRAM fallback).
-        self.scratch = [
-            (step.output, program.values[step.output].shape,
-             Layout(MemorySpace.L1, TensorLayout.TILE, program.values[step.output].dtype),
-             Layout(MemorySpace.DRAM, TensorLayout.TILE, program.values[step.output].dtype))
-            for step in program.steps
-            if step.output not in self.store_in_output
-        ]
-        self.matmul_cost = sum(
-            math.prod(program.values[step.inputs[0]].shape) * program.values[step.inputs[1]].shape[-1]
-            for step in program.steps
-            if step.op == "matmul"
-        )
-
-
-class ProgramCommand(Command):
+class ProgramCommand(_Scheduled):
     """One program run: evict, convert inputs, allocate, compute the steps, free scratch."""
 
     name = "program"
-    __slots__ = ("device", "program", "plan", "sources", "conversions", "out_storages", "scratch",
-                 "moved")
+    __slots__ = ("program", "plan", "converted")
 
-    def __init__(
-        self, device: Device, program: Program, plan: _Plan, inputs: tuple[Tensor, ...],
-        outputs: tuple[Tensor, ...],
-    ) -> None:
-        super().__init__(inputs, outputs)
-        self.device = device
+    def __init__(self, scheduler: Scheduler, program: Program, plan: Plan,
+                 inputs: tuple[TensorState, ...], outputs: tuple[TensorState, ...]) -> None:
+        super().__init__(scheduler, inputs, outputs)
         self.program = program
         self.plan = plan
-        self.sources: list[Storage] = []
-        self.conversions: list[tuple[Tensor, Storage, Storage]] = []
-        self.out_storages: list[Storage] = []
-        self.scratch: dict[int, Storage] = {}
-        self.moved = 0  # bytes the run reads and writes (the trace's `bytes`)
-
-    @property
-    def inputs(self) -> tuple[Tensor, ...]:
-        return self.reads
-
-    @property
-    def outputs(self) -> tuple[Tensor, ...]:
-        return self.writes
+        self.converted: list[TensorState] = []  # the input each conversion step is kept on
 
     def preamble(self) -> Command | None:
-        if not self.device._l1:
-            return None
-        victims = self.device._eviction_victims(self.inputs)
-        return EvictCommand(self.device, victims) if victims else None
+        return self.scheduler.eviction_for(self.reads)
 
-    def prepare(self) -> None:
-        d = self.device
+    def decide(self) -> Record:
+        s = self.scheduler
         program = self.program
-        cost = 0
-        for tensor, spec in zip(self.inputs, program.inputs):
-            storage = tensor._find_storage(spec.layout)
-            if storage is None:
-                if not tensor._storages:
-                    raise ProgramError("an input tensor has no device storage")
-                storage = d._allocate(spec.layout, tensor.shape, tensor)
-                self.conversions.append((tensor, tensor._conversion_source(spec.layout), storage))
-                cost += 2 * _nbytes(storage)
-            self.sources.append(storage)
-            cost += _nbytes(storage)
-        for tensor, spec in zip(self.outputs, program.output_specs):
-            storage = d._allocate(spec.layout, spec.shape, tensor)
-            self.out_storages.append(storage)
-            cost += _nbytes(storage)
-        for value, shape, l1_layout, dram_layout in self.plan.scratch:
-            try:
-                storage = d._allocate(l1_layout, shape, None)
-            except OutOfMemoryError:
-                storage = d._allocate(dram_layout, shape, None)
-            self.scratch[value] = storage
-            cost += 2 * _nbytes(storage)
-        self.moved = cost
-        self.cost = cost + self.plan.matmul_cost
+        steps: list[Any] = []
+        allocated: list[Storage] = []
+        nbytes = 0
+        made: dict[tuple[int, Layout], Storage] = {}  # one copy for an input given twice
+        try:
+            sources = []
+            for state, spec in zip(self.reads, program.inputs):
+                storage = state.find(spec.layout) or made.get((id(state), spec.layout))
+                if storage is None:
+                    if not state.storages:
+                        raise ProgramError("an input tensor has no device storage")
+                    storage = s.allocate(spec.layout, state.shape, state)
+                    allocated.append(storage)
+                    steps.append(Copy(state.conversion_source(spec.layout), storage, state.shape))
+                    self.converted.append(state)
+                    made[id(state), spec.layout] = storage
+                    nbytes += 2 * storage.nbytes
+                sources.append(storage)
+                nbytes += storage.nbytes
+            outputs = []
+            for state, spec in zip(self.writes, program.output_specs):
+                storage = s.allocate(spec.layout, spec.shape, state)
+                allocated.append(storage)
+                outputs.append(storage)
+                nbytes += storage.nbytes
+            scratch = {}
+            for value, shape, l1_layout, dram_layout in self.plan.scratch:
+                try:
+                    storage = s.allocate(l1_layout, shape, None)
+                except OutOfMemoryError:
+                    storage = s.allocate(dram_layout, shape, None)
+                allocated.append(storage)
+                scratch[value] = storage
+                nbytes += 2 * storage.nbytes
+        except BaseException:
+            for storage in allocated:
+                s.free(storage)
+            self.converted.clear()
+            raise
+        steps.append(Compute(self.plan, tuple(sources), tuple(outputs), scratch))
+        return Record(tuple(steps), nbytes=nbytes, macs=self.plan.macs)
 
-    def run(self) -> None:
-        d = self.device
-        program = self.program
-        plan = self.plan
-        for tensor, source, storage in self.conversions:
-            io.copy_storage(
-                d._banks(source.layout.memory), source, d._banks(storage.layout.memory),
-                storage, tensor.shape,
-            )
-        values: list[np.ndarray[Any, Any] | None] = [None] * len(program.values)
-        for index, (storage, spec) in enumerate(zip(self.sources, program.inputs)):
-            if plan.last_read[index] >= 0 or plan.copied_out[index]:
-                array = io.read_array(d._banks(storage.layout.memory), storage, spec.shape)
-                values[index] = array.astype(plan.value_dtypes[index], copy=False)
-        for index, step in enumerate(program.steps):
-            args = [values[v] for v in step.inputs]  # every operand is live: last_read says so
-            result = plan.compute[index](args, step.scalar, **plan.step_attrs[index])  # type: ignore[arg-type]
-            value = step.output
-            k = plan.store_in_output.get(value)
-            storage = self.out_storages[k] if k is not None else self.scratch[value]
-            banks = d._banks(storage.layout.memory)
-            io.write_array(banks, storage, result)
-            if plan.last_read[value] > index or plan.copied_out[value]:
-                # Later steps and copies read the value as it is stored: rounded to its dtype.
-                spec = program.values[value]
-                stored = io.read_array(banks, storage, spec.shape)
-                values[value] = stored.astype(plan.value_dtypes[value], copy=False)
-            for v in step.inputs:
-                if plan.last_read[v] == index and not plan.copied_out[v]:
-                    values[v] = None
-        for k, value in enumerate(program.outputs):
-            if plan.store_in_output.get(value) == k:
-                continue
-            storage = self.out_storages[k]
-            kept = values[value]
-            assert kept is not None
-            io.write_array(d._banks(storage.layout.memory), storage, kept)
+    def commit(self, record: Record, result: Any) -> None:
+        s = self.scheduler
+        *copies, compute = record.steps
+        assert isinstance(compute, Compute)
+        for storage in compute.scratch.values():
+            s.free(storage)
+        for state, copy in zip(self.converted, copies):
+            assert isinstance(copy, Copy)
+            state.storages.append(copy.dst)
+            s.count_copy(copy.src, copy.dst)
+        for state, storage in zip(self.writes, compute.outputs):
+            state.storages.append(storage)
+        s.count("programs_run", 1)
 
-    def finish(self) -> None:
-        d = self.device
-        for storage in self.scratch.values():
-            d._free(storage)
-        self.scratch.clear()
-        for tensor, source, storage in self.conversions:
-            tensor._storages.append(storage)
-            _count_copy(d, source, storage)
-        for tensor, storage in zip(self.outputs, self.out_storages):
-            tensor._storages.append(storage)
-        d._count("programs_run", 1)
-
-    def rollback(self) -> None:
-        d = self.device
-        for storage in self.scratch.values():
-            d._free(storage)
-        for _, _, storage in self.conversions:
-            d._free(storage)
-        for storage in self.out_storages:
-            d._free(storage)
-        self.scratch.clear()
-        self.conversions.clear()
-        self.out_storages.clear()
+    def rollback(self, record: Record) -> None:
+        s = self.scheduler
+        for step in record.steps:
+            if isinstance(step, Copy):
+                s.free(step.dst)
+            elif isinstance(step, Compute):
+                for storage in (*step.scratch.values(), *step.outputs):
+                    s.free(storage)
+        self.converted.clear()
 
     def forget(self) -> None:
-        self.sources = []
-        self.conversions = []
-        self.out_storages = []
-        self.scratch = {}
+        self.converted = []
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.program.name, "bytes": self.moved, "cost": self.cost,
-                "conversions": len(self.conversions)}
+        record = self.record
+        seconds = record.seconds if record is not None else 0.0
+        return {"name": self.program.name, "bytes": record.nbytes if record is not None else 0,
+                "macs": self.plan.macs, "estimated_us": round(seconds * 1e6, 1),
+                "conversions": len(self.converted)}
+
+
+@final
+class Scheduler:
+    """Owns the scheduling state of one device: tensor states, residency, liveness, counters."""
+
+    def __init__(self, spaces: dict[MemorySpace, MemorySpaceState], cq0: CommandQueue,
+                 cq1: CommandQueue) -> None:
+        self._spaces = spaces
+        self.cq0 = cq0
+        self.cq1 = cq1
+        self.counters: dict[str, int] = collections.defaultdict(int)
+        self._owned: dict[Storage, None] = {}
+        self._l1: dict[Storage, TensorState] = {}
+        # States whose handle was garbage-collected, appended from any thread, freed on the loop.
+        self._dropped: collections.deque[TensorState] = collections.deque()
+        # Per-program plans die with their program: a front-end that builds programs on the fly
+        # (one per shape, say) must not find every one it ever built kept alive here.
+        self._plans: weakref.WeakKeyDictionary[Program, Plan] = weakref.WeakKeyDictionary()
+        self.listeners: list[Callable[[Command, BaseException | None], None]] = []
+
+    # -- bookkeeping used by the commands ---------------------------------------------------
+
+    def count(self, name: str, amount: int) -> None:
+        self.counters[name] += amount
+
+    def count_copy(self, src: Storage, dst: Storage) -> None:
+        """Counts a copy made for a layout: a conversion if it changes the format, else residency."""
+        if src.same_format(dst):
+            self.counters["residency_copies"] += 1
+            self.counters["residency_copy_bytes"] += dst.nbytes
+        else:
+            self.counters["layout_conversions"] += 1
+
+    def allocate(self, layout: Layout, shape: tuple[int, ...], owner: TensorState | None) -> Storage:
+        assert layout.dtype is not None
+        self.collect_garbage()
+        page_size, num_pages = storage_geometry(shape, layout.dtype, layout.tensor_layout)
+        storage = Storage(layout, self._spaces[layout.memory].allocate(page_size, num_pages), shape)
+        self._owned[storage] = None
+        if owner is not None and layout.memory is MemorySpace.L1:
+            self._l1[storage] = owner
+        return storage
+
+    def free(self, storage: Storage) -> None:
+        if storage in self._owned:
+            del self._owned[storage]
+            self._spaces[storage.layout.memory].free(storage.buffer)
+            self._l1.pop(storage, None)
+
+    def settle(self, state: TensorState) -> None:
+        """One queued command that used the state is done; a deallocated one may now be freed."""
+        state.pending -= 1
+        if state.deallocated:
+            self.release(state)
+
+    def release(self, state: TensorState) -> None:
+        """Frees a deallocated tensor's storages once no queued command needs them."""
+        if state.pending == 0:
+            for storage in state.storages:
+                self.free(storage)
+            state.storages.clear()
+
+    def eviction_for(self, keep: tuple[TensorState, ...]) -> EvictCommand | None:
+        """The eviction a starting program needs: ready L1 storages of tensors it does not read."""
+        if not self._l1:
+            return None
+        self.collect_garbage()
+        victims = [
+            (state, storage)
+            for storage, state in self._l1.items()
+            if state.last_writer is None and state not in keep
+        ]
+        return EvictCommand(self, victims) if victims else None
+
+    def plan(self, program: Program) -> Plan:
+        plan = self._plans.get(program)
+        if plan is None:
+            plan = self._plans[program] = Plan(program)
+        return plan
+
+    # -- liveness ---------------------------------------------------------------------------
+
+    def drop(self, state: TensorState) -> None:
+        """A handle was garbage-collected (any thread): free its state on the loop thread."""
+        self._dropped.append(state)
+
+    def collect_garbage(self) -> None:
+        dropped = self._dropped
+        while dropped:
+            state = dropped.popleft()
+            state.deallocated = True
+            self.release(state)
+
+    def deallocate(self, state: TensorState) -> None:
+        if not state.deallocated:
+            state.deallocated = True
+            self.release(state)
+
+    # -- queueing ---------------------------------------------------------------------------
+
+    def new_state(self, shape: tuple[int, ...], dtype: DataType, layout: Layout) -> TensorState:
+        return TensorState(shape, dtype, layout)
+
+    def push(self, array: np.ndarray[Any, Any] | None, layout: Layout, shape: tuple[int, ...]) -> TensorState:
+        """A new tensor in `layout`, filled from `array` (zeros when None) by a CQ1 write."""
+        assert layout.dtype is not None
+        state = TensorState(shape, layout.dtype, layout)
+        state.storages.append(self.allocate(layout, shape, state))
+        self.enqueue(WriteCommand(self, state, array, new_value=False), self.cq1)
+        return state
+
+    def write(self, state: TensorState, array: np.ndarray[Any, Any]) -> None:
+        self.enqueue(WriteCommand(self, state, array, new_value=True), self.cq1)
+
+    def read(self, state: TensorState) -> ReadCommand:
+        command = ReadCommand(self, state)
+        self.enqueue(command, self.cq0)
+        return command
+
+    def to_layout(self, state: TensorState, layout: Layout) -> TensorState:
+        assert layout.dtype is not None
+        target = TensorState(state.shape, layout.dtype, layout)
+        self.enqueue(ConvertCommand(self, state, target, layout), self.cq0)
+        return target
+
+    def submit(self, program: Program, inputs: tuple[TensorState, ...]) -> list[TensorState]:
+        outputs = tuple(TensorState(s.shape, s.dtype, s.layout) for s in program.output_specs)
+        self.enqueue(ProgramCommand(self, program, self.plan(program), inputs, outputs), self.cq0)
+        return list(outputs)
+
+    def enqueue(self, command: _Scheduled, queue: CommandQueue) -> None:
+        """Orders `command` after the writes it reads and the reads it overwrites, then queues it."""
+        deps = command.deps
+        for state in command.reads:
+            writer = state.last_writer
+            if writer is not None and not writer.done and writer.queue is not queue:
+                deps.append(writer)
+        for state in command.writes:
+            writer = state.last_writer
+            if writer is not None and not writer.done and writer.queue is not queue:
+                deps.append(writer)
+            reader = state.last_reader
+            if reader is not None and not reader.done and reader.queue is not queue:
+                deps.append(reader)
+        queue.push(command)
+        for state in command.reads:
+            state.last_reader = command
+            state.pending += 1
+        for state in command.writes:
+            state.last_writer = command
+            state.pending += 1
+
+    def complete(self, command: Command, error: BaseException | None) -> None:
+        """A queue finished `command` (or failed it): settle what it used, then let it go."""
+        counters = self.counters
+        counters["commands_run"] += 1
+        if error is not None:
+            counters["commands_failed"] += 1
+            queue = command.queue.name if command.queue is not None else "CQ0"
+            detach_frames(error, f"{command.describe()['name']} on {queue}")
+        for listener in self.listeners:
+            listener(command, error)
+        if isinstance(command, _Scheduled):
+            for state in command.writes:
+                state.error = error
+                if state.last_writer is command:
+                    state.last_writer = None
+                self.settle(state)
+            for state in command.reads:
+                if state.last_reader is command:
+                    state.last_reader = None
+                self.settle(state)
+        command.complete(error)
+
+    def shutdown(self, abort: BaseException) -> None:
+        """Fails whatever never ran and frees every buffer (the device is closing)."""
+        for queue in (self.cq0, self.cq1):
+            queue.close(abort)
+            for command in queue.pop_all():
+                self.complete(command, abort)
+        self.collect_garbage()
+        for storage in list(self._owned):
+            self.free(storage)

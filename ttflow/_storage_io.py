@@ -15,7 +15,7 @@ import numpy as np
 from . import kernels
 from ._kernels import _bfp8, _tiles
 from ._ops import to_host_dtype
-from ._tensor import Storage
+from ._memory import Storage
 from ._types import DataType, TensorLayout
 
 __all__ = ["write_array", "read_array", "copy_storage", "zero_fill"]

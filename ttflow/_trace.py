@@ -102,11 +102,11 @@ class TraceRecorder:
 def record_trace(device: Device) -> Iterator[TraceRecorder]:
     """Records every command the device completes inside the block."""
     recorder = TraceRecorder(device)
-    device._listeners.append(recorder.on_command)
+    device._scheduler.listeners.append(recorder.on_command)
     try:
         yield recorder
     finally:
-        device._listeners.remove(recorder.on_command)
+        device._scheduler.listeners.remove(recorder.on_command)
 
 
 def queue_summary(events: list[dict[str, Any]]) -> dict[str, Any]:

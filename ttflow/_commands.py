@@ -1,0 +1,197 @@
+"""Commands as records: what the scheduler decided, as plain data, and `run` that moves the bytes.
+
+A record names storages (addresses in bank memory), never tensors: `run(record, banks)` reads and
+writes bank memory and touches no scheduling state, so it is safe on a worker thread, and a record
+decided once can be run again (trace replay runs the records of a captured sequence back to back).
+
+A record is a tuple of steps:
+
+- `Store(dst, array)`: a host array (or zeros, for `array=None`) into a storage;
+- `Load(src, shape)`: a storage's value out to a host array (the result of `run`);
+- `Copy(src, dst, shape)`: a value between storages (a page copy, or a conversion of layout or
+  dtype through the kernels);
+- `Compute(plan, sources, outputs, scratch)`: a program's steps over its input storages.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, NamedTuple, Union, cast, final
+
+import numpy as np
+
+from . import _storage_io as io
+from ._memory import Storage
+from ._ops import OPS, compute_dtype
+from ._types import Layout, MemorySpace, TensorLayout
+
+if TYPE_CHECKING:
+    from ._program import Program
+
+__all__ = [
+    "Store", "Load", "Copy", "Compute", "Step", "Record", "Plan", "Banks", "run", "run_all",
+    "INLINE_SECONDS",
+]
+
+Banks = dict[MemorySpace, np.ndarray[Any, np.dtype[np.uint8]]]
+
+BYTES_PER_SECOND = 4e9
+"""Rough rate at which the kernels move bytes here (tilize, scatter, copies), for estimates."""
+MACS_PER_SECOND = 1e10
+"""Rough single-thread BLAS rate, multiply-accumulates per second, for estimates."""
+INLINE_SECONDS = 64e-6
+"""Records estimated below this run inline in the queue task: a thread hand-off costs
+85-180 us here, more than the work it would move off the loop."""
+
+
+class Store(NamedTuple):
+    dst: Storage
+    array: np.ndarray[Any, Any] | None
+
+
+class Load(NamedTuple):
+    src: Storage
+    shape: tuple[int, ...]
+
+
+class Copy(NamedTuple):
+    src: Storage
+    dst: Storage
+    shape: tuple[int, ...]
+
+
+@final
+class Plan:
+    """What a program needs that does not change between submissions (cached per program)."""
+
+    __slots__ = ("values", "steps", "inputs", "outputs", "last_read", "step_attrs", "store_in_output", "copied_out", "compute",
+                 "value_dtypes", "scratch", "macs")
+
+    def __init__(self, program: Program) -> None:
+        # The parts of the program a run reads (not the program: a plan cached under its program
+        # must not keep it alive).
+        self.values = program.values
+        self.steps = program.steps
+        self.inputs = program.inputs
+        self.outputs = program.outputs
+        self.last_read = [-1] * len(program.values)  # the last step reading each value
+        for index, step in enumerate(program.steps):
+            for value in step.inputs:
+                self.last_read[value] = index
+        self.step_attrs = [dict(step.attrs) for step in program.steps]
+        self.compute = [OPS[step.op].compute for step in program.steps]
+        self.value_dtypes = [compute_dtype(spec.dtype) for spec in program.values]
+        # A step value that is an output of the same dtype is stored straight into that output.
+        self.store_in_output: dict[int, int] = {}
+        for k, value in enumerate(program.outputs):
+            if value >= len(program.inputs) and value not in self.store_in_output:
+                if program.output_specs[k].dtype is program.values[value].dtype:
+                    self.store_in_output[value] = k
+        # Values some output receives by a copy after the steps (not stored in place).
+        self.copied_out = [False] * len(program.values)
+        for k, value in enumerate(program.outputs):
+            if self.store_in_output.get(value) != k:
+                self.copied_out[value] = True
+        # Step values that need scratch storage: (value id, shape, L1 layout, DRAM fallback).
+        self.scratch = [
+            (step.output, program.values[step.output].shape,
+             Layout(MemorySpace.L1, TensorLayout.TILE, program.values[step.output].dtype),
+             Layout(MemorySpace.DRAM, TensorLayout.TILE, program.values[step.output].dtype))
+            for step in program.steps
+            if step.output not in self.store_in_output
+        ]
+        self.macs = sum(
+            math.prod(program.values[step.inputs[0]].shape) * program.values[step.inputs[1]].shape[-1]
+            for step in program.steps
+            if step.op == "matmul"
+        )
+
+
+class Compute(NamedTuple):
+    plan: Plan
+    sources: tuple[Storage, ...]
+    outputs: tuple[Storage, ...]
+    scratch: dict[int, Storage]
+
+
+Step = Union[Store, Load, Copy, Compute]
+
+
+class Record(NamedTuple):
+    """A decided command: its steps, and what they move and compute (for the run estimate)."""
+
+    steps: tuple[Step, ...]
+    nbytes: int = 0
+    macs: int = 0
+
+    @property
+    def seconds(self) -> float:
+        """A rough estimate of the run time: decides inline versus a worker thread."""
+        return self.nbytes / BYTES_PER_SECOND + self.macs / MACS_PER_SECOND
+
+
+def run(record: Record, banks: Banks) -> np.ndarray[Any, Any] | None:
+    """Runs a record's steps in order; returns what its `Load` step read, if it has one."""
+    result = None
+    for step in record.steps:
+        kind = type(step)  # exact types: cheaper than isinstance on the hot path
+        if kind is Compute:
+            _compute(cast(Compute, step), banks)
+        elif kind is Copy:
+            copy = cast(Copy, step)
+            src, dst = copy.src, copy.dst
+            io.copy_storage(banks[src.layout.memory], src, banks[dst.layout.memory], dst, copy.shape)
+        elif kind is Store:
+            store = cast(Store, step)
+            dst = store.dst
+            if store.array is None:
+                io.zero_fill(banks[dst.layout.memory], dst)
+            else:
+                io.write_array(banks[dst.layout.memory], dst, store.array)
+        else:
+            load = cast(Load, step)
+            result = io.read_array(banks[load.src.layout.memory], load.src, load.shape)
+    return result
+
+
+def run_all(records: list[Record], banks: Banks) -> list[BaseException | None]:
+    """Runs several records (one worker hand-off for all); each fails alone."""
+    errors: list[BaseException | None] = []
+    for record in records:
+        try:
+            run(record, banks)
+            errors.append(None)
+        except Exception as exc:
+            errors.append(exc)
+    return errors
+
+
+def _compute(step: Compute, banks: Banks) -> None:
+    plan, sources, outputs, scratch = step
+    values: list[np.ndarray[Any, Any] | None] = [None] * len(plan.values)
+    for index, (storage, spec) in enumerate(zip(sources, plan.inputs)):
+        if plan.last_read[index] >= 0 or plan.copied_out[index]:
+            array = io.read_array(banks[storage.layout.memory], storage, spec.shape)
+            values[index] = array.astype(plan.value_dtypes[index], copy=False)
+    for index, op in enumerate(plan.steps):
+        args = [values[v] for v in op.inputs]  # every operand is live: last_read says so
+        result = plan.compute[index](args, op.scalar, **plan.step_attrs[index])  # type: ignore[arg-type]
+        value = op.output
+        k = plan.store_in_output.get(value)
+        storage = outputs[k] if k is not None else scratch[value]
+        bank = banks[storage.layout.memory]
+        io.write_array(bank, storage, result)
+        if plan.last_read[value] > index or plan.copied_out[value]:
+            # Later steps and copies read the value as it is stored: rounded to its dtype.
+            stored = io.read_array(bank, storage, plan.values[value].shape)
+            values[value] = stored.astype(plan.value_dtypes[value], copy=False)
+        for v in op.inputs:
+            if plan.last_read[v] == index and not plan.copied_out[v]:
+                values[v] = None
+    for k, value in enumerate(plan.outputs):
+        if plan.store_in_output.get(value) == k:
+            continue
+        kept = values[value]
+        assert kept is not None
+        storage = outputs[k]
+        io.write_array(banks[storage.layout.memory], storage, kept)
