@@ -6,7 +6,8 @@ import ttflow as tt
 
 EXPECTED = {
     "BinaryFormatError", "DeallocatedTensorError", "DeviceClosedError", "LayoutError",
-    "OutOfMemoryError", "ProgramError", "ShapeError", "TTFlowError",
+    "OutOfMemoryError", "ProgramError", "ShapeError", "TTFlowError", "TraceError",
+    "Trace", "capture_trace", "execute_trace", "release_trace",
     "Device", "DeviceStatistics", "open_device", "BufferInfo",
     "Binary", "Program", "ProgramBuilder", "get_layout",
     "deallocate", "empty", "submit", "to_device", "to_host", "to_layout", "wait", "write",

@@ -8,9 +8,14 @@ from ._errors import OutOfMemoryError as OutOfMemoryError
 from ._errors import ProgramError as ProgramError
 from ._errors import ShapeError as ShapeError
 from ._errors import TTFlowError as TTFlowError
+from ._errors import TraceError as TraceError
 from ._device import Device as Device
 from ._device import DeviceStatistics as DeviceStatistics
 from ._device import open_device as open_device
+from ._capture import Trace as Trace
+from ._capture import capture_trace as capture_trace
+from ._capture import execute_trace as execute_trace
+from ._capture import release_trace as release_trace
 from ._memory import BufferInfo as BufferInfo
 from ._program import Binary as Binary
 from ._program import Program as Program
@@ -38,7 +43,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BinaryFormatError", "DeallocatedTensorError", "DeviceClosedError", "LayoutError",
-    "OutOfMemoryError", "ProgramError", "ShapeError", "TTFlowError",
+    "OutOfMemoryError", "ProgramError", "ShapeError", "TTFlowError", "TraceError",
+    "Trace", "capture_trace", "execute_trace", "release_trace",
     "Device", "DeviceStatistics", "open_device", "BufferInfo",
     "Binary", "Program", "ProgramBuilder", "get_layout",
     "deallocate", "empty", "submit", "to_device", "to_host", "to_layout", "wait", "write",

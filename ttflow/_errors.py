@@ -7,7 +7,8 @@
     ├── DeallocatedTensorError a tensor used after `deallocate`
     ├── ProgramError           a program that cannot be built, submitted or run
     ├── BinaryFormatError      a binary file that is corrupt, truncated or foreign
-    └── DeviceClosedError      work sent to a device that is closed
+    ├── DeviceClosedError      work sent to a device that is closed
+    └── TraceError             a trace captured or replayed where it cannot be
 
 Each class says what went wrong; each message says what to do next.
 """
@@ -27,6 +28,7 @@ __all__ = [
     "ProgramError",
     "BinaryFormatError",
     "DeviceClosedError",
+    "TraceError",
 ]
 
 
@@ -72,6 +74,11 @@ class BinaryFormatError(TTFlowError):
 
 class DeviceClosedError(TTFlowError):
     """The device was closed; open a new one with `tt.open_device()`."""
+
+
+class TraceError(TTFlowError):
+    """A trace cannot be captured or replayed: a host transfer inside a capture, a released
+    trace, a traced input deallocated, or a captured command that failed."""
 
 
 def detach_frames(error: BaseException, origin: str) -> None:

@@ -42,7 +42,8 @@ class Command:
     batchable = False
     """Whether consecutive ready commands of this kind may share one worker-thread hand-off:
     true when `decide` does not depend on an earlier command's `commit` (host writes)."""
-    __slots__ = ("queue", "deps", "done", "error", "_event", "started", "record", "__weakref__")
+    __slots__ = ("queue", "deps", "done", "error", "_event", "started", "record", "capture",
+                 "__weakref__")
 
     def __init__(self) -> None:
         self.queue: CommandQueue | None = None
@@ -52,6 +53,7 @@ class Command:
         self._event: anyio.Event | None = None
         self.started = 0.0
         self.record: Record | None = None
+        self.capture: Any = None  # the trace capture that records this command, if any
 
     def blocker(self) -> Command | None:
         """A command that must finish before this one may start, or None when it may start."""
@@ -90,6 +92,7 @@ class Command:
         self.done = True
         self.deps = []
         self.record = None
+        self.capture = None
         self.forget()
         if self._event is not None:
             self._event.set()
@@ -249,6 +252,8 @@ class CommandQueue:
         command.started = time.perf_counter()
         try:
             record = command.record = command.decide()
+            if command.capture is not None:
+                command.capture.decided(command, record)  # before a commit can free anything
         except Exception as exc:
             return exc
         try:

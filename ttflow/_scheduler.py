@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, final
 import numpy as np
 
 from ._commands import Compute, Copy, Load, Plan, Record, Store
-from ._errors import OutOfMemoryError, ProgramError, detach_frames
+from ._errors import OutOfMemoryError, ProgramError, TraceError, detach_frames
 from ._memory import MemorySpaceState, Storage
 from ._queue import Command, CommandQueue
 from ._types import DataType, Layout, MemorySpace, TensorLayout, storage_geometry
@@ -37,7 +37,7 @@ from ._types import DataType, Layout, MemorySpace, TensorLayout, storage_geometr
 if TYPE_CHECKING:
     from ._program import Program
 
-__all__ = ["Scheduler", "TensorState", "ReadCommand"]
+__all__ = ["Scheduler", "TensorState", "ReadCommand", "Capture"]
 
 
 @final
@@ -225,6 +225,7 @@ class EvictCommand(Command):
         s = self.scheduler
         steps = []
         nbytes = 0
+        self.moves = []
         try:
             for state, storage in self.victims:
                 layout = Layout(MemorySpace.DRAM, storage.layout.tensor_layout, storage.layout.dtype)
@@ -265,7 +266,6 @@ class EvictCommand(Command):
             s.settle(state)
         s.count("evictions", len(self.moves))
         s.count("eviction_bytes", copied)
-        self.moves = []
 
     def rollback(self, record: Record) -> None:
         self._undo()
@@ -302,7 +302,7 @@ class ProgramCommand(_Scheduled):
         self.converted: list[TensorState] = []  # the input each conversion step is kept on
 
     def preamble(self) -> Command | None:
-        return self.scheduler.eviction_for(self.reads)
+        return self.scheduler.eviction_for(self)
 
     def decide(self) -> Record:
         s = self.scheduler
@@ -396,6 +396,11 @@ class Scheduler:
         self.counters: dict[str, int] = collections.defaultdict(int)
         self._owned: dict[Storage, None] = {}
         self._l1: dict[Storage, TensorState] = {}
+        # Storages a trace replays into stay allocated while it lives, even when their tensor
+        # lets go of them (an orphan): replay allocates nothing.
+        self._pins: dict[Storage, int] = {}
+        self._orphans: dict[Storage, None] = {}
+        self.capturing: Capture | None = None
         # States whose handle was garbage-collected, appended from any thread, freed on the loop.
         self._dropped: collections.deque[TensorState] = collections.deque()
         # Per-program plans die with their program: a front-end that builds programs on the fly
@@ -428,9 +433,28 @@ class Scheduler:
 
     def free(self, storage: Storage) -> None:
         if storage in self._owned:
+            self._l1.pop(storage, None)
+            if storage in self._pins:
+                self._orphans[storage] = None  # a trace replays into it: kept until released
+                return
             del self._owned[storage]
             self._spaces[storage.layout.memory].free(storage.buffer)
-            self._l1.pop(storage, None)
+
+    def pin(self, storage: Storage) -> None:
+        self._pins[storage] = self._pins.get(storage, 0) + 1
+
+    def unpin(self, storage: Storage) -> None:
+        count = self._pins.pop(storage) - 1
+        if count:
+            self._pins[storage] = count
+        elif self._orphans.pop(storage, 0) is None:
+            self.free(storage)
+
+    def adopt(self, state: TensorState, storage: Storage) -> None:
+        """A pinned storage becomes one of the state's storages again (a replay refilled it)."""
+        self._orphans.pop(storage, None)
+        if storage.layout.memory is MemorySpace.L1:
+            self._l1[storage] = state
 
     def settle(self, state: TensorState) -> None:
         """One queued command that used the state is done; a deallocated one may now be freed."""
@@ -445,8 +469,9 @@ class Scheduler:
                 self.free(storage)
             state.storages.clear()
 
-    def eviction_for(self, keep: tuple[TensorState, ...]) -> EvictCommand | None:
+    def eviction_for(self, program: ProgramCommand) -> EvictCommand | None:
         """The eviction a starting program needs: ready L1 storages of tensors it does not read."""
+        keep = program.reads
         if not self._l1:
             return None
         self.collect_garbage()
@@ -455,7 +480,11 @@ class Scheduler:
             for storage, state in self._l1.items()
             if state.last_writer is None and state not in keep
         ]
-        return EvictCommand(self, victims) if victims else None
+        if not victims:
+            return None
+        command = EvictCommand(self, victims)
+        command.capture = program.capture  # a captured program's evictions are part of its trace
+        return command
 
     def plan(self, program: Program) -> Plan:
         plan = self._plans.get(program)
@@ -489,6 +518,8 @@ class Scheduler:
     def push(self, array: np.ndarray[Any, Any] | None, layout: Layout, shape: tuple[int, ...]) -> TensorState:
         """A new tensor in `layout`, filled from `array` (zeros when None) by a CQ1 write."""
         assert layout.dtype is not None
+        if self.capturing is not None:
+            self.capturing.admit_transfer()
         state = TensorState(shape, layout.dtype, layout)
         state.storages.append(self.allocate(layout, shape, state))
         self.enqueue(WriteCommand(self, state, array, new_value=False), self.cq1)
@@ -527,6 +558,9 @@ class Scheduler:
             reader = state.last_reader
             if reader is not None and not reader.done and reader.queue is not queue:
                 deps.append(reader)
+        capture = self.capturing
+        if capture is not None and command.capture is None:
+            capture.admit(command, queue)
         queue.push(command)
         for state in command.reads:
             state.last_reader = command
@@ -545,6 +579,8 @@ class Scheduler:
             detach_frames(error, f"{command.describe()['name']} on {queue}")
         for listener in self.listeners:
             listener(command, error)
+        if command.capture is not None and error is not None:
+            command.capture.failed(error)
         if isinstance(command, _Scheduled):
             for state in command.writes:
                 state.error = error
@@ -566,3 +602,241 @@ class Scheduler:
         self.collect_garbage()
         for storage in list(self._owned):
             self.free(storage)
+
+    # -- trace capture and replay -----------------------------------------------------------
+
+    def begin_capture(self) -> Capture:
+        if self.capturing is not None:
+            raise TraceError("a trace is already being captured on this device; captures do not nest")
+        capture = self.capturing = Capture(self)
+        return capture
+
+    def end_capture(self, capture: Capture, error: BaseException | None) -> None:
+        """Ends the capture; a seal on CQ0 snapshots it once every captured command is done."""
+        self.capturing = None
+        if error is not None and capture.error is None:
+            capture.error = TraceError(f"the capture block raised {type(error).__name__}: {error}")
+        self.cq0.push(SealCommand(capture))
+
+    def replay(self, capture: Capture) -> None:
+        """Queues one replay of a captured trace on CQ0."""
+        if capture.released:
+            raise TraceError("the trace was released; capture a new one")
+        if self.capturing is not None:
+            raise TraceError("a trace cannot be executed while a capture is open on its device")
+        if capture.error is not None:
+            raise TraceError(f"the capture failed: {capture.error}") from capture.error
+        for state in capture.inputs:
+            if state.deallocated:
+                raise TraceError(
+                    f"an input {state.shape} {state.dtype.name} of the trace was deallocated since "
+                    "capture; keep traced inputs alive until the trace is released"
+                )
+        outputs = tuple(state for state in capture.outputs if not state.deallocated)
+        capture.replays_pending += 1
+        self.enqueue(ReplayCommand(self, capture, tuple(capture.inputs), outputs), self.cq0)
+
+    def release_capture(self, capture: Capture) -> None:
+        if not capture.released:
+            capture.released = True
+            capture.unpin_if_idle()
+
+
+@final
+class Capture:
+    """What a trace capture recorded, built as its commands complete (in queue order).
+
+    Frozen at capture: every step (conversions, evictions, programs) of the tensors produced inside
+    the trace, and the storages they read. Those storages are pinned, so replay allocates nothing.
+    Inputs from outside the trace (weights, a written slot) are read where the trace read them;
+    when such a storage is no longer one of its tensor's (a write dropped the conversion, an
+    eviction moved the home), replay first refills it from the tensor's current value.
+    """
+
+    __slots__ = ("scheduler", "outputs", "inputs", "steps", "external", "pinned", "snapshot",
+                 "programs", "nbytes", "macs", "error", "sealed", "released", "replays_pending")
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.outputs: dict[TensorState, None] = {}  # written by a captured command
+        self.inputs: dict[TensorState, None] = {}  # read by one, written by none
+        self.steps: list[Any] = []
+        self.external: dict[tuple[TensorState, Storage], None] = {}
+        self.pinned: dict[Storage, None] = {}
+        self.snapshot: list[tuple[TensorState, tuple[Storage, ...]]] = []
+        self.programs: list[str] = []
+        self.nbytes = 0
+        self.macs = 0
+        self.error: BaseException | None = None
+        self.sealed = False
+        self.released = False
+        self.replays_pending = 0
+
+    @staticmethod
+    def admit_transfer() -> None:
+        raise TraceError(
+            "host transfers cannot be captured: push inputs before the capture, write them "
+            "between replays (tt.write), and read outputs after tt.execute_trace"
+        )
+
+    def admit(self, command: Command, queue: CommandQueue) -> None:
+        """A command queued while capturing: it becomes part of the trace."""
+        if queue is not self.scheduler.cq0 or isinstance(command, ReadCommand):
+            self.admit_transfer()
+        assert isinstance(command, _Scheduled)
+        command.capture = self
+        for state in command.reads:
+            if state not in self.outputs:
+                self.inputs[state] = None
+        for state in command.writes:
+            self.outputs[state] = None
+
+    def _pin(self, storage: Storage) -> None:
+        if storage not in self.pinned:
+            self.pinned[storage] = None
+            self.scheduler.pin(storage)
+
+    def _read(self, state: TensorState, storage: Storage) -> None:
+        self._pin(storage)
+        if state not in self.outputs:
+            self.external[state, storage] = None
+
+    def failed(self, error: BaseException) -> None:
+        """A captured command failed: the trace cannot be replayed."""
+        if self.error is None:
+            self.error = error
+
+    def decided(self, command: Command, record: Record) -> None:
+        """A captured command was decided: keep what replay must run again, and pin its storages
+        before its commit frees any (scratch) for others to take."""
+        if isinstance(command, ProgramCommand):
+            *copies, compute = record.steps
+            assert isinstance(compute, Compute)
+            for state, copy in zip(command.converted, copies):
+                assert isinstance(copy, Copy)
+                if state in self.outputs:
+                    self.steps.append(copy)
+                    self._pin(copy.src)
+                    self._pin(copy.dst)
+                # a conversion of an outside input is refilled only when it goes stale
+            for state, source in zip(command.reads, compute.sources):
+                self._read(state, source)
+            for storage in (*compute.outputs, *compute.scratch.values()):
+                self._pin(storage)
+            self.steps.append(compute)
+            self.programs.append(command.program.name)
+            self.macs += record.macs
+        elif isinstance(command, ConvertCommand):
+            (copy,) = record.steps
+            assert isinstance(copy, Copy)
+            self._read(command.reads[0], copy.src)
+            self._pin(copy.dst)
+            self.steps.append(copy)
+        elif isinstance(command, EvictCommand):
+            moved = iter(record.steps)
+            for state, storage, target in command.moves:
+                if target is None:
+                    continue
+                copy = next(moved)
+                if state in self.outputs:  # refilled by each replay, so moved again
+                    self._pin(storage)
+                    self._pin(target)
+                    self.steps.append(copy)
+        self.nbytes += record.nbytes
+
+    def seal(self) -> None:
+        """Every captured command is done: what each produced tensor holds after a replay."""
+        self.sealed = True
+        self.snapshot = [
+            (state, tuple(state.storages)) for state in self.outputs if not state.deallocated
+        ]
+
+    def unpin_if_idle(self) -> None:
+        if self.released and self.replays_pending == 0 and self.pinned:
+            for storage in self.pinned:
+                self.scheduler.unpin(storage)
+            self.pinned.clear()
+
+
+class SealCommand(Command):
+    """Queued on CQ0 after a capture's commands: snapshots the capture once they are done."""
+
+    name = "trace_capture"
+    __slots__ = ("target",)
+
+    def __init__(self, capture: Capture) -> None:
+        super().__init__()
+        self.target = capture
+
+    def decide(self) -> Record:
+        self.target.seal()
+        return Record(())
+
+    def forget(self) -> None:
+        pass  # the capture outlives its seal
+
+
+class ReplayCommand(_Scheduled):
+    """One replay of a trace: its frozen steps back to back, as a single queued command."""
+
+    name = "trace_replay"
+    __slots__ = ("target", "refilled")
+
+    def __init__(self, scheduler: Scheduler, capture: Capture, inputs: tuple[TensorState, ...],
+                 outputs: tuple[TensorState, ...]) -> None:
+        super().__init__(scheduler, inputs, outputs)
+        self.target = capture
+        self.refilled: list[tuple[TensorState, Storage]] = []
+
+    def decide(self) -> Record:
+        capture = self.target
+        if capture.error is not None:
+            raise TraceError(f"the capture failed: {capture.error}") from capture.error
+        steps: list[Any] = []
+        nbytes = capture.nbytes
+        for state, storage in capture.external:
+            if storage in state.storages:
+                continue
+            if state.deallocated or not state.storages:
+                raise TraceError(
+                    f"an input {state.shape} {state.dtype.name} of the trace has no value on the "
+                    "device (deallocated, or its producer failed)"
+                )
+            source = state.conversion_source(storage.layout)
+            steps.append(Copy(source, storage, state.shape))
+            nbytes += source.nbytes + storage.nbytes
+            self.refilled.append((state, storage))
+        steps.extend(capture.steps)
+        return Record(tuple(steps), nbytes=nbytes, macs=capture.macs)
+
+    def commit(self, record: Record, result: Any) -> None:
+        s = self.scheduler
+        for state, storage in self.refilled:
+            if state.find(storage.layout) is None:
+                state.storages.append(storage)
+                s.adopt(state, storage)
+        for state, storages in self.target.snapshot:
+            if state.deallocated:
+                continue
+            for storage in state.storages:
+                if storage not in storages:
+                    s.free(storage)  # a conversion of the old value, or an evicted home
+            state.storages[:] = storages
+            for storage in storages:
+                s.adopt(state, storage)
+        s.count("programs_run", len(self.target.programs))
+        s.count("trace_replays", 1)
+
+    def complete(self, error: BaseException | None = None) -> None:
+        capture = self.target
+        capture.replays_pending -= 1
+        capture.unpin_if_idle()
+        super().complete(error)
+
+    def forget(self) -> None:
+        self.refilled = []
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info["programs"] = list(self.target.programs)
+        return info

@@ -1,0 +1,253 @@
+"""Trace capture and replay: replays equal untraced runs byte for byte, and allocate nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ttflow as tt
+
+
+F32, BF16 = tt.DataType.FLOAT32, tt.DataType.BFLOAT16
+DRAM, L1 = tt.MemorySpace.DRAM, tt.MemorySpace.L1
+ROW, TILE = tt.TensorLayout.ROW_MAJOR, tt.TensorLayout.TILE
+SHAPE = (32, 64)
+LAYOUTS = [tt.Layout(m, t, d) for m in (DRAM, L1) for t in (ROW, TILE) for d in (F32, BF16)]
+
+
+def _program(name: str, op: str, a: tt.Layout, b: tt.Layout, out: tt.Layout) -> tt.Program:
+    builder = tt.ProgramBuilder(name)
+    x, y = builder.input(SHAPE, a), builder.input(SHAPE, b)
+    value = {"add": lambda: builder.add(x, y), "mul": lambda: builder.mul(x, builder.relu(y)),
+             "sub_scaled": lambda: builder.sub(builder.mul(x, 0.5), y)}[op]()
+    builder.output(value, out)
+    return builder.build()
+
+
+def _numpy(op: str, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return {"add": lambda: x + y, "mul": lambda: x * np.maximum(y, 0),
+            "sub_scaled": lambda: x * np.float32(0.5) - y}[op]()
+
+
+programs = st.tuples(
+    st.sampled_from(["add", "mul", "sub_scaled"]),
+    st.sampled_from(LAYOUTS), st.sampled_from(LAYOUTS), st.sampled_from(LAYOUTS),
+)
+# Each step: a program and which two earlier tensors it reads (0, 1: the slots; 2: weights).
+sequences = st.lists(
+    st.tuples(programs, st.integers(0, 99), st.integers(0, 99)), min_size=1, max_size=6
+)
+
+
+async def _run(sequence: list[Any], inputs: list[np.ndarray], weights: np.ndarray,
+               traced: list[np.ndarray] | None) -> list[list[np.ndarray]]:
+    """Runs the sequence once per batch: untraced, or captured on the first and replayed after.
+
+    Returns every produced tensor's value after each batch.
+    """
+    binary = tt.Binary([_program(f"p{i}", op, a, b, out)
+                        for i, ((op, a, b, out), _, _) in enumerate(sequence)])
+    results = []
+    async with tt.open_device(tt.DeviceSpec.small()) as device:
+        w = tt.to_device(weights, device, tt.Layout(L1, TILE))  # an L1 input outside the trace
+        slots = [tt.to_device(inputs[0], device), tt.to_device(inputs[0] * 2, device)]
+        values: list[tt.Tensor] = []
+
+        def submit_all() -> list[tt.Tensor]:
+            produced: list[tt.Tensor] = []
+            for i, (_, j, k) in enumerate(sequence):
+                pool = [*slots, w, *produced]
+                (out,) = tt.submit(device, binary, i, [pool[j % len(pool)], pool[k % len(pool)]])
+                produced.append(out)
+            return produced
+
+        trace = None
+        for batch, x in enumerate(inputs):
+            tt.write(slots[0], x)
+            tt.write(slots[1], x * 2)
+            if traced is None:
+                values = submit_all()
+            elif trace is None:
+                with tt.capture_trace(device) as trace:
+                    values = submit_all()
+            else:
+                tt.execute_trace(trace)
+            results.append([await tt.to_host(v) for v in values])
+        if trace is not None:
+            tt.release_trace(trace)
+        del values, w, slots
+        assert device.memory_used(DRAM) == 0 and device.memory_used(L1) == 0
+    return results
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sequence=sequences, seed=st.integers(0, 2**32 - 1))
+def test_replay_equals_the_untraced_run_byte_for_byte(
+    backend: str, sequence: list[Any], seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    inputs = [rng.standard_normal(SHAPE).astype(np.float32) for _ in range(3)]
+    weights = rng.standard_normal(SHAPE).astype(np.float32)
+    untraced = anyio.run(_run, sequence, inputs, weights, None, backend=backend)
+    replayed = anyio.run(_run, sequence, inputs, weights, [], backend=backend)
+    for got_batch, want_batch in zip(replayed, untraced):
+        for got, want in zip(got_batch, want_batch):
+            assert got.dtype == want.dtype
+            assert got.tobytes() == want.tobytes()
+
+
+def _chain() -> tt.Binary:
+    enc = tt.ProgramBuilder("encoder")
+    x = enc.input((32, 64), tt.Layout(DRAM, TILE, F32))
+    w = enc.input((64, 64), tt.Layout(L1, TILE, F32))
+    enc.output(enc.relu(enc.matmul(x, w)), tt.Layout(L1, TILE))
+    head = tt.ProgramBuilder("head")
+    h = head.input((32, 64), tt.Layout(L1, TILE, F32))
+    w = head.input((64, 32), tt.Layout(L1, TILE, F32))
+    head.output(head.matmul(h, w), tt.Layout(DRAM, ROW))
+    return tt.Binary([enc.build(), head.build()])
+
+
+@pytest.mark.anyio
+async def test_replay_runs_the_chain_with_new_inputs_and_allocates_nothing() -> None:
+    rng = np.random.default_rng(0)
+    w1 = rng.standard_normal((64, 64)).astype(np.float32)
+    w2 = rng.standard_normal((64, 32)).astype(np.float32)
+    binary = _chain()
+    async with tt.open_device(tt.DeviceSpec.small()) as device:
+        tw1, tw2 = tt.to_device(w1, device), tt.to_device(w2, device)  # DRAM row-major
+        slot = tt.empty((32, 64), F32, device, tt.Layout(DRAM, TILE))
+        with tt.capture_trace(device) as trace:
+            (h,) = tt.submit(device, binary, 0, [slot, tw1])
+            (y,) = tt.submit(device, binary, 1, [h, tw2])
+        await y
+        assert trace.programs == ("encoder", "head")
+        used = {space: device.memory_used(space) for space in tt.MemorySpace}
+        before = device.stats
+        for _ in range(5):
+            x = rng.standard_normal((32, 64)).astype(np.float32)
+            tt.write(slot, x)
+            tt.execute_trace(trace)
+            np.testing.assert_allclose(await tt.to_host(y), np.maximum(x @ w1, 0) @ w2, rtol=1e-5, atol=1e-4)
+            assert {space: device.memory_used(space) for space in tt.MemorySpace} == used
+        after = device.stats
+        assert after.programs_run - before.programs_run == 10
+        assert after.layout_conversions == before.layout_conversions  # weights converted once
+        assert after.evictions == before.evictions  # every decision was made at capture
+        # An untraced program in between moves the weights around; the replay still holds.
+        (h2,) = tt.submit(device, binary, 0, [slot, tw1])
+        x = rng.standard_normal((32, 64)).astype(np.float32)
+        tt.write(slot, x)
+        tt.execute_trace(trace)
+        np.testing.assert_allclose(await tt.to_host(y), np.maximum(x @ w1, 0) @ w2, rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(await tt.to_host(h), np.maximum(x @ w1, 0), rtol=1e-5, atol=1e-4)
+        tt.release_trace(trace)
+        tt.release_trace(trace)  # idempotent
+        for t in (tw1, tw2, slot, h, h2, y):
+            tt.deallocate(t)
+        assert device.memory_used(DRAM) == 0 and device.memory_used(L1) == 0
+
+
+@pytest.mark.anyio
+async def test_replay_is_ordered_like_a_write_into_its_outputs() -> None:
+    b = tt.ProgramBuilder("double")
+    b.output(b.mul(b.input((32, 32), tt.Layout(DRAM, TILE, F32)), 2.0), tt.Layout(DRAM, TILE))
+    binary = tt.Binary([b.build()])
+    convert = tt.ProgramBuilder("as_row_major")
+    convert.output(convert.add(convert.input((32, 32), tt.Layout(DRAM, ROW, F32)), 0.0))
+    reader = tt.Binary([convert.build()])
+    async with tt.open_device(tt.DeviceSpec.small()) as device:
+        slot = tt.to_device(np.ones((32, 32), np.float32), device, tt.Layout(DRAM, TILE))
+        with tt.capture_trace(device) as trace:
+            (y,) = tt.submit(device, binary, 0, [slot])
+        (old_copy,) = tt.submit(device, reader, 0, [y])  # queued before the replay: reads 2
+        tt.write(slot, np.full((32, 32), 5, np.float32))
+        tt.execute_trace(trace)
+        (new_copy,) = tt.submit(device, reader, 0, [y])  # its conversion of y is made anew
+        assert (await tt.to_host(old_copy) == 2).all()
+        assert (await tt.to_host(y) == 10).all()
+        assert (await tt.to_host(new_copy) == 10).all()
+        assert len(y.storages) == 2  # the replay dropped the old conversion, a new one was made
+        tt.release_trace(trace)
+
+
+@pytest.mark.anyio
+async def test_host_transfers_inside_a_capture_raise_and_leak_nothing() -> None:
+    async with tt.open_device(tt.DeviceSpec.small()) as device:
+        x = tt.to_device(np.ones((4, 32), np.float32), device)
+        await x
+        used = device.memory_used(DRAM)
+        with tt.capture_trace(device) as trace:
+            with pytest.raises(tt.TraceError, match="host transfers"):
+                tt.to_device(np.ones((4, 32), np.float32), device)
+            with pytest.raises(tt.TraceError):
+                tt.empty((4, 32), F32, device)
+            with pytest.raises(tt.TraceError):
+                tt.write(x, np.zeros((4, 32), np.float32))
+            with pytest.raises(tt.TraceError):
+                await tt.to_host(x)
+            with pytest.raises(tt.TraceError, match="nest"):
+                with tt.capture_trace(device):
+                    pass
+        assert device.memory_used(DRAM) == used
+        np.testing.assert_array_equal(await tt.to_host(x), np.ones((4, 32), np.float32))
+        tt.execute_trace(trace)  # an empty trace replays to nothing
+        tt.release_trace(trace)
+        with pytest.raises(tt.TraceError, match="released"):
+            tt.execute_trace(trace)
+
+
+@pytest.mark.anyio
+async def test_a_deallocated_input_or_a_failed_capture_is_a_trace_error() -> None:
+    spec = tt.DeviceSpec.small()
+    b = tt.ProgramBuilder("inc")
+    b.output(b.add(b.input((32, 32), tt.Layout(DRAM, TILE, F32)), 1.0), tt.Layout(DRAM, TILE))
+    rows = spec.l1_bank_bytes * spec.l1_banks // (32 * 4) + 32  # more than L1 holds
+    big = tt.ProgramBuilder("too_big")
+    big.output(big.add(big.input((rows, 32), tt.Layout(DRAM, TILE, F32)), 1.0), tt.Layout(L1, TILE))
+    binary = tt.Binary([b.build(), big.build()])
+    async with tt.open_device(spec) as device:
+        x = tt.to_device(np.ones((32, 32), np.float32), device, tt.Layout(DRAM, TILE))
+        with tt.capture_trace(device) as trace:
+            (y,) = tt.submit(device, binary, 0, [x])
+        await y
+        tt.deallocate(x)
+        with pytest.raises(tt.TraceError, match="deallocated"):
+            tt.execute_trace(trace)
+        tt.release_trace(trace)
+        large = tt.to_device(np.ones((rows, 32), np.float32), device, tt.Layout(DRAM, TILE))
+        with tt.capture_trace(device) as failed:
+            (z,) = tt.submit(device, binary, 1, [large])
+        with pytest.raises(tt.OutOfMemoryError):
+            await z
+        with pytest.raises(tt.TraceError, match="capture failed"):
+            tt.execute_trace(failed)
+        tt.release_trace(failed)
+        for t in (y, large, z):
+            tt.deallocate(t)
+        assert device.memory_used(DRAM) == 0 and device.memory_used(L1) == 0
+
+
+@pytest.mark.anyio
+async def test_executing_before_the_capture_ran_still_replays_in_order() -> None:
+    b = tt.ProgramBuilder("inc")
+    b.output(b.add(b.input((32, 32), tt.Layout(DRAM, TILE, F32)), 1.0), tt.Layout(DRAM, TILE))
+    binary = tt.Binary([b.build()])
+    async with tt.open_device(tt.DeviceSpec.small()) as device:
+        x = tt.to_device(np.zeros((32, 32), np.float32), device, tt.Layout(DRAM, TILE))
+        with tt.capture_trace(device) as trace:
+            (y,) = tt.submit(device, binary, 0, [x])
+            (z,) = tt.submit(device, binary, 0, [y])
+        for _ in range(3):  # queued at once, before anything ran
+            tt.execute_trace(trace)
+        assert (await tt.to_host(z) == 2).all()
+        tt.release_trace(trace)
+        for t in (x, y, z):
+            tt.deallocate(t)
+        assert device.memory_used(DRAM) == 0

@@ -1,0 +1,106 @@
+"""Trace capture and replay, with ttnn's semantics and Pythonic names.
+
+    with tt.capture_trace(device) as trace:      # submits are recorded (and run once)
+        (y,) = tt.submit(device, binary, 0, [slot, weights])
+    for batch in batches:
+        tt.write(slot, batch)                    # inputs change by write, as in ttnn
+        tt.execute_trace(trace)                  # queues the whole recorded sequence at once
+        out = await tt.to_host(y)                # y holds the latest replay's value
+    tt.release_trace(trace)
+
+Every decision (addresses, conversions, evictions) is made once, at capture; a replay allocates
+nothing and runs the recorded records back to back as one command on CQ0. The storages a trace
+reads and writes stay allocated until `release_trace` (or the device closes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, final
+
+if TYPE_CHECKING:
+    from ._device import Device
+    from ._scheduler import Capture
+
+__all__ = ["Trace", "capture_trace", "execute_trace", "release_trace"]
+
+
+@final
+class Trace:
+    """A captured sequence of device work, replayed by `tt.execute_trace`."""
+
+    __slots__ = ("device", "_capture")
+
+    device: Device
+    _capture: Capture
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("tt.Trace has no public constructor: use `with tt.capture_trace(device)`")
+
+    @classmethod
+    def _wrap(cls, device: Device, capture: Capture) -> Trace:
+        trace = object.__new__(cls)
+        trace.device = device
+        trace._capture = capture
+        return trace
+
+    @property
+    def programs(self) -> tuple[str, ...]:
+        """Names of the programs recorded so far, in order (complete once the capture ran)."""
+        return tuple(self._capture.programs)
+
+    @property
+    def released(self) -> bool:
+        return self._capture.released
+
+    def __repr__(self) -> str:
+        capture = self._capture
+        status = "released" if capture.released else "failed" if capture.error else "ready"
+        return f"<ttflow.Trace of {len(capture.outputs)} tensors on {self.device!r} {status}>"
+
+
+@contextmanager
+def capture_trace(device: Device) -> Iterator[Trace]:
+    """Records the device work submitted inside the block (which also runs once, as usual).
+
+    While the block is open every submit and `to_layout` on the device is captured, from any task;
+    host transfers (`to_device`, `empty`, `write`, `to_host`) raise TraceError.
+    """
+    device.check_open()
+    scheduler = device._scheduler
+    capture = scheduler.begin_capture()
+    error: BaseException | None = None
+    try:
+        yield Trace._wrap(device, capture)
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        if not device.closed:
+            scheduler.end_capture(capture, error)
+
+
+def _check(trace: Any) -> Trace:
+    if not isinstance(trace, Trace):
+        raise TypeError(f"expected a tt.Trace, got {type(trace).__name__}")
+    trace.device.check_open()
+    return trace
+
+
+def execute_trace(trace: Trace) -> None:
+    """Queues one replay of the trace on CQ0 (non-blocking); its tensors then hold the new values.
+
+    A replay is ordered like a write into the tensors the trace produced: after every queued
+    reader of their previous values, and it drops conversions made of those values since.
+    """
+    trace = _check(trace)
+    trace.device._scheduler.replay(trace._capture)
+
+
+def release_trace(trace: Trace) -> None:
+    """Gives back the memory the trace pins (once queued replays are done); idempotent."""
+    if not isinstance(trace, Trace):
+        raise TypeError(f"expected a tt.Trace, got {type(trace).__name__}")
+    if not trace.device.closed:  # a closed device freed everything already
+        trace.device._scheduler.release_capture(trace._capture)
