@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ttflow as tt
-from ttflow import _program
+from ttflow import _binary
 from ttflow._program import Value, run_on_host
 from ttflow._types import check_shape, storage_geometry
 
@@ -492,7 +492,7 @@ def counting_open(monkeypatch: pytest.MonkeyPatch) -> type[CountingFileIO]:
 
     monkeypatch.setattr(CountingFileIO, "opened", 0)
     monkeypatch.setattr(CountingFileIO, "bytes_read", 0)
-    monkeypatch.setattr(_program, "open", fake_open, raising=False)
+    monkeypatch.setattr(_binary, "open", fake_open, raising=False)
     return CountingFileIO
 
 

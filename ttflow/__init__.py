@@ -17,10 +17,10 @@ from ._capture import capture_trace as capture_trace
 from ._capture import execute_trace as execute_trace
 from ._capture import release_trace as release_trace
 from ._memory import BufferInfo as BufferInfo
-from ._program import Binary as Binary
+from ._binary import Binary as Binary
 from ._program import Program as Program
 from ._program import ProgramBuilder as ProgramBuilder
-from ._program import get_layout as get_layout
+from ._binary import get_layout as get_layout
 from ._runtime import deallocate as deallocate
 from ._runtime import empty as empty
 from ._runtime import submit as submit

@@ -18,7 +18,8 @@ import anyio
 import numpy as np
 
 from ._device import open_device
-from ._program import Binary, ProgramBuilder
+from ._binary import Binary
+from ._program import ProgramBuilder
 from ._runtime import empty, submit, to_device, to_host, write
 from ._tensor import Tensor
 from ._trace import record_trace

@@ -16,7 +16,8 @@ import numpy as np
 from ._device import Device
 from ._errors import LayoutError, ProgramError, ShapeError, raise_stored
 from ._kernels import _bfp8
-from ._program import Binary, Program
+from ._binary import Binary
+from ._program import Program
 from ._tensor import Tensor
 from ._types import DataType, Layout, check_shape
 

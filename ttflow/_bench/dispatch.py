@@ -16,7 +16,8 @@ import anyio
 import numpy as np
 
 from .._device import open_device
-from .._program import Binary, ProgramBuilder
+from .._binary import Binary
+from .._program import ProgramBuilder
 from .._runtime import submit, to_device, to_host
 from .._types import DataType, DeviceSpec, Layout, MemorySpace, TensorLayout
 

@@ -18,7 +18,8 @@ import numpy as np
 from threadpoolctl import threadpool_info
 
 from .._device import Device, open_device
-from .._program import Binary, ProgramBuilder
+from .._binary import Binary
+from .._program import ProgramBuilder
 from .._runtime import empty, submit, to_device, to_host, write
 from .._tensor import Tensor
 from .._types import DataType, DeviceSpec, Layout, MemorySpace, TensorLayout

@@ -1,0 +1,223 @@
+"""Binary: the programs of one compiled model, and the versioned file that holds them.
+
+The binary file: a 24-byte header, `<8sIQI` = magic b"TTFLOWB\0", format version (u32), payload
+length (u64), CRC32 of the payload (u32); then the payload, the programs as UTF-8 JSON. Loading
+replays every program through a builder, so a file that passes the checksum but describes a
+program the builder would refuse (unknown op, bad ids, shapes or dtypes that do not meet) is a
+BinaryFormatError too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from collections.abc import Sequence
+from typing import Any, final
+
+import numpy as np
+
+from ._errors import BinaryFormatError, ProgramError
+from ._ops import OPS
+from ._program import Program, ProgramBuilder, TensorSpec, Value
+from ._types import DataType, Layout, MemorySpace, TensorLayout, check_shape
+
+__all__ = ["Binary", "get_layout"]
+
+_MAGIC = b"TTFLOWB\0"
+_VERSION = 1
+_HEADER = struct.Struct("<8sIQI")  # magic, version, payload length, crc32 of payload
+
+
+@final
+class Binary:
+    """The programs of one compiled model, as `submit` takes them."""
+
+    __slots__ = ("programs",)
+
+    def __init__(self, programs: Sequence[Program]) -> None:
+        if isinstance(programs, Program):
+            raise ProgramError("a Binary takes a sequence of programs: tt.Binary([program])")
+        programs = tuple(programs)
+        if not programs or not all(isinstance(p, Program) for p in programs):
+            raise ProgramError("a Binary holds a non-empty sequence of Program objects")
+        self.programs: tuple[Program, ...] = programs
+
+    def __repr__(self) -> str:
+        return f"<Binary {[p.name for p in self.programs]}>"
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes the versioned file (header, then the programs as JSON)."""
+        payload = json.dumps(
+            [_program_to_json(p) for p in self.programs], separators=(",", ":")
+        ).encode()
+        with open(path, "wb") as f:
+            f.write(_HEADER.pack(_MAGIC, _VERSION, len(payload), zlib.crc32(payload)) + payload)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Binary:
+        """Reads a file `save` wrote; BinaryFormatError for any file it did not write whole.
+
+        The header is read and checked first (magic, version, and a payload length that agrees
+        with the file's size), so a foreign or truncated file is refused after reading 24 bytes;
+        only then is the payload read, exactly as many bytes as the header says."""
+        name = repr(os.fspath(path))
+        with open(path, "rb") as f:
+            header = f.read(_HEADER.size)
+            length = _check_header(name, header, os.fstat(f.fileno()).st_size)
+            payload = f.read(length)
+        if len(payload) != length:  # the file shrank after the size check
+            raise BinaryFormatError(
+                f"{name} is truncated: the payload is {len(payload)} bytes, the header says {length}"
+            )
+        _, _, _, crc = _HEADER.unpack(header)
+        if zlib.crc32(payload) != crc:
+            raise BinaryFormatError(f"{name} is corrupt: the payload checksum does not match")
+        try:
+            programs = [_program_from_json(p) for p in _expect(json.loads(payload), list, "payload")]
+            return cls(programs)
+        except BinaryFormatError as exc:
+            raise BinaryFormatError(f"{name} holds a malformed program: {exc}") from None
+        except (ValueError, TypeError, KeyError, IndexError, ArithmeticError, RecursionError,
+                ProgramError) as exc:
+            # ValueError covers JSON, Unicode, ShapeError and LayoutError from the replay;
+            # ArithmeticError an integer too large for a float (a 400-digit scalar).
+            raise BinaryFormatError(
+                f"{name} holds a malformed program: {type(exc).__name__}: {exc}"
+            ) from exc
+
+
+def _check_header(name: str, header: bytes, file_size: int) -> int:
+    """The payload length of a file whose first bytes are `header`; BinaryFormatError unless the
+    magic and version are this ttflow's and the length agrees with the file's size."""
+    if not header or not header.startswith(_MAGIC[: len(header)]):
+        raise BinaryFormatError(f"{name} is not a ttflow binary (bad magic bytes)")
+    if len(header) >= 12:
+        (version,) = struct.unpack_from("<I", header, 8)
+        if version != _VERSION:
+            newer = "a newer ttflow; upgrade to read it" if version > _VERSION else "an unknown writer"
+            raise BinaryFormatError(
+                f"{name} has format version {version}, this ttflow reads version {_VERSION} "
+                f"(the file comes from {newer})"
+            )
+    if len(header) < _HEADER.size:
+        raise BinaryFormatError(f"{name} is truncated: {len(header)} bytes, shorter than the header")
+    _, _, length, _ = _HEADER.unpack(header)
+    actual = file_size - _HEADER.size
+    if actual != length:
+        what = "truncated" if actual < length else "followed by stray bytes"
+        raise BinaryFormatError(
+            f"{name} is {what}: the payload is {actual} bytes, the header says {length}"
+        )
+    return int(length)
+
+
+def _spec_to_json(s: TensorSpec) -> list[Any]:
+    return [list(s.shape), s.layout.memory.name, s.layout.tensor_layout.name, s.dtype.name]
+
+
+def _expect(value: Any, kind: type | tuple[type, ...], what: str) -> Any:
+    """`value` if it has the JSON type `kind` (a bool is not a number here), else BinaryFormatError."""
+    if not isinstance(value, kind) or isinstance(value, bool):
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        names = " or ".join(k.__name__ for k in kinds)
+        raise BinaryFormatError(f"{what} must be a JSON {names}, got {value!r:.60}")
+    return value
+
+
+def _spec_from_json(j: Any, what: str) -> TensorSpec:
+    shape, memory, tensor_layout, dtype = _expect(j, list, what)
+    dims = [_expect(d, int, f"{what} shape") for d in _expect(shape, list, f"{what} shape")]
+    for enum_type, member in ((MemorySpace, memory), (TensorLayout, tensor_layout), (DataType, dtype)):
+        if member not in enum_type.__members__:
+            raise BinaryFormatError(f"{what}: {member!r:.40} is not a {enum_type.__name__}")
+    return TensorSpec(
+        check_shape(dims), Layout(MemorySpace[memory], TensorLayout[tensor_layout], DataType[dtype])
+    )
+
+
+def _program_to_json(p: Program) -> dict[str, Any]:
+    return {
+        "name": p.name,
+        "num_inputs": p.num_inputs,
+        "values": [_spec_to_json(v) for v in p.values],
+        "steps": [[s.op, list(s.inputs), s.scalar, [[k, v] for k, v in s.attrs], s.output] for s in p.steps],
+        "outputs": list(p.outputs),
+        "output_specs": [_spec_to_json(s) for s in p.output_specs],
+    }
+
+
+def _replay(b: ProgramBuilder, op: str, args: list[Value], scalar: float | None,
+            attrs_: dict[str, Any]) -> Value:
+    """Calls the builder's method for one stored step, so the builder's checks run again."""
+    if op == "typecast":
+        (x,) = args
+        return b.typecast(x, DataType(attrs_.pop("dtype")), **attrs_)
+    if op == "reshape":
+        (x,) = args
+        return b.reshape(x, **attrs_)
+    method = getattr(b, op)
+    result = method(*args, scalar, **attrs_) if scalar is not None else method(*args, **attrs_)
+    assert isinstance(result, Value)
+    return result
+
+
+def _program_from_json(j: Any) -> Program:
+    """Rebuilds a stored program through a builder and checks every value against the file."""
+    j = _expect(j, dict, "a program")
+    name = _expect(j["name"], str, "the program name")
+    values = [_spec_from_json(v, f"value {i}") for i, v in enumerate(_expect(j["values"], list, "values"))]
+    num_inputs = _expect(j["num_inputs"], int, "num_inputs")
+    if not 0 <= num_inputs <= len(values):
+        raise BinaryFormatError(f"num_inputs {num_inputs} does not fit {len(values)} values")
+    b = ProgramBuilder(name)
+    built = [b.input(spec.shape, spec.layout) for spec in values[:num_inputs]]
+    for index, raw in enumerate(_expect(j["steps"], list, "steps")):
+        op, inputs, scalar, step_attrs, output = _expect(raw, list, f"step {index}")
+        if not isinstance(op, str) or op not in OPS or op.startswith("_") or not hasattr(b, op):
+            raise BinaryFormatError(f"step {index}: unknown op {op!r:.40}")
+        ids = [_expect(i, int, f"step {index} input") for i in _expect(inputs, list, f"step {index} inputs")]
+        if not all(0 <= i < len(built) for i in ids):
+            raise BinaryFormatError(f"step {index} ({op}) reads a value that is not defined before it")
+        if scalar is not None:
+            scalar = float(_expect(scalar, (int, float), f"step {index} scalar"))
+        pairs = [_expect(a, list, f"step {index} attrs") for a in _expect(step_attrs, list, f"step {index} attrs")]
+        kwargs = {_expect(k, str, "an attr name"): tuple(v) if isinstance(v, list) else v for k, v in pairs}
+        value = _replay(b, op, [built[i] for i in ids], scalar, kwargs)
+        if output != value.id or value.id >= len(values) or values[value.id] != b._values[value.id]:
+            raise BinaryFormatError(
+                f"step {index} ({op}) does not define value {output!r:.20} as the file declares it"
+            )
+        built.append(value)
+    if len(built) != len(values):
+        raise BinaryFormatError(f"{len(values)} values declared, {len(built)} defined by inputs and steps")
+    outputs = [_expect(i, int, "an output id") for i in _expect(j["outputs"], list, "outputs")]
+    specs = [_spec_from_json(s, f"output spec {k}") for k, s in enumerate(_expect(j["output_specs"], list, "output specs"))]
+    if len(specs) != len(outputs) or not all(0 <= i < len(built) for i in outputs):
+        raise BinaryFormatError("the outputs do not match their specs or refer to undefined values")
+    for value_id, spec in zip(outputs, specs):
+        b.output(built[value_id], spec.layout)
+    program = b.build()
+    if program.output_specs != tuple(specs):
+        raise BinaryFormatError("an output spec does not match its value's shape")
+    return program
+
+
+def get_layout(binary: Binary, program_index: int, input_index: int) -> Layout:
+    """The layout a program declares for one of its inputs (its dtype is always set)."""
+    if not isinstance(binary, Binary):
+        raise ProgramError(f"get_layout takes a tt.Binary, got {type(binary).__name__}")
+    programs = binary.programs
+    if not isinstance(program_index, (int, np.integer)) or not 0 <= program_index < len(programs):
+        raise ProgramError(
+            f"program index {program_index!r} is out of range: the binary holds "
+            f"{len(programs)} programs (0..{len(programs) - 1})"
+        )
+    program = programs[program_index]
+    inputs = program.inputs
+    if not isinstance(input_index, (int, np.integer)) or not 0 <= input_index < len(inputs):
+        raise ProgramError(
+            f"input index {input_index!r} is out of range: {program.name!r} has {len(inputs)} inputs"
+        )
+    return inputs[input_index].layout
