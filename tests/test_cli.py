@@ -16,7 +16,7 @@ import pytest
 import ttflow
 from ttflow import _demo
 from ttflow._bench import dispatch
-from ttflow._trace import queue_summary
+from ttflow._timeline import queue_summary
 from ttflow.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -165,7 +165,7 @@ def test_batched_writes_count_once_in_the_busy_time() -> None:
 
     async def body() -> tuple[dict[str, object], float]:
         async with ttflow.open_device(ttflow.DeviceSpec.small()) as device:
-            with ttflow.record_trace(device) as recorder:
+            with ttflow.record_timeline(device) as recorder:
                 tensors = [ttflow.to_device(np.full((64, 64), i, np.float32), device) for i in range(8)]
                 for t in tensors:
                     await t

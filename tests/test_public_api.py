@@ -2,6 +2,10 @@
 
 from types import ModuleType
 
+import anyio
+import numpy as np
+import pytest
+
 import ttflow as tt
 
 EXPECTED = {
@@ -11,7 +15,7 @@ EXPECTED = {
     "Device", "DeviceStatistics", "open_device", "BufferInfo",
     "Binary", "Program", "ProgramBuilder", "get_layout",
     "deallocate", "empty", "submit", "to_device", "to_host", "to_layout", "wait", "write",
-    "Tensor", "TraceRecorder", "record_trace",
+    "Tensor", "TimelineRecorder", "record_timeline", "record_trace", "TraceRecorder",
     "DataType", "DeviceSpec", "Layout", "MemorySpace", "TensorLayout", "kernels",
 }
 
@@ -23,11 +27,29 @@ def test_exported_names() -> None:
         name for name, value in vars(tt).items()
         if not name.startswith("_") and (not isinstance(value, ModuleType) or name == "kernels")
     }
-    assert public == EXPECTED
+    assert public == EXPECTED - DEPRECATED_ATTRIBUTES
+
+
+DEPRECATED_ATTRIBUTES = {"TraceRecorder"}  # served by the module's __getattr__, with a warning
+
+
+def test_old_timeline_names_warn_and_still_work() -> None:
+    with pytest.warns(DeprecationWarning, match="TimelineRecorder"):
+        assert tt.TraceRecorder is tt.TimelineRecorder
+
+    async def body() -> int:
+        async with tt.open_device(tt.DeviceSpec.small()) as device:
+            with pytest.warns(DeprecationWarning, match="record_timeline"):
+                recorder = tt.record_trace(device)
+            with recorder as rec:
+                await tt.to_device(np.ones((4, 4), np.float32), device)
+            return rec.commands
+
+    assert anyio.run(body) == 1
 
 
 def test_every_error_is_a_ttflow_error() -> None:
-    for name in EXPECTED:
+    for name in EXPECTED - DEPRECATED_ATTRIBUTES:
         obj = getattr(tt, name)
         if isinstance(obj, type) and issubclass(obj, Exception):
             assert issubclass(obj, tt.TTFlowError)

@@ -326,7 +326,7 @@ async def test_cq1_write_overlaps_a_cq0_program() -> None:
         bufs = [tt.empty((1024, 1024), F32, device, DRAM_TILE) for _ in range(2)]
         for buf in bufs:
             await buf
-        with tt.record_trace(device) as recorder:
+        with tt.record_timeline(device) as recorder:
             outs = []
             for i in range(6):
                 tt.write(bufs[i % 2], batches[i % 2])

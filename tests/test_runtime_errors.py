@@ -336,7 +336,7 @@ async def test_batched_writes_fail_one_by_one() -> None:
     bfp8 = tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, tt.DataType.BFLOAT8_B)
     arrays = [np.full((256, 256), i + 1, np.float32) for i in range(6)]
     async with tt.open_device(tt.DeviceSpec.small()) as device:
-        with tt.record_trace(device) as recorder:
+        with tt.record_timeline(device) as recorder:
             tensors = [tt.to_device(a, device, bfp8) for a in arrays]
             arrays[3][5, 5] = np.nan
             with pytest.raises(tt.LayoutError, match="NaN"):

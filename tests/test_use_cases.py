@@ -85,10 +85,10 @@ def test_demo_runs_and_its_trace_accounts_for_every_command(tmp_path: Path, caps
     assert len(counters) == len(spans) and all(set(c["args"]) == {"DRAM", "L1"} for c in counters)
 
 
-def test_record_trace_counts_commands_from_the_api() -> None:
-    async def body() -> tt.TraceRecorder:
+def test_record_timeline_counts_commands_from_the_api() -> None:
+    async def body() -> tt.TimelineRecorder:
         async with tt.open_device(SMALL) as device:
-            with tt.record_trace(device) as recorder:
+            with tt.record_timeline(device) as recorder:
                 t = tt.to_device(np.ones((40, 40), np.float32), device)
                 u = tt.to_layout(t, tt.Layout(tt.MemorySpace.L1, tt.TensorLayout.TILE))
                 await tt.to_host(u)

@@ -12,10 +12,10 @@ from ._errors import TraceError as TraceError
 from ._device import Device as Device
 from ._device import DeviceStatistics as DeviceStatistics
 from ._device import open_device as open_device
-from ._capture import Trace as Trace
-from ._capture import capture_trace as capture_trace
-from ._capture import execute_trace as execute_trace
-from ._capture import release_trace as release_trace
+from ._trace import Trace as Trace
+from ._trace import capture_trace as capture_trace
+from ._trace import execute_trace as execute_trace
+from ._trace import release_trace as release_trace
 from ._memory import BufferInfo as BufferInfo
 from ._binary import Binary as Binary
 from ._program import Program as Program
@@ -30,14 +30,28 @@ from ._runtime import to_layout as to_layout
 from ._runtime import wait as wait
 from ._runtime import write as write
 from ._tensor import Tensor as Tensor
-from ._trace import TraceRecorder as TraceRecorder
-from ._trace import record_trace as record_trace
+from ._timeline import TimelineRecorder as TimelineRecorder
+from ._timeline import record_timeline as record_timeline
+from ._timeline import record_trace as record_trace
 from ._types import DataType as DataType
 from ._types import DeviceSpec as DeviceSpec
 from ._types import Layout as Layout
 from ._types import MemorySpace as MemorySpace
 from ._types import TensorLayout as TensorLayout
 from . import kernels as kernels
+
+
+
+def __getattr__(name: str) -> object:
+    if name == "TraceRecorder":  # deprecated for one release
+        import warnings
+
+        warnings.warn(
+            "tt.TraceRecorder is deprecated: use tt.TimelineRecorder", DeprecationWarning, stacklevel=2
+        )
+        return TimelineRecorder
+    raise AttributeError(f"module 'ttflow' has no attribute {name!r}")
+
 
 __version__ = "0.1.0"
 
@@ -48,6 +62,6 @@ __all__ = [
     "Device", "DeviceStatistics", "open_device", "BufferInfo",
     "Binary", "Program", "ProgramBuilder", "get_layout",
     "deallocate", "empty", "submit", "to_device", "to_host", "to_layout", "wait", "write",
-    "Tensor", "TraceRecorder", "record_trace",
+    "Tensor", "TimelineRecorder", "record_timeline", "record_trace", "TraceRecorder",
     "DataType", "DeviceSpec", "Layout", "MemorySpace", "TensorLayout", "kernels",
 ]

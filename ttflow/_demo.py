@@ -22,7 +22,7 @@ from ._binary import Binary
 from ._program import ProgramBuilder
 from ._runtime import empty, submit, to_device, to_host, write
 from ._tensor import Tensor
-from ._trace import record_trace
+from ._timeline import record_timeline
 from ._types import DataType, DeviceSpec, Layout, MemorySpace, TensorLayout
 
 F32 = DataType.FLOAT32
@@ -90,7 +90,7 @@ async def demo(batches: int = 64, trace: str | None = None, small: bool = False,
     bar = _Progress(batches, progress and batches >= 8)
     began = time.perf_counter()
     async with open_device(spec, blas_threads=blas_threads) as device:
-        with record_trace(device) as recorder:
+        with record_timeline(device) as recorder:
             tw1, tw2 = to_device(w1, device), to_device(w2, device)  # pushed once, row-major
             slots = [empty((batch, d_in), F32, device, DRAM_TILE) for _ in range(2)]
             outputs: list[Tensor] = []

@@ -1,153 +1,106 @@
-"""Recording what the command queues did, as Chrome/Perfetto trace-event JSON.
+"""Trace capture and replay, with ttnn's semantics and Pythonic names.
 
-One track per command queue (each command a complete event with its name, duration and, in
-`args`, what the command's `describe()` reports: `bytes` is the bytes it moved, other keys are
-passed through as they are) and a counter track of L1 and DRAM occupancy. Recording costs
-nothing when no recorder is attached: the device calls its listeners only if there are any.
+    with tt.capture_trace(device) as trace:      # submits are recorded (and run once)
+        (y,) = tt.submit(device, binary, 0, [slot, weights])
+    for batch in batches:
+        tt.write(slot, batch)                    # inputs change by write, as in ttnn
+        tt.execute_trace(trace)                  # queues the whole recorded sequence at once
+        out = await tt.to_host(y)                # y holds the latest replay's value
+    tt.release_trace(trace)
+
+Every decision (addresses, conversions, evictions) is made once, at capture; a replay allocates
+nothing and runs the recorded records back to back as one command on CQ0. The storages a trace
+reads and writes stay allocated until `release_trace` (or the device closes).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, final
 
-from ._types import MemorySpace
-
 if TYPE_CHECKING:
     from ._device import Device
-    from ._queue import Command
+    from ._scheduler import Capture
 
-__all__ = ["TraceRecorder", "queue_summary", "record_trace"]
-
-_TRACKS = {"CQ0": 0, "CQ1": 1}
-_TRACK_NAMES = {0: "CQ0: programs, conversions, evictions, reads", 1: "CQ1: host-to-device writes"}
+__all__ = ["Trace", "capture_trace", "execute_trace", "release_trace"]
 
 
 @final
-class TraceRecorder:
-    """Collects one trace event per completed command while attached to a device."""
+class Trace:
+    """A captured sequence of device work, replayed by `tt.execute_trace`."""
 
-    def __init__(self, device: Device) -> None:
-        self.device = device
-        self.origin = time.perf_counter()
-        self.events: list[dict[str, Any]] = []
-        self.commands = 0
+    __slots__ = ("device", "_capture")
 
-    def _us(self, t: float) -> float:
-        return round((t - self.origin) * 1e6, 3)
+    device: Device
+    _capture: Capture
 
-    def on_command(self, command: Command, error: BaseException | None) -> None:
-        end = time.perf_counter()
-        queue = command.queue.name if command.queue is not None else "CQ0"
-        info = command.describe()
-        args = {k: v for k, v in info.items() if k != "name"}
-        if error is not None:
-            args["error"] = f"{type(error).__name__}: {error}"
-        start = command.started or end
-        self.commands += 1
-        self.events.append(
-            {
-                "name": info["name"],
-                "cat": type(command).__name__,
-                "ph": "X",
-                "ts": self._us(start),
-                "dur": max(self._us(end) - self._us(start), 0.0),
-                "pid": 1,
-                "tid": _TRACKS.get(queue, 0),
-                "args": args,
-            }
-        )
-        spaces = self.device._spaces
-        self.events.append(
-            {
-                "name": "memory used (bytes)",
-                "ph": "C",
-                "ts": self._us(end),
-                "pid": 1,
-                "args": {space.name: spaces[space].used_bytes() for space in MemorySpace},
-            }
-        )
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("tt.Trace has no public constructor: use `with tt.capture_trace(device)`")
 
-    def queue_summary(self) -> dict[str, Any]:
-        """What each queue did: `{"CQ0": {...}, "CQ1": {...}, "both_busy_seconds": s}`.
+    @classmethod
+    def _wrap(cls, device: Device, capture: Capture) -> Trace:
+        trace = object.__new__(cls)
+        trace.device = device
+        trace._capture = capture
+        return trace
 
-        Per queue: `busy_seconds`, the length of the union of its commands' spans (commands
-        that run together, such as batched host writes, are counted once), `bytes`, the sum of
-        the commands' `args["bytes"]`, and `commands`. `both_busy_seconds` is how long both
-        queues were busy at once.
-        """
-        return queue_summary(self.events)
+    @property
+    def programs(self) -> tuple[str, ...]:
+        """Names of the programs recorded so far, in order (complete once the capture ran)."""
+        return tuple(self._capture.programs)
 
-    def to_json(self) -> dict[str, Any]:
-        meta: list[dict[str, Any]] = [
-            {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": f"ttflow {self.device.spec.name}"}}
-        ]
-        meta += [
-            {"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": name}}
-            for tid, name in _TRACK_NAMES.items()
-        ]
-        return {"traceEvents": meta + self.events, "displayTimeUnit": "ms"}
+    @property
+    def released(self) -> bool:
+        return self._capture.released
 
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Writes the trace; open it at ui.perfetto.dev or chrome://tracing."""
-        with open(path, "w") as f:
-            json.dump(self.to_json(), f)
+    def __repr__(self) -> str:
+        capture = self._capture
+        status = "released" if capture.released else "failed" if capture.error else "ready"
+        return f"<ttflow.Trace of {len(capture.outputs)} tensors on {self.device!r} {status}>"
 
 
 @contextmanager
-def record_trace(device: Device) -> Iterator[TraceRecorder]:
-    """Records every command the device completes inside the block."""
-    recorder = TraceRecorder(device)
-    device._scheduler.listeners.append(recorder.on_command)
+def capture_trace(device: Device) -> Iterator[Trace]:
+    """Records the device work submitted inside the block (which also runs once, as usual).
+
+    While the block is open every submit and `to_layout` on the device is captured, from any task;
+    host transfers (`to_device`, `empty`, `write`, `to_host`) raise TraceError.
+    """
+    device.check_open()
+    scheduler = device._scheduler
+    capture = scheduler.begin_capture()
+    error: BaseException | None = None
     try:
-        yield recorder
+        yield Trace._wrap(device, capture)
+    except BaseException as exc:
+        error = exc
+        raise
     finally:
-        device._scheduler.listeners.remove(recorder.on_command)
+        if not device.closed:
+            scheduler.end_capture(capture, error)
 
 
-def queue_summary(events: list[dict[str, Any]]) -> dict[str, Any]:
-    """`TraceRecorder.queue_summary` over trace events (also those of a saved trace)."""
-    spans: dict[int, list[tuple[float, float]]] = {tid: [] for tid in _TRACKS.values()}
-    moved = dict.fromkeys(_TRACKS.values(), 0)
-    for event in events:
-        if event.get("ph") == "X" and event.get("tid") in spans:
-            spans[event["tid"]].append((event["ts"], event["ts"] + event["dur"]))
-            moved[event["tid"]] += int(event.get("args", {}).get("bytes", 0))
-    busy = {tid: _union(s) for tid, s in spans.items()}
-    summary: dict[str, Any] = {
-        queue: {
-            "busy_seconds": sum(end - start for start, end in busy[tid]) / 1e6,
-            "bytes": moved[tid],
-            "commands": len(spans[tid]),
-        }
-        for queue, tid in _TRACKS.items()
-    }
-    summary["both_busy_seconds"] = _intersection(busy[0], busy[1]) / 1e6
-    return summary
+def _check(trace: Any) -> Trace:
+    if not isinstance(trace, Trace):
+        raise TypeError(f"expected a tt.Trace, got {type(trace).__name__}")
+    trace.device.check_open()
+    return trace
 
 
-def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """Sorted, disjoint intervals covering the same time as `spans`."""
-    merged: list[tuple[float, float]] = []
-    for start, end in sorted(spans):
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged
+def execute_trace(trace: Trace) -> None:
+    """Queues one replay of the trace on CQ0 (non-blocking); its tensors then hold the new values.
+
+    A replay is ordered like a write into the tensors the trace produced: after every queued
+    reader of their previous values, and it drops conversions made of those values since.
+    """
+    trace = _check(trace)
+    trace.device._scheduler.replay(trace._capture)
 
 
-def _intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    """Total length of the overlap of two sorted, disjoint interval lists."""
-    total, i, j = 0.0, 0, 0
-    while i < len(a) and j < len(b):
-        total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
+def release_trace(trace: Trace) -> None:
+    """Gives back the memory the trace pins (once queued replays are done); idempotent."""
+    if not isinstance(trace, Trace):
+        raise TypeError(f"expected a tt.Trace, got {type(trace).__name__}")
+    if not trace.device.closed:  # a closed device freed everything already
+        trace.device._scheduler.release_capture(trace._capture)

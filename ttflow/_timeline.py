@@ -1,0 +1,168 @@
+"""The timeline: what the command queues did, as Chrome/Perfetto trace-event JSON.
+
+(Named "timeline" because "trace" means capture and replay, as in ttnn and tt-mlir; the old
+names `record_trace` and `TraceRecorder` remain for one release, deprecated.)
+
+One track per command queue (each command a complete event with its name, duration and, in
+`args`, what the command's `describe()` reports: `bytes` is the bytes it moved, other keys are
+passed through as they are) and a counter track of L1 and DRAM occupancy. Recording costs
+nothing when no recorder is attached: the device calls its listeners only if there are any.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING, Any, final
+
+from ._types import MemorySpace
+
+if TYPE_CHECKING:
+    from ._device import Device
+    from ._queue import Command
+
+__all__ = ["TimelineRecorder", "queue_summary", "record_timeline", "record_trace"]
+
+_TRACKS = {"CQ0": 0, "CQ1": 1}
+_TRACK_NAMES = {0: "CQ0: programs, conversions, evictions, reads", 1: "CQ1: host-to-device writes"}
+
+
+@final
+class TimelineRecorder:
+    """Collects one trace event per completed command while attached to a device."""
+
+    def __init__(self, device: Device) -> None:
+        self.device = device
+        self.origin = time.perf_counter()
+        self.events: list[dict[str, Any]] = []
+        self.commands = 0
+
+    def _us(self, t: float) -> float:
+        return round((t - self.origin) * 1e6, 3)
+
+    def on_command(self, command: Command, error: BaseException | None) -> None:
+        end = time.perf_counter()
+        queue = command.queue.name if command.queue is not None else "CQ0"
+        info = command.describe()
+        args = {k: v for k, v in info.items() if k != "name"}
+        if error is not None:
+            args["error"] = f"{type(error).__name__}: {error}"
+        start = command.started or end
+        self.commands += 1
+        self.events.append(
+            {
+                "name": info["name"],
+                "cat": type(command).__name__,
+                "ph": "X",
+                "ts": self._us(start),
+                "dur": max(self._us(end) - self._us(start), 0.0),
+                "pid": 1,
+                "tid": _TRACKS.get(queue, 0),
+                "args": args,
+            }
+        )
+        spaces = self.device._spaces
+        self.events.append(
+            {
+                "name": "memory used (bytes)",
+                "ph": "C",
+                "ts": self._us(end),
+                "pid": 1,
+                "args": {space.name: spaces[space].used_bytes() for space in MemorySpace},
+            }
+        )
+
+    def queue_summary(self) -> dict[str, Any]:
+        """What each queue did: `{"CQ0": {...}, "CQ1": {...}, "both_busy_seconds": s}`.
+
+        Per queue: `busy_seconds`, the length of the union of its commands' spans (commands
+        that run together, such as batched host writes, are counted once), `bytes`, the sum of
+        the commands' `args["bytes"]`, and `commands`. `both_busy_seconds` is how long both
+        queues were busy at once.
+        """
+        return queue_summary(self.events)
+
+    def to_json(self) -> dict[str, Any]:
+        meta: list[dict[str, Any]] = [
+            {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": f"ttflow {self.device.spec.name}"}}
+        ]
+        meta += [
+            {"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": name}}
+            for tid, name in _TRACK_NAMES.items()
+        ]
+        return {"traceEvents": meta + self.events, "displayTimeUnit": "ms"}
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes the trace; open it at ui.perfetto.dev or chrome://tracing."""
+        with open(path, "w") as f:
+            json.dump(self.to_json(), f)
+
+
+@contextmanager
+def record_timeline(device: Device) -> Iterator[TimelineRecorder]:
+    """Records every command the device completes inside the block."""
+    recorder = TimelineRecorder(device)
+    device._scheduler.listeners.append(recorder.on_command)
+    try:
+        yield recorder
+    finally:
+        device._scheduler.listeners.remove(recorder.on_command)
+
+
+def queue_summary(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """`TimelineRecorder.queue_summary` over trace events (also those of a saved trace)."""
+    spans: dict[int, list[tuple[float, float]]] = {tid: [] for tid in _TRACKS.values()}
+    moved = dict.fromkeys(_TRACKS.values(), 0)
+    for event in events:
+        if event.get("ph") == "X" and event.get("tid") in spans:
+            spans[event["tid"]].append((event["ts"], event["ts"] + event["dur"]))
+            moved[event["tid"]] += int(event.get("args", {}).get("bytes", 0))
+    busy = {tid: _union(s) for tid, s in spans.items()}
+    summary: dict[str, Any] = {
+        queue: {
+            "busy_seconds": sum(end - start for start, end in busy[tid]) / 1e6,
+            "bytes": moved[tid],
+            "commands": len(spans[tid]),
+        }
+        for queue, tid in _TRACKS.items()
+    }
+    summary["both_busy_seconds"] = _intersection(busy[0], busy[1]) / 1e6
+    return summary
+
+
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted, disjoint intervals covering the same time as `spans`."""
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Total length of the overlap of two sorted, disjoint interval lists."""
+    total, i, j = 0.0, 0, 0
+    while i < len(a) and j < len(b):
+        total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def record_trace(device: Device) -> AbstractContextManager[TimelineRecorder]:
+    """Deprecated: `record_timeline` ("trace" now means capture and replay, `tt.capture_trace`)."""
+    warnings.warn(
+        "tt.record_trace is deprecated: use tt.record_timeline (a trace is now a captured "
+        "sequence of device work, see tt.capture_trace)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return record_timeline(device)
