@@ -251,3 +251,28 @@ async def test_executing_before_the_capture_ran_still_replays_in_order() -> None
         for t in (x, y, z):
             tt.deallocate(t)
         assert device.memory_used(DRAM) == 0
+
+
+@pytest.mark.anyio
+async def test_the_timeline_shows_a_replay_as_one_command_with_its_programs_inside() -> None:
+    binary = _chain()
+    async with tt.open_device(tt.DeviceSpec.small()) as device:
+        tw1 = tt.to_device(np.ones((64, 64), np.float32), device)
+        tw2 = tt.to_device(np.ones((64, 32), np.float32), device)
+        slot = tt.empty((32, 64), F32, device, tt.Layout(DRAM, TILE))
+        with tt.capture_trace(device) as trace:
+            (h,) = tt.submit(device, binary, 0, [slot, tw1])
+            (y,) = tt.submit(device, binary, 1, [h, tw2])
+        await y
+        with tt.record_timeline(device) as recorder:
+            tt.execute_trace(trace)
+            await y
+        slices = [e for e in recorder.events if e["ph"] == "X"]
+        (replay,) = [e for e in slices if e["name"] == "trace_replay"]
+        inside = [e for e in slices if e["cat"] == "replayed program"]
+        assert [e["name"] for e in inside] == ["encoder", "head"]
+        for e in inside:
+            assert e["tid"] == replay["tid"]
+            assert replay["ts"] <= e["ts"] and e["ts"] + e["dur"] <= replay["ts"] + replay["dur"]
+        assert recorder.queue_summary()["CQ0"]["commands"] == 1
+        tt.release_trace(trace)

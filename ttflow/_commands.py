@@ -16,6 +16,7 @@ A record is a tuple of steps:
 from __future__ import annotations
 
 import math
+import time
 from typing import TYPE_CHECKING, Any, NamedTuple, Union, cast, final
 
 import numpy as np
@@ -123,6 +124,7 @@ class Record(NamedTuple):
     steps: tuple[Step, ...]
     nbytes: int = 0
     macs: int = 0
+    timed: bool = False  # run returns each Compute step's (start, end), for the timeline
 
     @property
     def seconds(self) -> float:
@@ -130,13 +132,19 @@ class Record(NamedTuple):
         return self.nbytes / BYTES_PER_SECOND + self.macs / MACS_PER_SECOND
 
 
-def run(record: Record, banks: Banks) -> np.ndarray[Any, Any] | None:
-    """Runs a record's steps in order; returns what its `Load` step read, if it has one."""
-    result = None
+def run(record: Record, banks: Banks) -> Any:
+    """Runs a record's steps in order; returns what its `Load` step read, if it has one (or,
+    for a timed record, the perf_counter span of each Compute step)."""
+    result: Any = [] if record.timed else None
     for step in record.steps:
         kind = type(step)  # exact types: cheaper than isinstance on the hot path
         if kind is Compute:
-            _compute(cast(Compute, step), banks)
+            if record.timed:
+                start = time.perf_counter()
+                _compute(cast(Compute, step), banks)
+                result.append((start, time.perf_counter()))
+            else:
+                _compute(cast(Compute, step), banks)
         elif kind is Copy:
             copy = cast(Copy, step)
             src, dst = copy.src, copy.dst

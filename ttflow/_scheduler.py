@@ -780,13 +780,14 @@ class ReplayCommand(_Scheduled):
     """One replay of a trace: its frozen steps back to back, as a single queued command."""
 
     name = "trace_replay"
-    __slots__ = ("target", "refilled")
+    __slots__ = ("target", "refilled", "spans")
 
     def __init__(self, scheduler: Scheduler, capture: Capture, inputs: tuple[TensorState, ...],
                  outputs: tuple[TensorState, ...]) -> None:
         super().__init__(scheduler, inputs, outputs)
         self.target = capture
         self.refilled: list[tuple[TensorState, Storage]] = []
+        self.spans: list[tuple[float, float]] = []  # each program's run, for the timeline
 
     def decide(self) -> Record:
         capture = self.target
@@ -807,10 +808,11 @@ class ReplayCommand(_Scheduled):
             nbytes += source.nbytes + storage.nbytes
             self.refilled.append((state, storage))
         steps.extend(capture.steps)
-        return Record(tuple(steps), nbytes=nbytes, macs=capture.macs)
+        return Record(tuple(steps), nbytes=nbytes, macs=capture.macs, timed=True)
 
     def commit(self, record: Record, result: Any) -> None:
         s = self.scheduler
+        self.spans = result
         for state, storage in self.refilled:
             if state.find(storage.layout) is None:
                 state.storages.append(storage)
@@ -839,4 +841,5 @@ class ReplayCommand(_Scheduled):
     def describe(self) -> dict[str, Any]:
         info = super().describe()
         info["programs"] = list(self.target.programs)
+        info["children"] = list(zip(self.target.programs, self.spans))
         return info

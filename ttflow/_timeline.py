@@ -48,6 +48,7 @@ class TimelineRecorder:
         end = time.perf_counter()
         queue = command.queue.name if command.queue is not None else "CQ0"
         info = command.describe()
+        children = info.pop("children", ())
         args = {k: v for k, v in info.items() if k != "name"}
         if error is not None:
             args["error"] = f"{type(error).__name__}: {error}"
@@ -65,6 +66,19 @@ class TimelineRecorder:
                 "args": args,
             }
         )
+        for name, (child_start, child_end) in children:  # e.g. a replay's programs, inside it
+            self.events.append(
+                {
+                    "name": name,
+                    "cat": "replayed program",
+                    "ph": "X",
+                    "ts": self._us(child_start),
+                    "dur": max(self._us(child_end) - self._us(child_start), 0.0),
+                    "pid": 1,
+                    "tid": _TRACKS.get(queue, 0),
+                    "args": {},
+                }
+            )
         spaces = self.device._spaces
         self.events.append(
             {
@@ -118,7 +132,8 @@ def queue_summary(events: list[dict[str, Any]]) -> dict[str, Any]:
     spans: dict[int, list[tuple[float, float]]] = {tid: [] for tid in _TRACKS.values()}
     moved = dict.fromkeys(_TRACKS.values(), 0)
     for event in events:
-        if event.get("ph") == "X" and event.get("tid") in spans:
+        if event.get("ph") == "X" and event.get("tid") in spans and "bytes" in event.get("args", {}):
+            # (a command's nested slices, such as a replay's programs, have no bytes of their own)
             spans[event["tid"]].append((event["ts"], event["ts"] + event["dur"]))
             moved[event["tid"]] += int(event.get("args", {}).get("bytes", 0))
     busy = {tid: _union(s) for tid, s in spans.items()}
