@@ -1,9 +1,10 @@
-"""Dispatch cost: a chain of tiny programs, each reading the previous output.
+"""Dispatch cost: a chain of tiny programs (32x32 float32 `x + 1`), each reading the previous output.
 
-Reported beside the cost of the same number of `anyio.to_thread.run_sync` round trips measured
-in the same run, since a design that hops threads per program pays at least that. Runs on each
-anyio backend that is installed (trio comes with the test extra); the others are reported as
-skipped.
+Measured on each installed anyio backend (trio comes with the test extra; the others are listed
+as skipped): untraced (submit per program), and replayed (the chain captured once with
+`tt.capture_trace`, then `tt.execute_trace` per pass). Peers measured in the same run: PyTorch
+eager's `x = x + 1` on a 32x32 float32 tensor (when torch is installed), numpy's, and an
+`anyio.to_thread.run_sync` round trip (what a design that hops threads per program pays).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from .._device import open_device
 from .._binary import Binary
 from .._program import ProgramBuilder
 from .._runtime import submit, to_device, to_host
+from .._trace import capture_trace, execute_trace, release_trace
 from .._types import DataType, DeviceSpec, Layout, MemorySpace, TensorLayout
 
 
@@ -29,10 +31,11 @@ def _chain_binary() -> Binary:
     return Binary([b.build()])
 
 
-async def _measure(count: int, backend_name: str) -> dict[str, Any]:
+async def _measure(count: int, backend_name: str, chain: int) -> dict[str, Any]:
     binary = _chain_binary()
+    tile = Layout(MemorySpace.DRAM, TensorLayout.TILE)
     async with open_device(DeviceSpec.small()) as device:
-        start = to_device(np.zeros((32, 32), np.float32), device, Layout(MemorySpace.DRAM, TensorLayout.TILE))
+        start = to_device(np.zeros((32, 32), np.float32), device, tile)
         await start
         # Warm-up: first use of a program builds its plan.
         await submit(device, binary, 0, [start])[0]
@@ -48,6 +51,22 @@ async def _measure(count: int, backend_name: str) -> dict[str, Any]:
         value = float((await to_host(t))[0, 0])
         if value != count:
             raise AssertionError(f"chain computed {value}, expected {count}")
+        del t
+        with capture_trace(device) as trace:
+            t = start
+            for _ in range(chain):
+                (t,) = submit(device, binary, 0, [t])
+        await t
+        replays = max(1, count // chain)
+        begin = time.perf_counter()
+        for _ in range(replays):
+            execute_trace(trace)
+        await t
+        replayed = time.perf_counter() - begin
+        value = float((await to_host(t))[0, 0])
+        if value != chain:
+            raise AssertionError(f"replayed chain computed {value}, expected {chain}")
+        release_trace(trace)
     begin = time.perf_counter()
     for _ in range(count):
         await anyio.to_thread.run_sync(lambda: None)
@@ -57,9 +76,30 @@ async def _measure(count: int, backend_name: str) -> dict[str, Any]:
         "programs": count,
         "us_per_program": total / count * 1e6,
         "us_per_submit": submit_time / count * 1e6,
+        "us_per_program_replayed": replayed / (replays * chain) * 1e6,
         "us_per_thread_round_trip": hop / count * 1e6,
-        "program_vs_thread_round_trip": (total / count) / (hop / count),
     }
+
+
+def _peer_us(step: Any, x: Any, count: int) -> float:
+    for _ in range(min(count, 200)):  # warm-up
+        x = step(x)
+    begin = time.perf_counter()
+    for _ in range(count):
+        x = step(x)
+    return (time.perf_counter() - begin) / count * 1e6
+
+
+def peers(count: int) -> dict[str, float]:
+    """us per `x = x + 1` on a 32x32 float32 array: numpy, and PyTorch eager when installed."""
+    result = {"numpy_us_per_op": _peer_us(lambda x: x + 1, np.zeros((32, 32), np.float32), count)}
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        result["torch_eager_us_per_op"] = _peer_us(
+            lambda x: x + 1, torch.zeros((32, 32), dtype=torch.float32), count
+        )
+    return result
 
 
 def backend_available(name: str) -> bool:
@@ -68,30 +108,47 @@ def backend_available(name: str) -> bool:
 
 
 def run(count: int = 2000, backends: tuple[str, ...] = ("asyncio", "trio"),
-        quick: bool = False) -> dict[str, Any]:
+        quick: bool = False, chain: int = 100) -> dict[str, Any]:
     """Measures each installed backend; the others are listed under "skipped" with the reason."""
     if quick:
         count = min(count, 200)
+    chain = min(chain, count)
     results, skipped = [], []
     for name in backends:
         if backend_available(name):
-            results.append(anyio.run(_measure, count, name, backend=name))
+            results.append(anyio.run(_measure, count, name, chain, backend=name))
         else:
             skipped.append({"backend": name, "reason": f"{name} is not installed (pip install {name})"})
-    return {"benchmark": "dispatch", "results": results, "skipped": skipped}
+    peer = peers(count)
+    for r in results:
+        r["program_vs_thread_round_trip"] = r["us_per_program"] / r["us_per_thread_round_trip"]
+        r["program_vs_numpy"] = r["us_per_program"] / peer["numpy_us_per_op"]
+        if "torch_eager_us_per_op" in peer:
+            r["program_vs_torch_eager"] = r["us_per_program"] / peer["torch_eager_us_per_op"]
+            r["replayed_vs_torch_eager"] = r["us_per_program_replayed"] / peer["torch_eager_us_per_op"]
+    return {"benchmark": "dispatch", "results": results, "skipped": skipped, "peers": peer}
 
 
 def format_table(result: dict[str, Any]) -> str:
+    peer = result.get("peers", {})
+    torch_us = peer.get("torch_eager_us_per_op")
     lines = [
-        f"{'backend':<8} {'programs':>8} {'us/program':>11} {'us/submit':>10} "
-        f"{'us/thread hop':>14} {'program/hop':>12}"
+        f"{'backend':<8} {'programs':>8} {'us/program':>11} {'us/submit':>10} {'us/replayed':>12} "
+        f"{'vs torch':>9} {'replay vs torch':>16}"
     ]
     for r in result["results"]:
+        vs = f"{r['program_vs_torch_eager']:>8.1f}x" if torch_us else f"{'-':>9}"
+        rvs = f"{r['replayed_vs_torch_eager']:>15.2f}x" if torch_us else f"{'-':>16}"
         lines.append(
             f"{r['backend']:<8} {r['programs']:>8} {r['us_per_program']:>11.1f} "
-            f"{r['us_per_submit']:>10.2f} {r['us_per_thread_round_trip']:>14.1f} "
-            f"{r['program_vs_thread_round_trip']:>12.2f}"
+            f"{r['us_per_submit']:>10.2f} {r['us_per_program_replayed']:>12.1f} {vs} {rvs}"
         )
     for r in result.get("skipped", []):
         lines.append(f"{r['backend']:<8} skipped: {r['reason']}")
+    lines.append(
+        "peers: numpy {:.2f} us/op".format(peer.get("numpy_us_per_op", float("nan")))
+        + (f", PyTorch eager {torch_us:.2f} us/op" if torch_us else ", PyTorch not installed")
+        + "; thread round trip "
+        + ", ".join(f"{r['backend']} {r['us_per_thread_round_trip']:.0f} us" for r in result["results"])
+    )
     return "\n".join(lines)
