@@ -233,6 +233,7 @@ async def test_a_failed_command_keeps_no_frames() -> None:
         with pytest.MonkeyPatch.context() as mp:
             plan = device._scheduler.plan(binary.programs[0])
             mp.setattr(plan, "compute", [broken])
+            mp.setattr(plan, "pagewise", False)  # through the general path, which calls ops
             (y,) = tt.submit(device, binary, 0, [x])
             ref = weakref.ref(x)
             del x

@@ -24,13 +24,14 @@ import numpy as np
 from . import _storage_io as io
 from ._memory import Storage
 from ._ops import OPS, compute_dtype
-from ._types import Layout, MemorySpace, TensorLayout
+from ._types import DataType, Layout, MemorySpace, TensorLayout
 
 if TYPE_CHECKING:
     from ._program import Program
 
 __all__ = [
     "Store", "Load", "Copy", "Compute", "Step", "Record", "Plan", "Banks", "run", "run_all",
+    "pagewise_storages",
     "INLINE_SECONDS",
 ]
 
@@ -65,7 +66,7 @@ class Copy(NamedTuple):
 class Plan:
     """What a program needs that does not change between submissions (cached per program)."""
 
-    __slots__ = ("values", "steps", "inputs", "outputs", "last_read", "step_attrs", "store_in_output", "copied_out", "compute",
+    __slots__ = ("values", "steps", "inputs", "outputs", "pagewise", "last_read", "step_attrs", "store_in_output", "copied_out", "compute",
                  "value_dtypes", "scratch", "macs")
 
     def __init__(self, program: Program) -> None:
@@ -80,7 +81,7 @@ class Plan:
             for value in step.inputs:
                 self.last_read[value] = index
         self.step_attrs = [dict(step.attrs) for step in program.steps]
-        self.compute = [OPS[step.op].compute for step in program.steps]
+        self.compute = [OPS[step.op].fn for step in program.steps]  # run() silences FP warnings
         self.value_dtypes = [compute_dtype(spec.dtype) for spec in program.values]
         # A step value that is an output of the same dtype is stored straight into that output.
         self.store_in_output: dict[int, int] = {}
@@ -101,6 +102,7 @@ class Plan:
             for step in program.steps
             if step.output not in self.store_in_output
         ]
+        self.pagewise = _pagewise(program)
         self.macs = sum(
             math.prod(program.values[step.inputs[0]].shape) * program.values[step.inputs[1]].shape[-1]
             for step in program.steps
@@ -108,11 +110,50 @@ class Plan:
         )
 
 
+_EXACT_POINTWISE = {"add": np.add, "sub": np.subtract, "mul": np.multiply}
+_EXACT_UNARY = {"relu": lambda x, out: np.maximum(x, np.float32(0), out=out),
+                "neg": lambda x, out: np.negative(x, out=out)}
+
+
+def _pagewise(program: Program) -> bool:
+    """Whether the program can run on its tiles' pages as they lie in bank memory.
+
+    True when every value is FLOAT32 of one shape whose last two dims are multiples of 32 (so
+    tiles have no padding), every input and output is in TILE layout, and every step is an
+    exactly rounded pointwise op (add, sub, mul with a tensor of the same shape or a scalar;
+    relu; neg). Element i of every tile page is then the same logical element in every operand,
+    so the ops run on the pages directly: no untilize or tilize, and the same bits as the
+    general path (the same IEEE operations on the same float32 values)."""
+    shape = program.values[0].shape if program.values else ()
+    if len(shape) < 2 or shape[-1] % 32 or shape[-2] % 32:
+        return False
+    f32 = DataType.FLOAT32
+    if any(v.shape != shape or v.dtype is not f32 for v in program.values):
+        return False
+    specs = (*program.inputs, *program.output_specs)
+    if any(s.layout.tensor_layout is not TensorLayout.TILE or s.layout.dtype is not f32 for s in specs):
+        return False
+    return all(step.op in _EXACT_POINTWISE or step.op in _EXACT_UNARY for step in program.steps)
+
+
 class Compute(NamedTuple):
     plan: Plan
     sources: tuple[Storage, ...]
     outputs: tuple[Storage, ...]
     scratch: dict[int, Storage]
+    pagewise: bool = False  # run on the pages in place (see `pagewise_storages`)
+
+
+def pagewise_storages(plan: Plan, storages: tuple[Storage, ...]) -> bool:
+    """Whether a pagewise plan may run in place on these storages: all in one memory space (so
+    page i lies in the same bank and slot in every operand) with unpadded pages."""
+    if not plan.pagewise or not storages:
+        return False
+    space = storages[0].layout.memory
+    return all(
+        s.layout.memory is space and s.buffer.aligned_page_size == s.buffer.page_size
+        for s in storages
+    )
 
 
 Step = Union[Store, Load, Copy, Compute]
@@ -135,6 +176,11 @@ class Record(NamedTuple):
 def run(record: Record, banks: Banks) -> Any:
     """Runs a record's steps in order; returns what its `Load` step read, if it has one (or,
     for a timed record, the perf_counter span of each Compute step)."""
+    with np.errstate(all="ignore"):  # once per record, not per op: ops' results are results
+        return _run(record, banks)
+
+
+def _run(record: Record, banks: Banks) -> Any:
     result: Any = [] if record.timed else None
     for step in record.steps:
         kind = type(step)  # exact types: cheaper than isinstance on the hot path
@@ -174,8 +220,44 @@ def run_all(records: list[Record], banks: Banks) -> list[BaseException | None]:
     return errors
 
 
+def _pages(storage: Storage, banks: Banks) -> np.ndarray[Any, Any]:
+    """The storage's pages as float32, as they lie in its banks (page i: bank i % banks)."""
+    pages = storage.pages
+    if pages is not None:
+        return pages
+    buf = storage.buffer
+    bank = banks[storage.layout.memory]
+    banks_used = min(buf.num_pages, bank.shape[0])
+    depth = -(-buf.num_pages // bank.shape[0]) * buf.aligned_page_size
+    pages = storage.pages = bank[:banks_used, buf.address : buf.address + depth].view(np.float32)
+    return pages
+
+
+def _compute_pages(step: Compute, banks: Banks) -> None:
+    plan, sources, outputs, scratch, _ = step
+    views: list[Any] = [None] * len(plan.values)
+    for index, storage in enumerate(sources):
+        views[index] = _pages(storage, banks)
+    for index, op in enumerate(plan.steps):
+        k = plan.store_in_output.get(op.output)
+        out = _pages(outputs[k] if k is not None else scratch[op.output], banks)
+        a = views[op.inputs[0]]
+        if op.op in _EXACT_UNARY:
+            _EXACT_UNARY[op.op](a, out)
+        else:
+            b = views[op.inputs[1]] if op.scalar is None else np.float32(op.scalar)
+            _EXACT_POINTWISE[op.op](a, b, out=out)
+        views[op.output] = out
+    for k, value in enumerate(plan.outputs):
+        if plan.store_in_output.get(value) != k:
+            np.copyto(_pages(outputs[k], banks), views[value])
+
+
 def _compute(step: Compute, banks: Banks) -> None:
-    plan, sources, outputs, scratch = step
+    if step.pagewise:
+        _compute_pages(step, banks)
+        return
+    plan, sources, outputs, scratch, _ = step
     values: list[np.ndarray[Any, Any] | None] = [None] * len(plan.values)
     for index, (storage, spec) in enumerate(zip(sources, plan.inputs)):
         if plan.last_read[index] >= 0 or plan.copied_out[index]:

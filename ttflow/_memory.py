@@ -44,12 +44,15 @@ class BufferInfo:
 class Storage:
     """One copy of a value in one layout, at one place in bank memory (no tensor state)."""
 
-    __slots__ = ("layout", "buffer", "dims3", "nbytes", "__weakref__")
+    __slots__ = ("layout", "buffer", "dims3", "nbytes", "pages", "__weakref__")
 
     def __init__(self, layout: Layout, buffer: BufferInfo, shape: tuple[int, ...]) -> None:
         self.layout = layout
         self.buffer = buffer
         self.nbytes = buffer.page_size * buffer.num_pages
+        # A cached view of the pages in bank memory (filled by a run that works on pages in
+        # place, dropped when the storage is freed, so no view outlives its allocation).
+        self.pages: Any = None
         # (batch, rows, cols) of the logical shape: how the tile kernels see it.
         if len(shape) == 1:
             self.dims3 = (1, 1, shape[0])

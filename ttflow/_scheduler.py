@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, final
 
 import numpy as np
 
-from ._commands import Compute, Copy, Load, Plan, Record, Store
+from ._commands import Compute, Copy, Load, Plan, Record, Store, pagewise_storages
 from ._errors import OutOfMemoryError, ProgramError, TraceError, detach_frames
 from ._memory import MemorySpaceState, Storage
 from ._queue import Command, CommandQueue
@@ -346,7 +346,9 @@ class ProgramCommand(_Scheduled):
                 s.free(storage)
             self.converted.clear()
             raise
-        steps.append(Compute(self.plan, tuple(sources), tuple(outputs), scratch))
+        sources_, outputs_ = tuple(sources), tuple(outputs)
+        pagewise = pagewise_storages(self.plan, (*sources_, *outputs_, *scratch.values()))
+        steps.append(Compute(self.plan, sources_, outputs_, scratch, pagewise))
         return Record(tuple(steps), nbytes=nbytes, macs=self.plan.macs)
 
     def commit(self, record: Record, result: Any) -> None:
@@ -438,6 +440,7 @@ class Scheduler:
                 self._orphans[storage] = None  # a trace replays into it: kept until released
                 return
             del self._owned[storage]
+            storage.pages = None
             self._spaces[storage.layout.memory].free(storage.buffer)
 
     def pin(self, storage: Storage) -> None:
