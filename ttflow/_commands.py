@@ -38,12 +38,14 @@ __all__ = [
 Banks = dict[MemorySpace, np.ndarray[Any, np.dtype[np.uint8]]]
 
 BYTES_PER_SECOND = 4e9
-"""Rough rate at which the kernels move bytes here (tilize, scatter, copies), for estimates."""
-MACS_PER_SECOND = 1e10
-"""Rough single-thread BLAS rate, multiply-accumulates per second, for estimates."""
-INLINE_SECONDS = 64e-6
-"""Records estimated below this run inline in the queue task: a thread hand-off costs
-85-180 us here, more than the work it would move off the loop."""
+"""Rough rate at which runs move bytes here (tilize 8 GB/s, untilize and gathers slower, plus
+numpy's own copies), for estimates."""
+MACS_PER_SECOND = 2e10
+"""Rough single-thread BLAS rate here, multiply-accumulates per second (small sgemms 15-20 G,
+large ones 30 G), for estimates."""
+INLINE_SECONDS = 100e-6
+"""Records estimated below this run inline in the queue task: a thread hand-off costs 85-180 us
+here, so moving shorter work off the loop would make it slower, not the loop freer."""
 
 
 class Store(NamedTuple):

@@ -27,7 +27,15 @@ __all__ = ["Device", "DeviceStatistics", "open_device"]
 @final
 @attrs.frozen
 class DeviceStatistics:
-    """A snapshot of a device's counters (bytes are those of host arrays, not padded tiles)."""
+    """A snapshot of a device's counters (bytes are those of host arrays, not padded tiles).
+
+    `layout_conversions` counts copies that change a value's layout or dtype (by `to_layout` or
+    at a program's start); `residency_copies` / `residency_copy_bytes` count copies that only
+    move a value between memory spaces (an evicted L1 copy brought back); `evictions` /
+    `eviction_bytes` count L1 storages moved to DRAM and the bytes copied (an eviction whose
+    value DRAM already holds copies nothing). `programs_run` includes programs run by trace
+    replays; `trace_replays` counts the replays.
+    """
 
     host_to_device_bytes: int = 0
     device_to_host_bytes: int = 0
@@ -37,6 +45,7 @@ class DeviceStatistics:
     layout_conversions: int = 0
     residency_copies: int = 0
     residency_copy_bytes: int = 0
+    trace_replays: int = 0
     l1_peak_bytes: int = 0
     dram_peak_bytes: int = 0
     commands_run: int = 0
