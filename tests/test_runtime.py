@@ -373,3 +373,36 @@ async def test_reshape_program_on_device() -> None:
         s, flat = tt.submit(device, binary, 0, [tt.to_device(x, device, DRAM_TILE)])
         np.testing.assert_allclose(await tt.to_host(s), x.reshape(6, 40).sum(0, keepdims=True), rtol=1e-5)
         np.testing.assert_array_equal(await tt.to_host(flat), x.reshape(240))
+
+
+async def test_one_program_with_inputs_in_every_layout_matches_numpy() -> None:
+    # Plans are cached per program and the decision has a fast path for inputs already in their
+    # declared layout: the same program, submitted again and again with inputs in other layouts
+    # (converted first), in the declared one, or one tensor given twice, must compute each time
+    # from the inputs it was given. Program 0 needs no scratch (the fast path), program 1 does.
+    declared = tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, F32)
+    programs = []
+    for name in ("one_step", "three_steps"):
+        b = tt.ProgramBuilder(name)
+        x, y = b.input((64, 96), declared), b.input((64, 96), declared)
+        v = b.mul(x, y) if name == "one_step" else b.sub(b.mul(b.relu(x), y), b.add(x, 0.5))
+        b.output(v, declared)
+        programs.append(b.build())
+    binary = tt.Binary(programs)
+    reference = [lambda a, c: a * c, lambda a, c: np.maximum(a, 0) * c - (a + np.float32(0.5))]
+    layouts = [declared, DRAM_RM, L1_TILE, L1_RM, tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, BF16)]
+    r = rng(7)
+    async with tt.open_device(tt.DeviceSpec.small()) as device:
+        for round_ in range(2):
+            for lx in layouts:
+                for ly in (declared, lx):
+                    a = r.standard_normal((64, 96)).astype(np.float32)
+                    c = r.standard_normal((64, 96)).astype(np.float32)
+                    ta, tc = tt.to_device(a, device, lx), tt.to_device(c, device, ly)
+                    a = (await tt.to_host(ta)).astype(np.float32)  # as stored (bf16 rounds)
+                    c = (await tt.to_host(tc)).astype(np.float32)
+                    for index, ref in enumerate(reference):
+                        (out,) = tt.submit(device, binary, index, [ta, tc])
+                        (same,) = tt.submit(device, binary, index, [ta, ta])
+                        np.testing.assert_array_equal(await tt.to_host(out), ref(a, c))
+                        np.testing.assert_array_equal(await tt.to_host(same), ref(a, a))

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Union, cast, final
 import numpy as np
 
 from . import _storage_io as io
+from ._kernels import _pointwise
 from ._memory import Storage
 from ._ops import OPS, compute_dtype
 from ._types import DataType, Layout, MemorySpace, TensorLayout
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Store", "Load", "Copy", "Compute", "Step", "Record", "Plan", "Banks", "run", "run_all",
-    "pagewise_storages",
+    "pagewise_storages", "page_kernel",
     "INLINE_SECONDS",
 ]
 
@@ -68,8 +69,9 @@ class Copy(NamedTuple):
 class Plan:
     """What a program needs that does not change between submissions (cached per program)."""
 
-    __slots__ = ("values", "steps", "inputs", "outputs", "pagewise", "last_read", "step_attrs", "store_in_output", "copied_out", "compute",
-                 "value_dtypes", "scratch", "macs")
+    __slots__ = ("values", "steps", "inputs", "outputs", "pagewise", "last_read", "step_attrs",
+                 "store_in_output", "copied_out", "compute", "value_dtypes", "scratch", "macs",
+                 "page_code", "input_layouts", "output_layouts", "output_shapes", "bound")
 
     def __init__(self, program: Program) -> None:
         # The parts of the program a run reads (not the program: a plan cached under its program
@@ -105,6 +107,13 @@ class Plan:
             if step.output not in self.store_in_output
         ]
         self.pagewise = _pagewise(program)
+        # The pagewise program as C kernel code (see `_page_code`), or None.
+        self.page_code = _page_code(program, self.store_in_output, self.scratch) if self.pagewise else None
+        self.input_layouts = tuple(spec.layout for spec in program.inputs)
+        self.output_layouts = tuple(spec.layout for spec in program.output_specs)
+        self.output_shapes = tuple(spec.shape for spec in program.output_specs)
+        # What the scheduler of one device precomputes (output geometry), set by it.
+        self.bound: Any = None
         self.macs = sum(
             math.prod(program.values[step.inputs[0]].shape) * program.values[step.inputs[1]].shape[-1]
             for step in program.steps
@@ -138,12 +147,63 @@ def _pagewise(program: Program) -> bool:
     return all(step.op in _EXACT_POINTWISE or step.op in _EXACT_UNARY for step in program.steps)
 
 
+PageCode = tuple[tuple[int, int, int, float, int], ...]
+"""`_pointwise.run` code: (op, operand a, operand b or -1 for the scalar, scalar, out) each."""
+Kernel = tuple[MemorySpace, PageCode, tuple[int, ...], int, int]
+"""A Compute step run by the C kernel: (memory space, code, operand addresses, rows, depth)."""
+
+_OPCODES = {"add": _pointwise.OP_ADD, "sub": _pointwise.OP_SUB, "mul": _pointwise.OP_MUL,
+            "relu": _pointwise.OP_RELU, "neg": _pointwise.OP_NEG}
+
+
+def _page_code(program: Program, store_in_output: dict[int, int],
+               scratch: list[Any]) -> PageCode | None:
+    """A pagewise program as `_pointwise.run` code over operand slots (inputs, then outputs,
+    then scratch in the plan's order), or None to run it through numpy instead: a NaN scalar
+    (numpy gives the scalar's NaN, a choice of its loops), or more operands than the kernel takes."""
+    n_in, n_out = len(program.inputs), len(program.outputs)
+    if n_in + n_out + len(scratch) > _pointwise.MAX_OPERANDS:
+        return None
+    slot = {value: value for value in range(n_in)}
+    for value, k in store_in_output.items():
+        slot[value] = n_in + k
+    for index, (value, *_) in enumerate(scratch):
+        slot[value] = n_in + n_out + index
+    code = []
+    for step in program.steps:
+        scalar = 0.0
+        if step.scalar is not None:
+            scalar = float(step.scalar)
+            if math.isnan(scalar):
+                return None
+        second = slot[step.inputs[1]] if len(step.inputs) > 1 else -1
+        code.append((_OPCODES[step.op], slot[step.inputs[0]], second, scalar, slot[step.output]))
+    for k, value in enumerate(program.outputs):
+        if store_in_output.get(value) != k:
+            code.append((_pointwise.OP_COPY, slot[value], -1, 0.0, n_in + k))
+    return tuple(code)
+
+
 class Compute(NamedTuple):
     plan: Plan
     sources: tuple[Storage, ...]
     outputs: tuple[Storage, ...]
     scratch: dict[int, Storage]
     pagewise: bool = False  # run on the pages in place (see `pagewise_storages`)
+    # For the C kernel: (memory space, code, operand addresses, bank rows, depth), or None.
+    kernel: Kernel | None = None
+
+
+def page_kernel(plan: Plan, operands: tuple[Storage, ...], num_banks: int) -> Kernel | None:
+    """`Compute.kernel` for a pagewise plan on these storages (inputs, outputs, scratch in the
+    plan's order), or None when numpy runs it."""
+    code = plan.page_code
+    if code is None:
+        return None
+    first = operands[0]
+    pages = first.num_pages
+    depth = -(-pages // num_banks) * first.aligned_page_size
+    return first.layout.memory, code, tuple([s.address for s in operands]), min(pages, num_banks), depth
 
 
 def pagewise_storages(plan: Plan, storages: tuple[Storage, ...]) -> bool:
@@ -153,7 +213,7 @@ def pagewise_storages(plan: Plan, storages: tuple[Storage, ...]) -> bool:
         return False
     space = storages[0].layout.memory
     return all(
-        s.layout.memory is space and s.buffer.aligned_page_size == s.buffer.page_size
+        s.layout.memory is space and s.aligned_page_size == s.page_size
         for s in storages
     )
 
@@ -178,6 +238,15 @@ class Record(NamedTuple):
 def run(record: Record, banks: Banks) -> Any:
     """Runs a record's steps in order; returns what its `Load` step read, if it has one (or,
     for a timed record, the perf_counter span of each Compute step)."""
+    steps = record.steps
+    if len(steps) == 1 and not record.timed:
+        step = steps[0]
+        if type(step) is Compute:
+            kernel = cast(Compute, step).kernel
+            if kernel is not None:  # the tiny-op path: C, which raises no FP warnings
+                space, code, addresses, rows, depth = kernel
+                _pointwise.run(banks[space], code, addresses, rows, depth)
+                return None
     with np.errstate(all="ignore"):  # once per record, not per op: ops' results are results
         return _run(record, banks)
 
@@ -227,7 +296,7 @@ def _pages(storage: Storage, banks: Banks) -> np.ndarray[Any, Any]:
     pages = storage.pages
     if pages is not None:
         return pages
-    buf = storage.buffer
+    buf = storage
     bank = banks[storage.layout.memory]
     banks_used = min(buf.num_pages, bank.shape[0])
     depth = -(-buf.num_pages // bank.shape[0]) * buf.aligned_page_size
@@ -236,7 +305,12 @@ def _pages(storage: Storage, banks: Banks) -> np.ndarray[Any, Any]:
 
 
 def _compute_pages(step: Compute, banks: Banks) -> None:
-    plan, sources, outputs, scratch, _ = step
+    kernel = step.kernel
+    if kernel is not None:
+        space, code, addresses, rows, depth = kernel
+        _pointwise.run(banks[space], code, addresses, rows, depth)
+        return
+    plan, sources, outputs, scratch = step.plan, step.sources, step.outputs, step.scratch
     views: list[Any] = [None] * len(plan.values)
     for index, storage in enumerate(sources):
         views[index] = _pages(storage, banks)
@@ -259,7 +333,7 @@ def _compute(step: Compute, banks: Banks) -> None:
     if step.pagewise:
         _compute_pages(step, banks)
         return
-    plan, sources, outputs, scratch, _ = step
+    plan, sources, outputs, scratch = step.plan, step.sources, step.outputs, step.scratch
     values: list[np.ndarray[Any, Any] | None] = [None] * len(plan.values)
     for index, (storage, spec) in enumerate(zip(sources, plan.inputs)):
         if plan.last_read[index] >= 0 or plan.copied_out[index]:

@@ -42,25 +42,37 @@ class BufferInfo:
 
 @final
 class Storage:
-    """One copy of a value in one layout, at one place in bank memory (no tensor state)."""
+    """One copy of a value in one layout, at one place in bank memory (no tensor state).
 
-    __slots__ = ("layout", "buffer", "dims3", "nbytes", "pages", "__weakref__")
+    The geometry is kept as plain fields (what the hot paths read); `buffer` is the public
+    `BufferInfo` of the same, made when first asked for.
+    """
 
-    def __init__(self, layout: Layout, buffer: BufferInfo, shape: tuple[int, ...]) -> None:
+    __slots__ = ("layout", "address", "page_size", "aligned_page_size", "num_pages", "dims3",
+                 "nbytes", "pages", "_buffer", "__weakref__")
+
+    def __init__(self, layout: Layout, address: int, page_size: int, aligned_page_size: int,
+                 num_pages: int, dims3: tuple[int, int, int]) -> None:
         self.layout = layout
-        self.buffer = buffer
-        self.nbytes = buffer.page_size * buffer.num_pages
+        self.address = address
+        self.page_size = page_size
+        self.aligned_page_size = aligned_page_size
+        self.num_pages = num_pages
+        # (batch, rows, cols) of the logical shape: how the tile kernels see it.
+        self.dims3 = dims3
+        self.nbytes = page_size * num_pages
         # A cached view of the pages in bank memory (filled by a run that works on pages in
         # place, dropped when the storage is freed, so no view outlives its allocation).
         self.pages: Any = None
-        # (batch, rows, cols) of the logical shape: how the tile kernels see it.
-        if len(shape) == 1:
-            self.dims3 = (1, 1, shape[0])
-        else:
-            batch = 1
-            for d in shape[:-2]:
-                batch *= d
-            self.dims3 = (batch, shape[-2], shape[-1])
+        self._buffer: BufferInfo | None = None
+
+    @property
+    def buffer(self) -> BufferInfo:
+        buffer = self._buffer
+        if buffer is None:
+            buffer = self._buffer = BufferInfo(self.layout.memory, self.address, self.page_size,
+                                               self.aligned_page_size, self.num_pages)
+        return buffer
 
     def same_format(self, other: Storage) -> bool:
         """Whether a copy between the two only moves pages (same dtype and tensor layout)."""
@@ -225,12 +237,22 @@ class MemorySpaceState:
     def allocate(self, page_size: int, num_pages: int) -> BufferInfo:
         """Room for `num_pages` interleaved pages; OutOfMemoryError when no block fits."""
         aligned = _round_up(page_size, self.alignment)
-        depth = -(-num_pages // self.num_banks) * aligned
-        address = self.allocator.allocate(depth)
-        if address is None:
-            raise OutOfMemoryError(self.space, depth, self.allocator.largest_free)
-        self.peak_bytes = max(self.peak_bytes, self.used_bytes())
+        address = self.reserve(-(-num_pages // self.num_banks) * aligned)
         return BufferInfo(self.space, address, page_size, aligned, num_pages)
+
+    def reserve(self, depth: int) -> int:
+        """The address of `depth` bytes in every bank; OutOfMemoryError when no block fits."""
+        allocator = self.allocator
+        address = allocator.allocate(depth)
+        if address is None:
+            raise OutOfMemoryError(self.space, depth, allocator.largest_free)
+        used = allocator.used_bytes * self.num_banks
+        if used > self.peak_bytes:
+            self.peak_bytes = used
+        return address
+
+    def aligned(self, page_size: int) -> int:
+        return _round_up(page_size, self.alignment)
 
     def free(self, buffer: BufferInfo) -> None:
         self.allocator.free(buffer.address)

@@ -23,10 +23,14 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from ._commands import INLINE_SECONDS, Banks, Record, run, run_all
+from ._commands import BYTES_PER_SECOND, INLINE_SECONDS, MACS_PER_SECOND, Banks, Record, run, run_all
 from ._errors import DeviceClosedError
 
-__all__ = ["Command", "CommandQueue"]
+__all__ = ["Command", "CommandQueue", "NO_DEPS"]
+
+NO_DEPS: list[Any] = []
+"""The dependencies of a command that has none: shared, so never appended to (`enqueue` gives
+a command its own list when it has some)."""
 
 _BATCH_MAX = 32
 """Most commands one worker-thread hand-off carries."""
@@ -47,7 +51,7 @@ class Command:
 
     def __init__(self) -> None:
         self.queue: CommandQueue | None = None
-        self.deps: list[Command] = []
+        self.deps: list[Command] = NO_DEPS
         self.done = False
         self.error: BaseException | None = None
         self._event: anyio.Event | None = None
@@ -90,7 +94,7 @@ class Command:
         """
         self.error = error
         self.done = True
-        self.deps = []
+        self.deps = NO_DEPS
         self.record = None
         self.capture = None
         self.forget()
@@ -156,19 +160,22 @@ class CommandQueue:
 
     async def serve(self) -> None:
         pending = self._pending
-        deadline = time.perf_counter() + _YIELD_EVERY
+        banks = self._banks
+        on_complete = self._on_complete
+        perf_counter = time.perf_counter
+        deadline = perf_counter() + _YIELD_EVERY
         while True:
             if not pending:
                 if self._closing:
                     return
                 self._wakeup = anyio.Event()
                 await self._wakeup.wait()
-                deadline = time.perf_counter() + _YIELD_EVERY
+                deadline = perf_counter() + _YIELD_EVERY
                 continue
             command = pending[0]
             if self._aborted is not None:
                 pending.popleft()
-                self._on_complete(command, self._aborted)
+                on_complete(command, self._aborted)
                 continue
             blocker = command.blocker()
             if blocker is not None:
@@ -180,16 +187,47 @@ class CommandQueue:
                     errors = await self._execute_batch(batch)
                     for done, error in zip(batch, errors):
                         pending.popleft()
-                        self._on_complete(done, error)
+                        on_complete(done, error)
                     del batch, command
                     continue
-            error = await self._execute(command)
+            # The phases of one command, inline in this loop (no coroutine per command): only a
+            # preamble or a record too large to run here awaits. Once started, a command runs
+            # to the end: cancellation is only delivered between commands, so device state is
+            # never left half-updated.
+            error = command.failed_input()
+            if error is None:
+                try:
+                    preamble = command.preamble()
+                except Exception as exc:
+                    error = exc
+                    preamble = None
+                if preamble is not None:
+                    preamble.queue = self
+                    error = await self._phases(preamble)
+                    on_complete(preamble, error)
+            if error is None:
+                command.started = perf_counter()
+                try:
+                    record = command.record = command.decide()
+                    if command.capture is not None:
+                        command.capture.decided(command, record)  # before a commit can free anything
+                except Exception as exc:
+                    error = exc
+                else:
+                    if record.nbytes / BYTES_PER_SECOND + record.macs / MACS_PER_SECOND > INLINE_SECONDS:
+                        error = await self._run_on_worker(command, record)
+                    else:
+                        try:
+                            command.commit(record, run(record, banks))
+                        except Exception as exc:
+                            command.rollback(record)
+                            error = exc
             pending.popleft()
-            self._on_complete(command, error)
+            on_complete(command, error)
             del command  # an idle queue must not keep the last command alive
-            if time.perf_counter() > deadline:
+            if perf_counter() > deadline:
                 await anyio.lowlevel.checkpoint()
-                deadline = time.perf_counter() + _YIELD_EVERY
+                deadline = perf_counter() + _YIELD_EVERY
 
     def _ready_batch(self) -> list[Command]:
         batch: list[Command] = []
@@ -230,24 +268,6 @@ class CommandQueue:
                 errors[i] = exc
         return errors
 
-    async def _execute(self, command: Command) -> BaseException | None:
-        # Once started, a command runs to the end: cancellation is only delivered between
-        # commands, so device state is never left half-updated.
-        failed = command.failed_input()
-        if failed is not None:
-            return failed
-        try:
-            preamble = command.preamble()
-        except Exception as exc:
-            return exc
-        if preamble is not None:
-            preamble.queue = self
-            error = await self._phases(preamble)
-            self._on_complete(preamble, error)
-            if error is not None:
-                return error
-        return await self._phases(command)
-
     async def _phases(self, command: Command) -> BaseException | None:
         command.started = time.perf_counter()
         try:
@@ -256,12 +276,20 @@ class CommandQueue:
                 command.capture.decided(command, record)  # before a commit can free anything
         except Exception as exc:
             return exc
+        if record.seconds > INLINE_SECONDS:
+            return await self._run_on_worker(command, record)
         try:
-            if record.seconds > INLINE_SECONDS:
-                with anyio.CancelScope(shield=True):
-                    result = await anyio.to_thread.run_sync(run, record, self._banks)
-            else:
-                result = run(record, self._banks)
+            command.commit(record, run(record, self._banks))
+        except Exception as exc:
+            command.rollback(record)
+            return exc
+        return None
+
+    async def _run_on_worker(self, command: Command, record: Record) -> BaseException | None:
+        """Runs a large record on a worker thread (shielded: it runs to the end), then commits."""
+        try:
+            with anyio.CancelScope(shield=True):
+                result = await anyio.to_thread.run_sync(run, record, self._banks)
             command.commit(record, result)
         except Exception as exc:
             command.rollback(record)

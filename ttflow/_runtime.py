@@ -231,6 +231,25 @@ def submit(device: Device, binary: Binary, program_index: int, inputs: Sequence[
     dtype. When the program starts, inputs in another layout are converted (and the conversion
     kept), L1 tensors it does not read move to DRAM, then it runs.
     """
+    if device.closed or type(binary) is not Binary:
+        return _submit_checked(device, binary, program_index, inputs)
+    programs = binary.programs
+    if not 0 <= program_index < len(programs) or len(inputs) != len(programs[program_index].inputs):
+        return _submit_checked(device, binary, program_index, inputs)
+    program: Program = programs[program_index]
+    # The checks below, fast: any doubt goes through `_submit_checked`, which says what is wrong.
+    for tensor, spec in zip(inputs, program.inputs):
+        if (type(tensor) is not Tensor or tensor.device is not device or tensor._state.deallocated
+                or tensor.shape != spec.shape
+                or (tensor.dtype is not spec.dtype and not (tensor.dtype.is_float and spec.dtype.is_float))):
+            return _submit_checked(device, binary, program_index, inputs)
+    states = device._scheduler.submit(program, tuple([tensor._state for tensor in inputs]))
+    wrap = Tensor._wrap
+    return [wrap(device, state) for state in states]
+
+
+def _submit_checked(device: Device, binary: Binary, program_index: int,
+                    inputs: Sequence[Tensor]) -> list[Tensor]:
     device.check_open()
     if not isinstance(binary, Binary):
         raise ProgramError(f"expected a tt.Binary, got {type(binary).__name__}")

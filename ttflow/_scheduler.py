@@ -22,16 +22,17 @@ run in order, so only cross-queue dependencies are recorded.
 from __future__ import annotations
 
 import collections
+import math
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, final
 
 import numpy as np
 
-from ._commands import Compute, Copy, Load, Plan, Record, Store, pagewise_storages
+from ._commands import Compute, Copy, Load, Plan, Record, Store, page_kernel, pagewise_storages
 from ._errors import OutOfMemoryError, ProgramError, TraceError, detach_frames
 from ._memory import MemorySpaceState, Storage
-from ._queue import Command, CommandQueue
+from ._queue import NO_DEPS as _NO_DEPS, Command, CommandQueue
 from ._types import DataType, Layout, MemorySpace, TensorLayout, storage_geometry
 
 if TYPE_CHECKING:
@@ -296,15 +297,64 @@ class ProgramCommand(_Scheduled):
 
     def __init__(self, scheduler: Scheduler, program: Program, plan: Plan,
                  inputs: tuple[TensorState, ...], outputs: tuple[TensorState, ...]) -> None:
-        super().__init__(scheduler, inputs, outputs)
+        # The whole chain of initialisers, flattened: one is made per submit.
+        self.queue = None
+        self.deps = _NO_DEPS
+        self.done = False
+        self.error = None
+        self._event = None
+        self.started = 0.0
+        self.record = None
+        self.capture = None
+        self.scheduler = scheduler
+        self.reads = inputs
+        self.writes = outputs
         self.program = program
         self.plan = plan
         self.converted: list[TensorState] = []  # the input each conversion step is kept on
 
     def preamble(self) -> Command | None:
+        if not self.scheduler._l1:
+            return None
         return self.scheduler.eviction_for(self)
 
     def decide(self) -> Record:
+        # The fast path: every input already has a storage in its declared layout and the
+        # program needs no scratch, so the decision is the output allocations (their geometry
+        # is precomputed per plan and device) and one Compute step.
+        plan = self.plan
+        bound = plan.bound
+        if bound is None:
+            return self._decide()
+        sources = []
+        for state, layout in zip(self.reads, plan.input_layouts):
+            for storage in state.storages:
+                if storage.layout is layout or storage.layout == layout:
+                    sources.append(storage)
+                    break
+            else:
+                return self._decide()
+        s = self.scheduler
+        outputs = []
+        try:
+            for state, geometry in zip(self.writes, bound.outputs):
+                outputs.append(s.allocate_geometry(geometry, state))
+        except BaseException:
+            for storage in outputs:
+                s.free(storage)
+            raise
+        sources_, outputs_ = tuple(sources), tuple(outputs)
+        kernel = None
+        if plan.pagewise and bound.pagewise:
+            kernel = page_kernel(plan, (*sources_, *outputs_), bound.num_banks)
+            compute = Compute(plan, sources_, outputs_, {}, True, kernel)
+        else:
+            pagewise = plan.pagewise and pagewise_storages(plan, (*sources_, *outputs_))
+            compute = Compute(plan, sources_, outputs_, {}, pagewise)
+        return Record((compute,), nbytes=bound.nbytes, macs=plan.macs)
+
+    def _decide(self) -> Record:
+        """The general decision: conversions, scratch (L1, else DRAM), and outputs."""
         s = self.scheduler
         program = self.program
         steps: list[Any] = []
@@ -347,8 +397,12 @@ class ProgramCommand(_Scheduled):
             self.converted.clear()
             raise
         sources_, outputs_ = tuple(sources), tuple(outputs)
-        pagewise = pagewise_storages(self.plan, (*sources_, *outputs_, *scratch.values()))
-        steps.append(Compute(self.plan, sources_, outputs_, scratch, pagewise))
+        operands = (*sources_, *outputs_, *scratch.values())
+        pagewise = self.plan.pagewise and pagewise_storages(self.plan, operands)
+        kernel = None
+        if pagewise:
+            kernel = page_kernel(self.plan, operands, s.num_banks(operands[0].layout.memory))
+        steps.append(Compute(self.plan, sources_, outputs_, scratch, pagewise, kernel))
         return Record(tuple(steps), nbytes=nbytes, macs=self.plan.macs)
 
     def commit(self, record: Record, result: Any) -> None:
@@ -386,6 +440,25 @@ class ProgramCommand(_Scheduled):
                 "conversions": len(self.converted)}
 
 
+_Geometry = tuple[Layout, MemorySpaceState, int, int, int, int, tuple[int, int, int]]
+"""(layout, space, page_size, aligned_page_size, num_pages, depth, dims3) of a storage to be."""
+
+
+@final
+class _Bound:
+    """A plan's figures on one device: its outputs' geometry, whether its operands all allow
+    a pagewise run, the bytes a run moves (the run estimate), the banks of its space."""
+
+    __slots__ = ("outputs", "pagewise", "nbytes", "num_banks")
+
+    def __init__(self, outputs: tuple[_Geometry, ...], pagewise: bool, nbytes: int,
+                 num_banks: int) -> None:
+        self.outputs = outputs
+        self.pagewise = pagewise
+        self.nbytes = nbytes
+        self.num_banks = num_banks
+
+
 @final
 class Scheduler:
     """Owns the scheduling state of one device: tensor states, residency, liveness, counters."""
@@ -409,6 +482,8 @@ class Scheduler:
         # (one per shape, say) must not find every one it ever built kept alive here.
         self._plans: weakref.WeakKeyDictionary[Program, Plan] = weakref.WeakKeyDictionary()
         self.listeners: list[Callable[[Command, BaseException | None], None]] = []
+        # The last plan looked up: a chain submits one program again and again.
+        self._last_plan: tuple[weakref.ref[Program], Plan] | None = None
 
     # -- bookkeeping used by the commands ---------------------------------------------------
 
@@ -423,15 +498,34 @@ class Scheduler:
         else:
             self.counters["layout_conversions"] += 1
 
-    def allocate(self, layout: Layout, shape: tuple[int, ...], owner: TensorState | None) -> Storage:
+    def geometry(self, layout: Layout, shape: tuple[int, ...]) -> _Geometry:
+        """Where a value of `shape` in `layout` goes: its pages and their depth in each bank."""
         assert layout.dtype is not None
-        self.collect_garbage()
         page_size, num_pages = storage_geometry(shape, layout.dtype, layout.tensor_layout)
-        storage = Storage(layout, self._spaces[layout.memory].allocate(page_size, num_pages), shape)
+        space = self._spaces[layout.memory]
+        aligned = space.aligned(page_size)
+        depth = -(-num_pages // space.num_banks) * aligned
+        if len(shape) == 1:
+            dims3 = (1, 1, shape[0])
+        else:
+            dims3 = (math.prod(shape[:-2]), shape[-2], shape[-1])
+        return layout, space, page_size, aligned, num_pages, depth, dims3
+
+    def allocate(self, layout: Layout, shape: tuple[int, ...], owner: TensorState | None) -> Storage:
+        return self.allocate_geometry(self.geometry(layout, shape), owner)
+
+    def allocate_geometry(self, geometry: _Geometry, owner: TensorState | None) -> Storage:
+        if self._dropped:
+            self.collect_garbage()
+        layout, space, page_size, aligned, num_pages, depth, dims3 = geometry
+        storage = Storage(layout, space.reserve(depth), page_size, aligned, num_pages, dims3)
         self._owned[storage] = None
         if owner is not None and layout.memory is MemorySpace.L1:
             self._l1[storage] = owner
         return storage
+
+    def num_banks(self, space: MemorySpace) -> int:
+        return self._spaces[space].num_banks
 
     def free(self, storage: Storage) -> None:
         if storage in self._owned:
@@ -441,7 +535,7 @@ class Scheduler:
                 return
             del self._owned[storage]
             storage.pages = None
-            self._spaces[storage.layout.memory].free(storage.buffer)
+            self._spaces[storage.layout.memory].allocator.free(storage.address)
 
     def pin(self, storage: Storage) -> None:
         self._pins[storage] = self._pins.get(storage, 0) + 1
@@ -490,10 +584,29 @@ class Scheduler:
         return command
 
     def plan(self, program: Program) -> Plan:
+        last = self._last_plan
+        if last is not None and last[0]() is program:
+            return last[1]
         plan = self._plans.get(program)
         if plan is None:
             plan = self._plans[program] = Plan(program)
+            plan.bound = self._bind(plan)
+        self._last_plan = (weakref.ref(program), plan)
         return plan
+
+    def _bind(self, plan: Plan) -> _Bound | None:
+        """What a plan's fast decision needs on this device (see `ProgramCommand.decide`)."""
+        if plan.scratch:
+            return None
+        inputs = [self.geometry(spec.layout, spec.shape) for spec in plan.inputs]
+        outputs = tuple(self.geometry(layout, shape)
+                        for layout, shape in zip(plan.output_layouts, plan.output_shapes))
+        operands = (*inputs, *outputs)
+        spaces = {g[0].memory for g in operands}
+        pagewise = len(spaces) == 1 and all(g[2] == g[3] for g in operands)
+        nbytes = sum(g[2] * g[4] for g in operands)
+        num_banks = operands[0][1].num_banks if operands else 1
+        return _Bound(outputs, pagewise, nbytes, num_banks)
 
     # -- liveness ---------------------------------------------------------------------------
 
@@ -542,25 +655,30 @@ class Scheduler:
         self.enqueue(ConvertCommand(self, state, target, layout), self.cq0)
         return target
 
-    def submit(self, program: Program, inputs: tuple[TensorState, ...]) -> list[TensorState]:
-        outputs = tuple(TensorState(s.shape, s.dtype, s.layout) for s in program.output_specs)
+    def submit(self, program: Program, inputs: tuple[TensorState, ...]) -> tuple[TensorState, ...]:
+        outputs = tuple([TensorState(s.shape, s.dtype, s.layout) for s in program.output_specs])
         self.enqueue(ProgramCommand(self, program, self.plan(program), inputs, outputs), self.cq0)
-        return list(outputs)
+        return outputs
 
     def enqueue(self, command: _Scheduled, queue: CommandQueue) -> None:
         """Orders `command` after the writes it reads and the reads it overwrites, then queues it."""
-        deps = command.deps
+        deps = None
         for state in command.reads:
             writer = state.last_writer
             if writer is not None and not writer.done and writer.queue is not queue:
+                deps = deps or [*command.deps]
                 deps.append(writer)
         for state in command.writes:
             writer = state.last_writer
             if writer is not None and not writer.done and writer.queue is not queue:
+                deps = deps or [*command.deps]
                 deps.append(writer)
             reader = state.last_reader
             if reader is not None and not reader.done and reader.queue is not queue:
+                deps = deps or [*command.deps]
                 deps.append(reader)
+        if deps is not None:
+            command.deps = deps
         capture = self.capturing
         if capture is not None and command.capture is None:
             capture.admit(command, queue)
@@ -580,20 +698,25 @@ class Scheduler:
             counters["commands_failed"] += 1
             queue = command.queue.name if command.queue is not None else "CQ0"
             detach_frames(error, f"{command.describe()['name']} on {queue}")
+            if command.capture is not None:
+                command.capture.failed(error)
         for listener in self.listeners:
             listener(command, error)
-        if command.capture is not None and error is not None:
-            command.capture.failed(error)
         if isinstance(command, _Scheduled):
+            # `settle`, inline: this runs once per command.
             for state in command.writes:
                 state.error = error
                 if state.last_writer is command:
                     state.last_writer = None
-                self.settle(state)
+                state.pending -= 1
+                if state.deallocated:
+                    self.release(state)
             for state in command.reads:
                 if state.last_reader is command:
                     state.last_reader = None
-                self.settle(state)
+                state.pending -= 1
+                if state.deallocated:
+                    self.release(state)
         command.complete(error)
 
     def shutdown(self, abort: BaseException) -> None:

@@ -25,7 +25,7 @@ Banks = np.ndarray[Any, np.dtype[np.uint8]]
 
 def write_array(banks: Banks, storage: Storage, array: np.ndarray[Any, Any]) -> None:
     """Stores a logical host array into the storage's pages, converting to its dtype."""
-    layout, buf = storage.layout, storage.buffer
+    layout, buf = storage.layout, storage
     dtype = layout.dtype
     assert dtype is not None
     array = to_host_dtype(array, dtype)
@@ -42,7 +42,7 @@ def write_array(banks: Banks, storage: Storage, array: np.ndarray[Any, Any]) -> 
 
 def read_array(banks: Banks, storage: Storage, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
     """The storage's value as a logical host array of the storage's host dtype."""
-    layout, buf = storage.layout, storage.buffer
+    layout, buf = storage.layout, storage
     dtype = layout.dtype
     assert dtype is not None
     if layout.tensor_layout is TensorLayout.ROW_MAJOR:
@@ -67,19 +67,19 @@ def copy_storage(
         and src.layout.tensor_layout is dst.layout.tensor_layout
     )
     if same_format:
-        sb = src.buffer
+        sb = src
         pages = kernels.gather_pages(
             src_banks, sb.address, sb.page_size, sb.aligned_page_size, sb.num_pages
         )
-        db = dst.buffer
+        db = dst
         kernels.scatter_pages(pages, dst_banks, db.address, db.page_size, db.aligned_page_size)
     else:
         write_array(dst_banks, dst, read_array(src_banks, src, shape))
-    return dst.buffer.page_size * dst.buffer.num_pages
+    return dst.nbytes
 
 
 def zero_fill(banks: Banks, storage: Storage) -> None:
     """Zeroes every page of the storage (the whole lockstep range in every bank)."""
-    buf = storage.buffer
+    buf = storage
     depth = -(-buf.num_pages // banks.shape[0]) * buf.aligned_page_size
     banks[:, buf.address : buf.address + depth] = 0

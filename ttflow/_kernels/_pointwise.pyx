@@ -1,0 +1,98 @@
+# cython: language_level=3
+"""Pointwise float32 programs run on their pages where they lie in bank memory (no GIL).
+
+A pagewise program (`ttflow._commands`: float32, unpadded tiles, one memory space, exactly
+rounded pointwise ops) has every operand laid out alike: element j of bank row r is the same
+logical element in each. So a step is one C loop per bank row over `depth` bytes. The results
+are numpy's bit for bit: the same IEEE float32 operation per element, NaN propagated from the
+first operand (as x86's and numpy's loops do), relu as numpy's `maximum(x, 0)` (NaN kept, -0.0
+becomes 0.0). No floating point exception is raised or reported, so no `np.errstate` is needed.
+"""
+
+from libc.stdint cimport intptr_t
+
+cimport numpy as cnp
+
+cnp.import_array()
+
+OP_ADD, OP_SUB, OP_MUL, OP_RELU, OP_NEG, OP_COPY = range(6)
+MAX_OPERANDS = 64
+
+cdef extern from *:
+    """
+    #include <string.h>
+    /* x86 (and numpy's loops on it) give a NaN operation the first operand's NaN, quieted,
+       whatever the second holds. The compiler may commute a + b or a * b, which matters only
+       when both are NaN: so a NaN first operand is taken explicitly. */
+    static inline float ttf_first_nan(float a, float r) {
+        if (a != a) {
+            unsigned int u;
+            memcpy(&u, &a, 4);
+            u |= 0x00400000u;
+            memcpy(&r, &u, 4);
+        }
+        return r;
+    }
+    """
+    float ttf_first_nan(float a, float r) nogil
+
+
+cdef void _step(int op, float* a, float* b, float s, float* out, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    cdef float x
+    if op == 0:
+        if b == NULL:
+            for i in range(n):
+                out[i] = ttf_first_nan(a[i], a[i] + s)
+        else:
+            for i in range(n):
+                out[i] = ttf_first_nan(a[i], a[i] + b[i])
+    elif op == 1:
+        if b == NULL:
+            for i in range(n):
+                out[i] = ttf_first_nan(a[i], a[i] - s)
+        else:
+            for i in range(n):
+                out[i] = ttf_first_nan(a[i], a[i] - b[i])
+    elif op == 2:
+        if b == NULL:
+            for i in range(n):
+                out[i] = ttf_first_nan(a[i], a[i] * s)
+        else:
+            for i in range(n):
+                out[i] = ttf_first_nan(a[i], a[i] * b[i])
+    elif op == 3:
+        for i in range(n):
+            x = a[i]
+            out[i] = x if (x != x or x > 0) else 0.0
+    elif op == 4:
+        for i in range(n):
+            out[i] = -a[i]
+    else:
+        for i in range(n):
+            out[i] = a[i]
+
+
+def run(cnp.ndarray banks, tuple code, tuple addresses, Py_ssize_t rows, Py_ssize_t depth):
+    """Runs `code` on the pages: each entry `(op, a, b, scalar, out)` names operands by their
+    index in `addresses` (the lockstep address of each storage); `b < 0` takes `scalar`.
+    `rows` bank rows are used, `depth` bytes deep (a multiple of 4)."""
+    cdef char* base = <char*>cnp.PyArray_DATA(banks)
+    cdef intptr_t stride = cnp.PyArray_STRIDES(banks)[0]
+    cdef intptr_t addr[64]
+    cdef Py_ssize_t k, r, count = len(addresses)
+    cdef Py_ssize_t n = depth // 4
+    cdef int op, a, b, o
+    cdef float s
+    cdef char* row
+    if count > MAX_OPERANDS:
+        raise ValueError(f"at most {MAX_OPERANDS} operands, got {count}")
+    for k in range(count):
+        addr[k] = addresses[k]
+    for entry in code:
+        op, a, b, s, o = entry
+        with nogil:
+            for r in range(rows):
+                row = base + r * stride
+                _step(op, <float*>(row + addr[a]), <float*>(row + addr[b]) if b >= 0 else NULL,
+                      s, <float*>(row + addr[o]), n)
