@@ -71,7 +71,8 @@ class Plan:
 
     __slots__ = ("values", "steps", "inputs", "outputs", "pagewise", "last_read", "step_attrs",
                  "store_in_output", "copied_out", "compute", "value_dtypes", "scratch", "macs",
-                 "page_code", "input_layouts", "output_layouts", "output_shapes", "bound")
+                 "page_code", "input_layouts", "output_layouts", "output_shapes", "input_checks",
+                 "bound")
 
     def __init__(self, program: Program) -> None:
         # The parts of the program a run reads (not the program: a plan cached under its program
@@ -112,6 +113,8 @@ class Plan:
         self.input_layouts = tuple(spec.layout for spec in program.inputs)
         self.output_layouts = tuple(spec.layout for spec in program.output_specs)
         self.output_shapes = tuple(spec.shape for spec in program.output_specs)
+        # What submit checks of each input: (shape, dtype, whether a float dtype).
+        self.input_checks = tuple((spec.shape, spec.dtype, spec.dtype.is_float) for spec in program.inputs)
         # What the scheduler of one device precomputes (output geometry), set by it.
         self.bound: Any = None
         self.macs = sum(

@@ -129,7 +129,7 @@ class CommandQueue:
         self._wakeup: anyio.Event | None = None
         self._closing = False
         self._aborted: BaseException | None = None
-        self._on_complete = on_complete
+        self.on_complete = on_complete
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -161,7 +161,7 @@ class CommandQueue:
     async def serve(self) -> None:
         pending = self._pending
         banks = self._banks
-        on_complete = self._on_complete
+        on_complete = self.on_complete
         perf_counter = time.perf_counter
         deadline = perf_counter() + _YIELD_EVERY
         while True:

@@ -237,13 +237,15 @@ def submit(device: Device, binary: Binary, program_index: int, inputs: Sequence[
     if not 0 <= program_index < len(programs) or len(inputs) != len(programs[program_index].inputs):
         return _submit_checked(device, binary, program_index, inputs)
     program: Program = programs[program_index]
+    scheduler = device._scheduler
+    plan = scheduler.plan(program)
     # The checks below, fast: any doubt goes through `_submit_checked`, which says what is wrong.
-    for tensor, spec in zip(inputs, program.inputs):
+    for tensor, (shape, dtype, is_float) in zip(inputs, plan.input_checks):
         if (type(tensor) is not Tensor or tensor.device is not device or tensor._state.deallocated
-                or tensor.shape != spec.shape
-                or (tensor.dtype is not spec.dtype and not (tensor.dtype.is_float and spec.dtype.is_float))):
+                or tensor.shape != shape
+                or (tensor.dtype is not dtype and not (is_float and tensor.dtype.is_float))):
             return _submit_checked(device, binary, program_index, inputs)
-    states = device._scheduler.submit(program, tuple([tensor._state for tensor in inputs]))
+    states = scheduler.submit(program, tuple([tensor._state for tensor in inputs]), plan)
     wrap = Tensor._wrap
     return [wrap(device, state) for state in states]
 

@@ -407,7 +407,16 @@ class ProgramCommand(_Scheduled):
 
     def commit(self, record: Record, result: Any) -> None:
         s = self.scheduler
-        *copies, compute = record.steps
+        steps = record.steps
+        if len(steps) == 1:  # no conversion
+            compute = steps[0]
+            assert type(compute) is Compute
+            if not compute.scratch:
+                for state, storage in zip(self.writes, compute.outputs):
+                    state.storages.append(storage)
+                s.counters["programs_run"] += 1
+                return
+        *copies, compute = steps
         assert isinstance(compute, Compute)
         for storage in compute.scratch.values():
             s.free(storage)
@@ -431,6 +440,20 @@ class ProgramCommand(_Scheduled):
 
     def forget(self) -> None:
         self.converted = []
+
+    def complete(self, error: BaseException | None = None) -> None:
+        # `Command.complete` and its overrides, flattened: this runs once per program.
+        self.reads = ()
+        self.writes = ()
+        self.error = error
+        self.done = True
+        self.deps = _NO_DEPS
+        self.record = None
+        self.capture = None
+        if self.converted:
+            self.converted = []
+        if self._event is not None:
+            self._event.set()
 
     def describe(self) -> dict[str, Any]:
         record = self.record
@@ -619,7 +642,8 @@ class Scheduler:
         while dropped:
             state = dropped.popleft()
             state.deallocated = True
-            self.release(state)
+            if not state.pending:
+                self.release(state)
 
     def deallocate(self, state: TensorState) -> None:
         if not state.deallocated:
@@ -655,9 +679,13 @@ class Scheduler:
         self.enqueue(ConvertCommand(self, state, target, layout), self.cq0)
         return target
 
-    def submit(self, program: Program, inputs: tuple[TensorState, ...]) -> tuple[TensorState, ...]:
-        outputs = tuple([TensorState(s.shape, s.dtype, s.layout) for s in program.output_specs])
-        self.enqueue(ProgramCommand(self, program, self.plan(program), inputs, outputs), self.cq0)
+    def submit(self, program: Program, inputs: tuple[TensorState, ...],
+               plan: Plan | None = None) -> tuple[TensorState, ...]:
+        if plan is None:
+            plan = self.plan(program)
+        outputs = tuple([TensorState(shape, layout.dtype, layout)  # type: ignore[arg-type]
+                         for shape, layout in zip(plan.output_shapes, plan.output_layouts)])
+        self.enqueue(ProgramCommand(self, program, plan, inputs, outputs), self.cq0)
         return outputs
 
     def enqueue(self, command: _Scheduled, queue: CommandQueue) -> None:
@@ -709,13 +737,13 @@ class Scheduler:
                 if state.last_writer is command:
                     state.last_writer = None
                 state.pending -= 1
-                if state.deallocated:
+                if state.deallocated and not state.pending and state.storages:
                     self.release(state)
             for state in command.reads:
                 if state.last_reader is command:
                     state.last_reader = None
                 state.pending -= 1
-                if state.deallocated:
+                if state.deallocated and not state.pending and state.storages:
                     self.release(state)
         command.complete(error)
 

@@ -20,17 +20,19 @@ MAX_OPERANDS = 64
 
 cdef extern from *:
     """
+    #include <stdint.h>
     #include <string.h>
     /* x86 (and numpy's loops on it) give a NaN operation the first operand's NaN, quieted,
        whatever the second holds. The compiler may commute a + b or a * b, which matters only
-       when both are NaN: so a NaN first operand is taken explicitly. */
+       when both are NaN: so a NaN first operand is taken explicitly (branch-free, so the loops
+       stay vectorized). */
     static inline float ttf_first_nan(float a, float r) {
-        if (a != a) {
-            unsigned int u;
-            memcpy(&u, &a, 4);
-            u |= 0x00400000u;
-            memcpy(&r, &u, 4);
-        }
+        uint32_t ua, ur, nan;
+        memcpy(&ua, &a, 4);
+        memcpy(&ur, &r, 4);
+        nan = (uint32_t)0 - (uint32_t)(a != a);
+        ur = (ur & ~nan) | ((ua | 0x00400000u) & nan);
+        memcpy(&r, &ur, 4);
         return r;
     }
     """
