@@ -17,6 +17,13 @@ extensions = [
         extra_compile_args=["-O3", "-fno-strict-aliasing"],
     )
     for pyx in sorted(KERNELS.glob("*.pyx"))
+] + [
+    # The allocator of bank memory (below `ttflow._memory`), on dispatch's hot path.
+    Extension(
+        "ttflow._core._allocator",
+        [str(Path("ttflow") / "_core" / "_allocator.pyx")],
+        extra_compile_args=["-O3"],
+    )
 ]
 
 setup(

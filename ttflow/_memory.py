@@ -13,13 +13,13 @@ for L1, as tt-metal does.
 
 from __future__ import annotations
 
-import bisect
 import mmap
 from typing import Any, final
 
 import attrs
 import numpy as np
 
+from ._core._allocator import Allocator
 from ._errors import OutOfMemoryError, ShapeError
 from ._types import DeviceSpec, Layout, MemorySpace
 
@@ -130,83 +130,6 @@ def _anonymous_map(nbytes: int) -> mmap.mmap:
     except (OSError, ValueError):
         # Not Linux, or the flag was refused: an ordinary anonymous mapping is still lazy.
         return mmap.mmap(-1, nbytes)
-
-
-@final
-class Allocator:
-    """Best-fit over one address line [0, size), coalescing frees; bottom-up or top-down.
-
-    Among free blocks that fit, the smallest is taken (ties: the lowest address bottom-up, the
-    highest top-down); the allocation sits at the block's bottom or top end accordingly.
-    """
-
-    def __init__(self, size: int, alignment: int, top_down: bool) -> None:
-        self.size = size - size % alignment
-        self.alignment = alignment
-        self.top_down = top_down
-        self._free_starts: list[int] = [0] if self.size else []
-        self._free: dict[int, int] = {0: self.size} if self.size else {}
-        self._used: dict[int, int] = {}
-        self.used_bytes = 0
-
-    @property
-    def largest_free(self) -> int:
-        return max(self._free.values(), default=0)
-
-    def free_blocks(self) -> list[tuple[int, int]]:
-        return [(s, self._free[s]) for s in self._free_starts]
-
-    def allocations(self) -> dict[int, int]:
-        return dict(self._used)
-
-    def allocate(self, nbytes: int) -> int | None:
-        """The address of a new block of at least `nbytes`, or None when no free block fits."""
-        size = _round_up(max(nbytes, 1), self.alignment)
-        best: int | None = None
-        best_size = 0
-        for start in self._free_starts:
-            block = self._free[start]
-            if block < size:
-                continue
-            if best is None or block < best_size or (block == best_size and self.top_down):
-                best, best_size = start, block
-        if best is None:
-            return None
-        del self._free[best]
-        if best_size == size:
-            self._free_starts.remove(best)
-            address = best
-        elif self.top_down:
-            self._free[best] = best_size - size
-            address = best + best_size - size
-        else:
-            self._free_starts.remove(best)
-            address = best
-            self._insert_free(best + size, best_size - size)
-        self._used[address] = size
-        self.used_bytes += size
-        return address
-
-    def free(self, address: int) -> None:
-        size = self._used.pop(address)
-        self.used_bytes -= size
-        start, end = address, address + size
-        i = bisect.bisect_left(self._free_starts, start)
-        if i > 0:
-            prev = self._free_starts[i - 1]
-            if prev + self._free[prev] == start:
-                start = prev
-                del self._free[prev]
-                del self._free_starts[i - 1]
-                i -= 1
-        if i < len(self._free_starts) and self._free_starts[i] == end:
-            end += self._free.pop(end)
-            del self._free_starts[i]
-        self._insert_free(start, end - start)
-
-    def _insert_free(self, start: int, size: int) -> None:
-        bisect.insort(self._free_starts, start)
-        self._free[start] = size
 
 
 @final

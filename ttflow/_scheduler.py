@@ -289,6 +289,10 @@ class EvictCommand(Command):
         return info
 
 
+_new_tuple = tuple.__new__  # a NamedTuple made without its Python-level __new__
+_NO_SCRATCH: dict[int, Storage] = {}  # shared by every record without scratch: never written
+
+
 class ProgramCommand(_Scheduled):
     """One program run: evict, convert inputs, allocate, compute the steps, free scratch."""
 
@@ -344,14 +348,13 @@ class ProgramCommand(_Scheduled):
                 s.free(storage)
             raise
         sources_, outputs_ = tuple(sources), tuple(outputs)
-        kernel = None
         if plan.pagewise and bound.pagewise:
             kernel = page_kernel(plan, (*sources_, *outputs_), bound.num_banks)
-            compute = Compute(plan, sources_, outputs_, {}, True, kernel)
+            compute = _new_tuple(Compute, (plan, sources_, outputs_, _NO_SCRATCH, True, kernel))
         else:
             pagewise = plan.pagewise and pagewise_storages(plan, (*sources_, *outputs_))
-            compute = Compute(plan, sources_, outputs_, {}, pagewise)
-        return Record((compute,), nbytes=bound.nbytes, macs=plan.macs)
+            compute = _new_tuple(Compute, (plan, sources_, outputs_, _NO_SCRATCH, pagewise, None))
+        return _new_tuple(Record, ((compute,), bound.nbytes, plan.macs, False))
 
     def _decide(self) -> Record:
         """The general decision: conversions, scratch (L1, else DRAM), and outputs."""
@@ -507,6 +510,7 @@ class Scheduler:
         self.listeners: list[Callable[[Command, BaseException | None], None]] = []
         # The last plan looked up: a chain submits one program again and again.
         self._last_plan: tuple[weakref.ref[Program], Plan] | None = None
+        self._layouts: dict[Layout, Layout] = {}
 
     # -- bookkeeping used by the commands ---------------------------------------------------
 
@@ -619,9 +623,14 @@ class Scheduler:
 
     def _bind(self, plan: Plan) -> _Bound | None:
         """What a plan's fast decision needs on this device (see `ProgramCommand.decide`)."""
+        # Equal layouts as one object, so that the fast decision finds a storage by identity.
+        intern = self._layouts.setdefault
+        plan.input_layouts = tuple([intern(layout, layout) for layout in plan.input_layouts])
+        plan.output_layouts = tuple([intern(layout, layout) for layout in plan.output_layouts])
         if plan.scratch:
             return None
-        inputs = [self.geometry(spec.layout, spec.shape) for spec in plan.inputs]
+        inputs = [self.geometry(layout, spec.shape)
+                  for layout, spec in zip(plan.input_layouts, plan.inputs)]
         outputs = tuple(self.geometry(layout, shape)
                         for layout, shape in zip(plan.output_layouts, plan.output_shapes))
         operands = (*inputs, *outputs)
