@@ -246,8 +246,9 @@ def submit(device: Device, binary: Binary, program_index: int, inputs: Sequence[
                 or (tensor.dtype is not dtype and not (is_float and tensor.dtype.is_float))):
             return _submit_checked(device, binary, program_index, inputs)
     states = scheduler.submit(program, tuple([tensor._state for tensor in inputs]), plan)
-    wrap = Tensor._wrap
-    return [wrap(device, state) for state in states]
+    if len(states) == 1:
+        return [Tensor._wrap(device, states[0])]
+    return [Tensor._wrap(device, state) for state in states]
 
 
 def _submit_checked(device: Device, binary: Binary, program_index: int,

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any, final
 
 import numpy as np
 
-from ._commands import Compute, Copy, Load, Plan, Record, Store, page_kernel, pagewise_storages
+from ._commands import (Compute, Copy, Load, PageCode, Plan, Record, Store, page_kernel,
+                        pagewise_storages)
 from ._errors import OutOfMemoryError, ProgramError, TraceError, detach_frames
 from ._memory import MemorySpaceState, Storage
 from ._queue import NO_DEPS as _NO_DEPS, Command, CommandQueue
@@ -348,8 +349,10 @@ class ProgramCommand(_Scheduled):
                 s.free(storage)
             raise
         sources_, outputs_ = tuple(sources), tuple(outputs)
-        if plan.pagewise and bound.pagewise:
-            kernel = page_kernel(plan, (*sources_, *outputs_), bound.num_banks)
+        if plan.pagewise and bound.kernel is not None:
+            space, code, rows, depth = bound.kernel
+            sources.extend(outputs)
+            kernel = (space, code, tuple([storage.address for storage in sources]), rows, depth)
             compute = _new_tuple(Compute, (plan, sources_, outputs_, _NO_SCRATCH, True, kernel))
         else:
             pagewise = plan.pagewise and pagewise_storages(plan, (*sources_, *outputs_))
@@ -472,17 +475,17 @@ _Geometry = tuple[Layout, MemorySpaceState, int, int, int, int, tuple[int, int, 
 
 @final
 class _Bound:
-    """A plan's figures on one device: its outputs' geometry, whether its operands all allow
-    a pagewise run, the bytes a run moves (the run estimate), the banks of its space."""
+    """A plan's figures on one device: its outputs' geometry, the bytes a run moves (the run
+    estimate), and for the C kernel (a pagewise plan whose operands all lie alike) what
+    `Compute.kernel` holds besides the addresses: (space, code, bank rows, depth)."""
 
-    __slots__ = ("outputs", "pagewise", "nbytes", "num_banks")
+    __slots__ = ("outputs", "nbytes", "kernel")
 
-    def __init__(self, outputs: tuple[_Geometry, ...], pagewise: bool, nbytes: int,
-                 num_banks: int) -> None:
+    def __init__(self, outputs: tuple[_Geometry, ...], nbytes: int,
+                 kernel: tuple[MemorySpace, PageCode, int, int] | None) -> None:
         self.outputs = outputs
-        self.pagewise = pagewise
         self.nbytes = nbytes
-        self.num_banks = num_banks
+        self.kernel = kernel
 
 
 @final
@@ -637,8 +640,12 @@ class Scheduler:
         spaces = {g[0].memory for g in operands}
         pagewise = len(spaces) == 1 and all(g[2] == g[3] for g in operands)
         nbytes = sum(g[2] * g[4] for g in operands)
-        num_banks = operands[0][1].num_banks if operands else 1
-        return _Bound(outputs, pagewise, nbytes, num_banks)
+        kernel = None
+        if pagewise and plan.page_code is not None:
+            # A pagewise plan's values share one shape and dtype: one geometry for all.
+            layout, space, _, _, num_pages, depth, _ = operands[0]
+            kernel = (layout.memory, plan.page_code, min(num_pages, space.num_banks), depth)
+        return _Bound(outputs, nbytes, kernel)
 
     # -- liveness ---------------------------------------------------------------------------
 
@@ -692,8 +699,13 @@ class Scheduler:
                plan: Plan | None = None) -> tuple[TensorState, ...]:
         if plan is None:
             plan = self.plan(program)
-        outputs = tuple([TensorState(shape, layout.dtype, layout)  # type: ignore[arg-type]
-                         for shape, layout in zip(plan.output_shapes, plan.output_layouts)])
+        shapes, layouts = plan.output_shapes, plan.output_layouts
+        if len(shapes) == 1:
+            layout = layouts[0]
+            outputs: tuple[TensorState, ...] = (TensorState(shapes[0], layout.dtype, layout),)  # type: ignore[arg-type]
+        else:
+            outputs = tuple([TensorState(shape, layout.dtype, layout)  # type: ignore[arg-type]
+                             for shape, layout in zip(shapes, layouts)])
         self.enqueue(ProgramCommand(self, program, plan, inputs, outputs), self.cq0)
         return outputs
 

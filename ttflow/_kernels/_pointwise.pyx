@@ -35,44 +35,38 @@ cdef extern from *:
         memcpy(&r, &ur, 4);
         return r;
     }
+
+    /* One step over n floats. Operands never overlap (each value has its own storage), which
+       `restrict` tells the compiler, so every loop is vectorized without runtime checks. */
+    static void ttf_pointwise_step(int op, const float* __restrict a, const float* __restrict b,
+                                   float s, float* __restrict out, Py_ssize_t n) {
+        Py_ssize_t i;
+        switch (op) {
+        case 0:
+            if (b) { for (i = 0; i < n; i++) out[i] = ttf_first_nan(a[i], a[i] + b[i]); }
+            else { for (i = 0; i < n; i++) out[i] = ttf_first_nan(a[i], a[i] + s); }
+            break;
+        case 1:
+            if (b) { for (i = 0; i < n; i++) out[i] = ttf_first_nan(a[i], a[i] - b[i]); }
+            else { for (i = 0; i < n; i++) out[i] = ttf_first_nan(a[i], a[i] - s); }
+            break;
+        case 2:
+            if (b) { for (i = 0; i < n; i++) out[i] = ttf_first_nan(a[i], a[i] * b[i]); }
+            else { for (i = 0; i < n; i++) out[i] = ttf_first_nan(a[i], a[i] * s); }
+            break;
+        case 3:  /* numpy's maximum(x, 0): NaN kept, -0.0 and 0.0 give 0.0 */
+            for (i = 0; i < n; i++) out[i] = (a[i] != a[i] || a[i] > 0.0f) ? a[i] : 0.0f;
+            break;
+        case 4:
+            for (i = 0; i < n; i++) out[i] = -a[i];
+            break;
+        default:
+            memcpy(out, a, (size_t)n * sizeof(float));
+        }
+    }
     """
-    float ttf_first_nan(float a, float r) nogil
-
-
-cdef void _step(int op, float* a, float* b, float s, float* out, Py_ssize_t n) noexcept nogil:
-    cdef Py_ssize_t i
-    cdef float x
-    if op == 0:
-        if b == NULL:
-            for i in range(n):
-                out[i] = ttf_first_nan(a[i], a[i] + s)
-        else:
-            for i in range(n):
-                out[i] = ttf_first_nan(a[i], a[i] + b[i])
-    elif op == 1:
-        if b == NULL:
-            for i in range(n):
-                out[i] = ttf_first_nan(a[i], a[i] - s)
-        else:
-            for i in range(n):
-                out[i] = ttf_first_nan(a[i], a[i] - b[i])
-    elif op == 2:
-        if b == NULL:
-            for i in range(n):
-                out[i] = ttf_first_nan(a[i], a[i] * s)
-        else:
-            for i in range(n):
-                out[i] = ttf_first_nan(a[i], a[i] * b[i])
-    elif op == 3:
-        for i in range(n):
-            x = a[i]
-            out[i] = x if (x != x or x > 0) else 0.0
-    elif op == 4:
-        for i in range(n):
-            out[i] = -a[i]
-    else:
-        for i in range(n):
-            out[i] = a[i]
+    void ttf_pointwise_step(int op, const float* a, const float* b, float s, float* out,
+                            Py_ssize_t n) nogil
 
 
 def run(cnp.ndarray banks, tuple code, tuple addresses, Py_ssize_t rows, Py_ssize_t depth):
@@ -96,5 +90,6 @@ def run(cnp.ndarray banks, tuple code, tuple addresses, Py_ssize_t rows, Py_ssiz
         with nogil:
             for r in range(rows):
                 row = base + r * stride
-                _step(op, <float*>(row + addr[a]), <float*>(row + addr[b]) if b >= 0 else NULL,
-                      s, <float*>(row + addr[o]), n)
+                ttf_pointwise_step(op, <float*>(row + addr[a]),
+                                   <float*>(row + addr[b]) if b >= 0 else NULL,
+                                   s, <float*>(row + addr[o]), n)
