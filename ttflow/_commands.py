@@ -245,7 +245,7 @@ def run(record: Record, banks: Banks) -> Any:
     if len(steps) == 1 and not record.timed:
         step = steps[0]
         if type(step) is Compute:
-            kernel = cast(Compute, step).kernel
+            kernel = step.kernel  # type: ignore[union-attr]
             if kernel is not None:  # the tiny-op path: C, which raises no FP warnings
                 space, code, addresses, rows, depth = kernel
                 _pointwise.run(banks[space], code, addresses, rows, depth)

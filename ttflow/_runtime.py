@@ -245,7 +245,10 @@ def submit(device: Device, binary: Binary, program_index: int, inputs: Sequence[
                 or tensor.shape != shape
                 or (tensor.dtype is not dtype and not (is_float and tensor.dtype.is_float))):
             return _submit_checked(device, binary, program_index, inputs)
-    states = scheduler.submit(program, tuple([tensor._state for tensor in inputs]), plan)
+    if len(inputs) == 1:
+        states = scheduler.submit(program, (inputs[0]._state,), plan)
+    else:
+        states = scheduler.submit(program, tuple([tensor._state for tensor in inputs]), plan)
     if len(states) == 1:
         return [Tensor._wrap(device, states[0])]
     return [Tensor._wrap(device, state) for state in states]

@@ -316,7 +316,8 @@ class ProgramCommand(_Scheduled):
         self.writes = outputs
         self.program = program
         self.plan = plan
-        self.converted: list[TensorState] = []  # the input each conversion step is kept on
+        # The input each conversion step is kept on: a list of its own once `_decide` converts.
+        self.converted: list[TensorState] = _NO_DEPS
 
     def preamble(self) -> Command | None:
         if not self.scheduler._l1:
@@ -362,6 +363,7 @@ class ProgramCommand(_Scheduled):
     def _decide(self) -> Record:
         """The general decision: conversions, scratch (L1, else DRAM), and outputs."""
         s = self.scheduler
+        self.converted = []
         program = self.program
         steps: list[Any] = []
         allocated: list[Storage] = []
@@ -445,7 +447,7 @@ class ProgramCommand(_Scheduled):
         self.converted.clear()
 
     def forget(self) -> None:
-        self.converted = []
+        self.converted = _NO_DEPS
 
     def complete(self, error: BaseException | None = None) -> None:
         # `Command.complete` and its overrides, flattened: this runs once per program.
@@ -457,7 +459,7 @@ class ProgramCommand(_Scheduled):
         self.record = None
         self.capture = None
         if self.converted:
-            self.converted = []
+            self.converted = _NO_DEPS
         if self._event is not None:
             self._event.set()
 
