@@ -9,6 +9,7 @@ eager's `x = x + 1` on a 32x32 float32 tensor (when torch is installed), numpy's
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import time
 from typing import Any
@@ -39,6 +40,10 @@ async def _measure(count: int, backend_name: str, chain: int) -> dict[str, Any]:
         await start
         # Warm-up: first use of a program builds its plan.
         await submit(device, binary, 0, [start])[0]
+        # Each measurement starts from the same collector state: the objects an earlier run
+        # (another backend's) promoted to the oldest generation would otherwise bring a full
+        # collection into this one (it made trio, measured second, look 2-4x slower).
+        gc.collect()
         t = start
         begin = time.perf_counter()
         submit_time = 0.0
@@ -58,6 +63,7 @@ async def _measure(count: int, backend_name: str, chain: int) -> dict[str, Any]:
                 (t,) = submit(device, binary, 0, [t])
         await t
         replays = max(1, count // chain)
+        gc.collect()
         begin = time.perf_counter()
         for _ in range(replays):
             execute_trace(trace)
@@ -84,6 +90,7 @@ async def _measure(count: int, backend_name: str, chain: int) -> dict[str, Any]:
 def _peer_us(step: Any, x: Any, count: int) -> float:
     for _ in range(min(count, 200)):  # warm-up
         x = step(x)
+    gc.collect()  # as before each ttflow measurement
     begin = time.perf_counter()
     for _ in range(count):
         x = step(x)
