@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Store", "Load", "Copy", "Compute", "Step", "Record", "Plan", "Banks", "run", "run_all",
-    "pagewise_storages", "page_kernel",
+    "pagewise_storages", "page_kernel", "estimate", "KERNEL_BYTES_PER_SECOND",
     "INLINE_SECONDS",
 ]
 
@@ -44,6 +44,10 @@ numpy's own copies), for estimates."""
 MACS_PER_SECOND = 2e10
 """Rough single-thread BLAS rate here, multiply-accumulates per second (small sgemms 15-20 G,
 large ones 30 G), for estimates."""
+KERNEL_BYTES_PER_SECOND = 12e9
+"""Rate of the C pointwise kernel (`_kernels._pointwise`), operands' bytes per second: 12 GB/s
+for a 32x32 add including its call, 25-55 GB/s on large pages. A replay of a hundred tiny
+programs so stays inline instead of paying a thread hand-off."""
 INLINE_SECONDS = 100e-6
 """Records estimated below this run inline in the queue task: a thread hand-off costs 85-180 us
 here, so moving shorter work off the loop would make it slower, not the loop freer."""
@@ -231,11 +235,18 @@ class Record(NamedTuple):
     nbytes: int = 0
     macs: int = 0
     timed: bool = False  # run returns each Compute step's (start, end), for the timeline
+    kernel_bytes: int = 0  # the part of nbytes that the C pointwise kernel moves
 
     @property
     def seconds(self) -> float:
         """A rough estimate of the run time: decides inline versus a worker thread."""
-        return self.nbytes / BYTES_PER_SECOND + self.macs / MACS_PER_SECOND
+        return estimate(self.nbytes, self.kernel_bytes, self.macs)
+
+
+def estimate(nbytes: int, kernel_bytes: int, macs: int) -> float:
+    """Seconds to move `nbytes` (of which `kernel_bytes` by the pointwise kernel) and do `macs`."""
+    return ((nbytes - kernel_bytes) / BYTES_PER_SECOND + kernel_bytes / KERNEL_BYTES_PER_SECOND
+            + macs / MACS_PER_SECOND)
 
 
 def run(record: Record, banks: Banks) -> Any:
@@ -255,16 +266,21 @@ def run(record: Record, banks: Banks) -> Any:
 
 
 def _run(record: Record, banks: Banks) -> Any:
-    result: Any = [] if record.timed else None
+    timed = record.timed
+    result: Any = [] if timed else None
+    perf_counter = time.perf_counter
+    kernel_run = _pointwise.run
     for step in record.steps:
         kind = type(step)  # exact types: cheaper than isinstance on the hot path
         if kind is Compute:
-            if record.timed:
-                start = time.perf_counter()
-                _compute(cast(Compute, step), banks)
-                result.append((start, time.perf_counter()))
+            kernel = step.kernel  # type: ignore[union-attr]
+            start = perf_counter() if timed else 0.0
+            if kernel is not None:  # a replay's tiny programs: straight to the C kernel
+                kernel_run(banks[kernel[0]], kernel[1], kernel[2], kernel[3], kernel[4])
             else:
                 _compute(cast(Compute, step), banks)
+            if timed:
+                result.append((start, perf_counter()))
         elif kind is Copy:
             copy = cast(Copy, step)
             src, dst = copy.src, copy.dst

@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from ._commands import BYTES_PER_SECOND, INLINE_SECONDS, MACS_PER_SECOND, Banks, Record, run, run_all
+from ._commands import INLINE_SECONDS, Banks, Record, estimate, run, run_all
 from ._errors import DeviceClosedError
 
 __all__ = ["Command", "CommandQueue", "NO_DEPS"]
@@ -214,7 +214,7 @@ class CommandQueue:
                 except Exception as exc:
                     error = exc
                 else:
-                    if record.nbytes / BYTES_PER_SECOND + record.macs / MACS_PER_SECOND > INLINE_SECONDS:
+                    if estimate(record.nbytes, record.kernel_bytes, record.macs) > INLINE_SECONDS:
                         error = await self._run_on_worker(command, record)
                     else:
                         try:

@@ -355,10 +355,10 @@ class ProgramCommand(_Scheduled):
             sources.extend(outputs)
             kernel = (space, code, tuple([storage.address for storage in sources]), rows, depth)
             compute = _new_tuple(Compute, (plan, sources_, outputs_, _NO_SCRATCH, True, kernel))
-        else:
-            pagewise = plan.pagewise and pagewise_storages(plan, (*sources_, *outputs_))
-            compute = _new_tuple(Compute, (plan, sources_, outputs_, _NO_SCRATCH, pagewise, None))
-        return _new_tuple(Record, ((compute,), bound.nbytes, plan.macs, False))
+            return _new_tuple(Record, ((compute,), bound.nbytes, plan.macs, False, bound.nbytes))
+        pagewise = plan.pagewise and pagewise_storages(plan, (*sources_, *outputs_))
+        compute = _new_tuple(Compute, (plan, sources_, outputs_, _NO_SCRATCH, pagewise, None))
+        return _new_tuple(Record, ((compute,), bound.nbytes, plan.macs, False, 0))
 
     def _decide(self) -> Record:
         """The general decision: conversions, scratch (L1, else DRAM), and outputs."""
@@ -831,7 +831,8 @@ class Capture:
     """
 
     __slots__ = ("scheduler", "outputs", "inputs", "steps", "external", "pinned", "snapshot",
-                 "programs", "nbytes", "macs", "error", "sealed", "released", "replays_pending")
+                 "programs", "nbytes", "kernel_bytes", "macs", "error", "sealed", "released",
+                 "replays_pending")
 
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
@@ -843,6 +844,7 @@ class Capture:
         self.snapshot: list[tuple[TensorState, tuple[Storage, ...]]] = []
         self.programs: list[str] = []
         self.nbytes = 0
+        self.kernel_bytes = 0
         self.macs = 0
         self.error: BaseException | None = None
         self.sealed = False
@@ -920,6 +922,7 @@ class Capture:
                     self._pin(target)
                     self.steps.append(copy)
         self.nbytes += record.nbytes
+        self.kernel_bytes += record.kernel_bytes
 
     def seal(self) -> None:
         """Every captured command is done: what each produced tensor holds after a replay."""
@@ -985,11 +988,14 @@ class ReplayCommand(_Scheduled):
             nbytes += source.nbytes + storage.nbytes
             self.refilled.append((state, storage))
         steps.extend(capture.steps)
-        return Record(tuple(steps), nbytes=nbytes, macs=capture.macs, timed=True)
+        # Each program's span is for the timeline: timed only while a recorder listens.
+        timed = bool(self.scheduler.listeners)
+        return Record(tuple(steps), nbytes=nbytes, macs=capture.macs, timed=timed,
+                      kernel_bytes=capture.kernel_bytes)
 
     def commit(self, record: Record, result: Any) -> None:
         s = self.scheduler
-        self.spans = result
+        self.spans = result if record.timed else []
         for state, storage in self.refilled:
             if state.find(storage.layout) is None:
                 state.storages.append(storage)
