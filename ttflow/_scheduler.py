@@ -708,7 +708,26 @@ class Scheduler:
         else:
             outputs = tuple([TensorState(shape, layout.dtype, layout)  # type: ignore[arg-type]
                              for shape, layout in zip(shapes, layouts)])
-        self.enqueue(ProgramCommand(self, program, plan, inputs, outputs), self.cq0)
+        command = ProgramCommand(self, program, plan, inputs, outputs)
+        # `enqueue`, for a program: its outputs are new, so only its inputs' writers order it.
+        queue = self.cq0
+        deps = None
+        for state in inputs:
+            writer = state.last_writer
+            if writer is not None and not writer.done and writer.queue is not queue:
+                if deps is None:
+                    deps = command.deps = []
+                deps.append(writer)
+        capture = self.capturing
+        if capture is not None:
+            capture.admit(command, queue)
+        queue.push(command)
+        for state in inputs:
+            state.last_reader = command
+            state.pending += 1
+        for state in outputs:
+            state.last_writer = command
+            state.pending = 1
         return outputs
 
     def enqueue(self, command: _Scheduled, queue: CommandQueue) -> None:
