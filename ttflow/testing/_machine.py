@@ -145,7 +145,6 @@ async def _drained_outcomes(device: Device, tensors: list[Tensor]) -> list[Any]:
     return outcomes
 
 
-
 class RuntimeStateMachine(RuleBasedStateMachine):
     """A hypothesis state machine over one device, to subclass.
 
@@ -153,13 +152,16 @@ class RuntimeStateMachine(RuleBasedStateMachine):
     (the shapes of the tensors it makes) and `programs` (`ModelProgram`s the `submit` rule
     picks from, with inputs of matching shape and dtype). Then `TestX = MyMachine.TestCase`.
 
-    Rules: `to_device` and `empty` (every dtype and layout, DRAM and L1), `to_layout`, `submit`,
-    `write` (a new value in the tensor's host dtype), `deallocate` (then checks that a use of the
-    handle raises DeallocatedTensorError), `to_host` (compares with the model), `wait` (`tt.wait`
-    or `await t`) and `drain`. The waiting rules let the device run until idle and then check the
-    accounting exactly (`DeviceModel.check_drained`); the invariant `memory_within_bounds` runs
-    after every step and waits for nothing (`DeviceModel.check_bounds`). Teardown deallocates
-    every handle, drains, checks that nothing is left allocated, and closes the device.
+    Rules: `to_device` and `empty` (every dtype and layout, DRAM and L1), `to_layout`, `submit`
+    (on tracked tensors or fresh ones), `write` (a new value in the tensor's host dtype),
+    `write_between_runs` (a program, a write into one of its inputs, the program again),
+    `deallocate` (then checks that a use of the handle raises DeallocatedTensorError), `to_host`
+    (compares with the model), `wait` (`tt.wait` or `await t`) and `drain`. The waiting rules let
+    the device run until idle, then read every live tensor back and check it and the accounting
+    exactly (`drain_and_check`, `DeviceModel.check_drained`); the invariant `memory_within_bounds`
+    runs after every step and waits for nothing (`DeviceModel.check_bounds`). Teardown
+    deallocates every handle, drains, checks that nothing is left allocated, and closes the
+    device.
 
     To add a rule, use the helpers: `pick` (a tracked tensor), `push`, `convert`, `run_program`,
     `observe`, `call` (a synchronous runtime call on the loop: never awaits its result), `run`
@@ -501,9 +503,20 @@ class RuntimeStateMachine(RuleBasedStateMachine):
         else:
             self.expect_raises(DeallocatedTensorError, to_layout, t, Layout())
 
+    @precondition(lambda self: self.has(lambda e: not e.deallocated))
+    @rule(data=st.data())
+    def deallocate_many(self, data: st.DataObject) -> None:
+        """Frees a batch at once, as a front-end does at the end of a step."""
+        live = [e for e in self.model.tensors if not e.deallocated]
+        chosen = [e for e in live if data.draw(st.booleans(), label=f"free {e.name}")]
+        self.call(_deallocate_all, [e.tensor for e in chosen])
+        for entry in chosen:
+            entry.deallocated = True
+
     @precondition(lambda self: self.has())
     @rule(data=st.data())
     def to_host(self, data: st.DataObject) -> None:
+
         self.observe(self.pick(data), "to_host")
         if self.hold_workers:  # the device is idle: check it exactly
             self.drain_and_check()

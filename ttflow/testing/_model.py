@@ -96,6 +96,12 @@ class ModelTensor:
     def known_failed(self) -> bool:
         return self.error is not None
 
+    @property
+    def usable(self) -> bool:
+        """Live (not deallocated) and known to hold `expected`: safe to compute from."""
+        return not self.deallocated and self.known_ok
+
+
     def outcomes(self) -> tuple[bool, frozenset[ErrorType]]:
         """Whether it may hold its value, and which errors it may raise instead."""
         if self.resolved:
