@@ -3,7 +3,7 @@
 The loss and the data stay on the CPU; the forward, the backward and the SGD step run as
 ttflow programs on the emulated device, and the weights stay there until training ends. The
 data are synthetic (a fixed random teacher labels random "images"), so the example needs no
-download. Needs `pip install "ttflow[torch]"` (torch==2.13.0) and a C++ compiler once.
+download. Needs `pip install ".[torch]"` from a ttflow checkout (torch==2.13.0) and a C++ compiler once.
 """
 
 from __future__ import annotations

@@ -141,10 +141,10 @@ async def open_device(
     `blas_threads`: while the device is open, numpy's BLAS (which runs the programs' matmuls)
     uses at most this many threads; `None` leaves the library's setting alone. The default, 1,
     keeps a matmul on one core, so a CQ1 copy runs on another and a busy core does not stall
-    every program: on 2 cores with one kept busy by another process, the demo ran 2.3-3.2x
+    every program: on 2 cores with one kept busy by another process, the demo ran 4.0-8.4x
     faster than with the library default (one thread per core), and double buffering overlapped
     0.88-1.00 instead of 0.62-0.84 on a quiet machine (docs/performance.md, "BLAS threads").
-    Pass a larger number for one large compute-bound program on an otherwise idle machine.
+    A larger number may pay for a large compute-bound program on an idle many-core machine.
     The limit is process-wide (threadpoolctl) and reference-counted: devices open at once,
     nested or on different threads, run with the smallest limit among them, and the setting
     from before the first one comes back when the last one closes.

@@ -6,7 +6,7 @@
     loss(out.to("cpu"), y).backward()   # .to("cpu") waits; the gradient goes back to the device
 
 Importing this module names torch's PrivateUse1 backend "tt" and builds (once, cached) the small
-C++ device guard torch needs for it. Install with `pip install "ttflow[torch]"`.
+C++ device guard torch needs for it. Install with `pip install ".[torch]"` from a ttflow checkout.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ try:
     import torch as _torch  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised without torch
     raise ImportError(
-        "ttflow.torch needs PyTorch: pip install 'ttflow[torch]' (or torch==2.13.0 from the CPU index)"
+        "ttflow.torch needs PyTorch: pip install '.[torch]' in a ttflow checkout (it pins the tested CPU release torch==2.13.0)"
     ) from exc
 
 import ttflow as _tt

@@ -1,0 +1,574 @@
+"""`RuntimeStateMachine`: the runtime driven by hypothesis, checked against the numpy model.
+
+The machine owns one device on an event loop running in a helper thread (an anyio blocking
+portal), so hypothesis's rules stay plain synchronous methods. Three things make it able to find
+real bugs, where a naive portal-driven machine cannot:
+
+- Work stays queued between rules. `BlockingPortal.call` awaits any awaitable result, and a
+  `Tensor` is awaitable: `portal.call(tt.to_device, ...)` would wait for the copy. `call` boxes
+  the result instead. And the machine holds anyio's worker threads (`WorkerThreadHold`), with
+  every command sent to a thread (`inline_cost = -1`): each command stops after its bookkeeping
+  (allocations made, an eviction under way) and before its bytes move, and everything behind it
+  waits, until a rule awaits something. Deallocating, writing or submitting against work in
+  flight then happens in a reproducible order, so failing examples shrink.
+- Every handle is kept (`DeviceModel`), deallocated and failed ones too, so a leak cannot be
+  hidden by the garbage collector freeing a dropped tensor.
+- Accounting is exact where it can be: the rules that wait (`to_host`, `wait`, `drain`) let the
+  device run until it is idle, then `memory_used` must equal the storages of the live tensors to
+  the byte; after every other rule the invariant checks bounds that hold with work in flight.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, ClassVar, TypeVar
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+import attrs
+import numpy as np
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from .. import _queue
+from .._device import Device, open_device
+from .._errors import DeallocatedTensorError, OutOfMemoryError, TTFlowError
+from .._program import Binary, Program, TensorSpec
+from .._runtime import deallocate, empty, submit, to_device, to_host, to_layout, wait, write
+from .._tensor import Tensor
+from .._types import DataType, DeviceSpec, Layout, MemorySpace
+from ._model import DeviceModel, ModelTensor, WorkerThreadHold, drain
+from ._reference import ExpectedValue, space_capacity, storage_geometry, stored
+from ._strategies import arrays, layouts
+
+__all__ = ["ModelProgram", "RuntimeStateMachine"]
+
+T = TypeVar("T")
+
+
+@attrs.frozen(eq=False)
+class ModelProgram:
+    """A program the machine may submit, and its reference.
+
+    `reference(*inputs)` takes one `ExpectedValue` per program input, already converted to the
+    input's declared dtype (as the program's start converts it), and returns one per output
+    before the output's own rounding (the machine stores each as its declared dtype). Build the
+    results with `ExpectedValue.map`, which needs functions non-decreasing in every argument.
+    """
+
+    binary: Binary
+    reference: Callable[..., Sequence[ExpectedValue]]
+    index: int = 0
+
+    @property
+    def program(self) -> Program:
+        return self.binary.programs[self.index]
+
+    def __repr__(self) -> str:
+        return f"<ModelProgram {self.program.name!r}>"
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # hypothesis prints failing steps so
+        p.text(repr(self))
+
+
+def _boxed(fn: Callable[..., T], args: tuple[Any, ...]) -> list[T]:
+    return [fn(*args)]
+
+
+async def _within(seconds: float, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...]) -> T:
+    try:
+        with anyio.fail_after(seconds):
+            return await fn(*args)
+    except TimeoutError:
+        raise AssertionError(
+            f"{getattr(fn, '__name__', fn)} did not complete within {seconds} s: a hang"
+        ) from None
+
+
+async def _released(
+    hold: WorkerThreadHold, device: Device, seconds: float, fn: Callable[..., Awaitable[T]],
+    args: tuple[Any, ...],
+) -> T:
+    """`fn(*args)` with the worker threads let go; then the device runs until idle and the
+    threads are held again, so the next rule starts from a state that does not depend on timing."""
+    hold.release()
+    try:
+        return await _within(seconds, fn, args)
+    finally:
+        try:
+            await _within(seconds, drain, (device,))
+        finally:
+            with anyio.move_on_after(seconds):
+                await hold.acquire()
+
+
+async def _settled(check: Callable[[], None], checkpoints: int) -> None:
+    """Lets the queues take every step they can without waiting (a few checkpoints), then
+    runs `check`: with worker threads held, each rule then starts from a settled device, which
+    keeps failing examples reproducible while hypothesis shrinks them."""
+    for _ in range(checkpoints):
+        await anyio.lowlevel.checkpoint()
+    check()
+
+
+async def _await(tensor: Tensor) -> None:
+    await tensor
+
+
+async def _outcomes(tensors: list[Tensor], how: str) -> list[Any]:
+    """Waits for each tensor in turn; each outcome is None or the TTFlowError it raised, except
+    the last one's with `how == "to_host"`: its value."""
+    outcomes: list[Any] = []
+    for k, tensor in enumerate(tensors):
+        try:
+            if k == len(tensors) - 1 and how == "to_host":
+                outcomes.append(await to_host(tensor))
+            else:
+                await (_await(tensor) if how == "await" else wait(tensor))
+                outcomes.append(None)
+        except TTFlowError as exc:
+            outcomes.append(exc)
+    return outcomes
+
+
+async def _drained_outcomes(device: Device, tensors: list[Tensor]) -> list[Any]:
+    """Drains the device, then reads each tensor back: its value, or the TTFlowError it raises."""
+    await drain(device)
+    outcomes: list[Any] = []
+    for tensor in tensors:
+        try:
+            outcomes.append(await to_host(tensor))
+        except TTFlowError as exc:
+            outcomes.append(exc)
+    return outcomes
+
+
+class RuntimeStateMachine(RuleBasedStateMachine):
+    """A hypothesis state machine over one device, to subclass.
+
+    Class attributes to set: `backend` ("asyncio" or "trio"), `spec` (the device), `shapes`
+    (the shapes of the tensors it makes) and `programs` (`ModelProgram`s the `submit` rule
+    picks from, with inputs of matching shape and dtype). Then `TestX = MyMachine.TestCase`.
+
+    Rules: `to_device` and `empty` (every dtype and layout, DRAM and L1), `to_layout`, `submit`
+    (on tracked tensors or fresh ones), `write` (a new value in the tensor's host dtype),
+    `write_between_runs` (a program, a write into one of its inputs, the program again),
+    `deallocate` (then checks that a use of the handle raises DeallocatedTensorError), `to_host`
+    (compares with the model), `wait` (`tt.wait` or `await t`) and `drain`. The waiting rules let
+    the device run until idle, then read every live tensor back and check it and the accounting
+    exactly (`drain_and_check`, `DeviceModel.check_drained`); the invariant `memory_within_bounds`
+    runs after every step and waits for nothing (`DeviceModel.check_bounds`). Teardown
+    deallocates every handle, drains, checks that nothing is left allocated, and closes the
+    device.
+
+    To add a rule, use the helpers: `pick` (a tracked tensor), `push`, `convert`, `run_program`,
+    `observe`, `call` (a synchronous runtime call on the loop: never awaits its result), `run`
+    (an async call, with a timeout), and `self.model` / `self.device`.
+    """
+
+    backend: ClassVar[str] = "asyncio"
+    spec: ClassVar[DeviceSpec] = DeviceSpec.small()
+    shapes: ClassVar[Sequence[tuple[int, ...]]] = ((40, 33),)
+    programs: ClassVar[Sequence[ModelProgram]] = ()
+    timeout: ClassVar[float] = 60.0
+    """Seconds any single await may take before the machine calls it a hang."""
+    max_tensors: ClassVar[int] = 64
+    hold_workers: ClassVar[bool] = True
+    """Hold the worker threads between waiting rules (see the module docstring). False lets
+    commands run on their own, concurrently with the rules: more like production, but an
+    example that fails may not fail again the same way, which makes shrinking slow."""
+    inline_cost: ClassVar[int | None] = -1
+    """ttflow runs a command inline when its work is at most this many bytes, else on a worker
+    thread. -1 (the default here) sends every command to a thread, so that a held thread stops
+    every command mid-flight; None keeps ttflow's setting (256 KiB): then only large commands
+    stop, the others run inline. Process-wide while the machine runs, restored at teardown."""
+    settle_checkpoints: ClassVar[int] = 8
+    """Checkpoints the loop gets after each rule before the invariant (see `_settled`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._inline_cost = _queue.INLINE_COST
+        if self.inline_cost is not None:
+            _queue.INLINE_COST = self.inline_cost
+        self.hold = WorkerThreadHold()
+        self._portal_cm = anyio.from_thread.start_blocking_portal(self.backend)
+        self.portal = self._portal_cm.__enter__()
+        try:
+            self._device_cm = self.portal.wrap_async_context_manager(open_device(self.spec))
+            self.device: Device = self._device_cm.__enter__()
+            self.model = DeviceModel(self.spec)
+            if self.hold_workers:
+                self.portal.call(self.hold.acquire)
+        except BaseException:
+            self._close()
+            raise
+
+    # -- talking to the loop ------------------------------------------------------------------
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` on the event loop thread; the result is returned as is, never awaited."""
+        return self.portal.call(_boxed, fn, args)[0]
+
+    def run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """Awaits `fn(*args)` on the event loop, within `timeout`. With `hold_workers`, the
+        threads are let go meanwhile; afterwards the device runs until idle and they are held
+        again."""
+        if self.hold.held:
+            return self.portal.call(_released, self.hold, self.device, self.timeout, fn, args)
+        return self.portal.call(_within, self.timeout, fn, args)
+
+    def expect_raises(self, error: type[BaseException], fn: Callable[..., Any], *args: Any) -> None:
+        """Asserts that the synchronous call `fn(*args)` raises `error` (on the loop thread)."""
+        try:
+            self.call(fn, *args)
+        except error:
+            return
+        raise AssertionError(f"{getattr(fn, '__name__', fn)} did not raise {error.__name__}")
+
+    def expect_raises_async(
+        self, error: type[BaseException], fn: Callable[..., Awaitable[Any]], *args: Any
+    ) -> None:
+        """Asserts that awaiting `fn(*args)` raises `error`, at once (held threads stay held)."""
+        try:
+            self.portal.call(_within, self.timeout, fn, args)
+        except error:
+            return
+        raise AssertionError(f"{getattr(fn, '__name__', fn)} did not raise {error.__name__}")
+
+    # -- the model ----------------------------------------------------------------------------
+
+    def pick(self, data: st.DataObject, where: Callable[[ModelTensor], bool] | None = None,
+             label: str = "tensor") -> ModelTensor:
+        """Draws a tracked tensor (deallocated and failed ones too, unless `where` says)."""
+        # Newest first: an example shrinks toward using the latest tensor, and deleting an
+        # unrelated earlier step does not change which tensor a later step picks.
+        candidates = [e for e in reversed(self.model.tensors) if where is None or where(e)]
+        if not candidates:
+            raise ValueError(f"no tracked tensor for {label}: guard the rule with a precondition")
+        return data.draw(st.sampled_from(candidates), label=label)
+
+    def has(self, where: Callable[[ModelTensor], bool] | None = None) -> bool:
+        return any(where is None or where(e) for e in self.model.tensors)
+
+    def room(self) -> bool:
+        """Whether new tensors are welcome: few enough, and DRAM far from full."""
+        return (
+            len(self.model.tensors) < self.max_tensors
+            and self.model.dram_estimate() < space_capacity(self.spec, MemorySpace.DRAM) // 4
+        )
+
+    def _usable_l1_bank(self) -> int:
+        size = self.spec.l1_bank_bytes
+        return size - size % self.spec.l1_alignment
+
+    def _l1_depth(self, shape: tuple[int, ...], layout: Layout) -> int:
+        if layout.memory is not MemorySpace.L1:
+            return 0
+        return storage_geometry(shape, layout, self.spec).depth
+
+    def push(self, array: Any, layout: Layout, label: str | None = None) -> ModelTensor | None:
+        """`to_device(array, layout)`, tracked; None when L1 had no room (which it checks)."""
+        layout = layout.resolve(DataType.from_numpy(array.dtype))
+        assert layout.dtype is not None
+        depth = self._l1_depth(tuple(array.shape), layout)
+        try:
+            tensor = self.call(to_device, array, self.device, layout)
+        except OutOfMemoryError:
+            assert layout.memory is MemorySpace.L1, "to_device ran out of DRAM far below capacity"
+            return None
+        assert depth <= self._usable_l1_bank(), (
+            f"to_device gave an L1 tensor of {depth} bytes per bank; banks hold {self.spec.l1_bank_bytes}"
+        )
+        return self.model.track(tensor, layout, stored(array, layout.dtype), label=label)
+
+    def convert(self, source: ModelTensor, layout: Layout) -> ModelTensor | None:
+        """`to_layout(source, layout)`, tracked (a deallocated source must raise)."""
+        if source.deallocated:
+            self.expect_raises(DeallocatedTensorError, to_layout, source.tensor, layout)
+            return None
+        target = self.call(to_layout, source.tensor, layout)
+        resolved = layout.resolve(source.dtype)
+        assert resolved.dtype is not None
+        expected = source.expected.stored_as(resolved.dtype) if source.expected is not None else None
+        depth = self._l1_depth(source.shape, resolved)
+        return self.model.track(
+            target, resolved, expected,
+            label=f"{self._next_label()} = to_layout({source.name})",
+            fails_with=OutOfMemoryError if depth > self._usable_l1_bank() else None,
+            may_fail=depth > 0, parents=(source,),
+        )
+
+    def run_program(self, model_program: ModelProgram, inputs: Sequence[ModelTensor]) -> list[ModelTensor]:
+        """`submit` of a model program on `inputs`, its outputs tracked with their references."""
+        program = model_program.program
+        outputs = self.call(submit, self.device, model_program.binary, model_program.index,
+                            [e.tensor for e in inputs])
+        # The L1 it needs at once: its L1 inputs (once per tensor and layout) and L1 outputs.
+        l1_inputs = {(id(e), spec.layout): self._l1_depth(e.shape, spec.layout)
+                     for e, spec in zip(inputs, program.inputs)}
+        need = sum(l1_inputs.values()) + sum(
+            self._l1_depth(s.shape, s.layout) for s in program.output_specs
+        )
+        expected: list[ExpectedValue | None] = [None] * len(outputs)
+        if all(e.expected is not None for e in inputs):
+            args = [e.expected.stored_as(s.dtype) for e, s in zip(inputs, program.inputs)]  # type: ignore[union-attr]
+            results = list(model_program.reference(*args))
+            assert len(results) == len(outputs), f"the reference of {program.name!r} gave {len(results)} results"
+            expected = [r.stored_as(s.dtype) for r, s in zip(results, program.output_specs)]
+        names = ", ".join(e.name for e in inputs)
+        return [
+            self.model.track(
+                tensor, spec.layout, value,
+                label=f"{self._next_label()} = {program.name}({names})[{k}]",
+                fails_with=OutOfMemoryError if need > self._usable_l1_bank() else None,
+                may_fail=need > 0, parents=tuple(inputs),
+            )
+            for k, (tensor, spec, value) in enumerate(zip(outputs, program.output_specs, expected))
+        ]
+
+    def observe(self, entry: ModelTensor, how: str = "to_host") -> None:
+        """Waits for `entry` (`how`: "to_host", "wait" or "await") and checks the outcome.
+
+        Its unsettled ancestors are waited for first, oldest first: their outcomes say what to
+        expect of it (a failed input fails it).
+        """
+        if entry.deallocated:
+            waiter = {"to_host": to_host, "wait": wait, "await": _await}[how]
+            self.expect_raises_async(DeallocatedTensorError, waiter, entry.tensor)
+            return
+        ancestors = self._unsettled_ancestors(entry)
+        outcomes = self.run(_outcomes, [a.tensor for a in ancestors] + [entry.tensor], how)
+        for ancestor, outcome in zip(ancestors, outcomes):
+            ancestor.record(outcome if isinstance(outcome, BaseException) else None)
+        result = outcomes[-1]
+        if isinstance(result, BaseException):
+            entry.record(result)
+            return
+        entry.record(None)
+        if how == "to_host":
+            assert entry.expected is not None
+            entry.expected.check(result, what=repr(entry))
+
+    def drain_and_check(self) -> None:
+        """Waits for every queued command, then reads every live tensor back and checks its
+        value or its error against the model, and the device's memory exactly."""
+        live = [e for e in self.model.tensors if not e.deallocated]
+        outcomes = self.run(_drained_outcomes, self.device, [e.tensor for e in live])
+        for entry, outcome in zip(live, outcomes):
+            if isinstance(outcome, BaseException):
+                entry.record(outcome)
+            else:
+                entry.record(None)
+                assert entry.expected is not None
+                entry.expected.check(outcome, what=repr(entry))
+        self.call(self.model.check_drained, self.device)
+
+    def _unsettled_ancestors(self, entry: ModelTensor) -> list[ModelTensor]:
+        found: dict[int, ModelTensor] = {}
+        stack = list(entry.parents)
+        while stack:
+            e = stack.pop()
+            if id(e) not in found and not e.resolved and not e.deallocated and not e.known_ok:
+                found[id(e)] = e
+                stack.extend(e.parents)
+        order = {id(e): i for i, e in enumerate(self.model.tensors)}
+        return sorted(found.values(), key=lambda e: order[id(e)])
+
+    def _next_label(self) -> str:
+        return f"t{len(self.model.tensors)}"
+
+    def _fits(self, entry: ModelTensor, spec: TensorSpec) -> bool:
+        return (
+            not entry.deallocated
+            and entry.shape == spec.shape
+            and (entry.dtype is spec.dtype or (entry.dtype.is_float and spec.dtype.is_float))
+        )
+
+    # -- rules --------------------------------------------------------------------------------
+
+    @precondition(lambda self: self.room())
+    @rule(data=st.data())
+    def to_device(self, data: st.DataObject) -> None:
+        shape = data.draw(st.sampled_from(self.shapes), label="shape")
+        layout = data.draw(layouts(), label="layout")
+        assert layout.dtype is not None
+        # A float layout also takes a float32 array, rounded by to_device.
+        host = DataType.FLOAT32 if layout.dtype.is_float and data.draw(st.booleans(), label="f32") else layout.dtype
+        self.push(data.draw(arrays(host, shape), label="array"), layout, label=self._next_label())
+
+    @precondition(lambda self: self.room())
+    @rule(data=st.data())
+    def empty(self, data: st.DataObject) -> None:
+        shape = data.draw(st.sampled_from(self.shapes), label="shape")
+        layout = data.draw(layouts(), label="layout")
+        assert layout.dtype is not None
+        try:
+            tensor = self.call(empty, shape, layout.dtype, self.device, layout)
+        except OutOfMemoryError:
+            assert layout.memory is MemorySpace.L1, "empty ran out of DRAM far below capacity"
+            return
+        zeros = stored(arrays_zeros(shape, layout.dtype), layout.dtype)
+        self.model.track(tensor, layout, zeros, label=f"{self._next_label()} = empty")
+
+    @precondition(lambda self: self.room() and self.has())
+    @rule(data=st.data())
+    def to_layout(self, data: st.DataObject) -> None:
+        source = self.pick(data, label="source")
+        if source.dtype.is_float:
+            floats = [DataType.FLOAT32, DataType.BFLOAT16, DataType.BFLOAT8_B]
+            dtype = data.draw(st.sampled_from([None, *floats]), label="dtype")
+        else:
+            dtype = data.draw(st.sampled_from([None, source.dtype]), label="dtype")
+        layout = data.draw(layouts(dtype if dtype is not None else source.dtype), label="layout")
+        self.convert(source, attrs.evolve(layout, dtype=dtype))  # dtype None: keep the tensor's
+
+    @precondition(lambda self: self.room() and bool(self.programs))
+    @rule(data=st.data())
+    def submit(self, data: st.DataObject) -> None:
+        chosen = data.draw(st.sampled_from(self.programs), label="program")
+        inputs = []
+        for k, spec in enumerate(chosen.program.inputs):
+            fits = functools.partial(self._fits, spec=spec)
+            if self.has(fits) and not data.draw(st.booleans(), label=f"fresh input {k}"):
+                inputs.append(self.pick(data, fits, label=f"input {k}"))
+                continue
+            # A new tensor for it, in any layout of a dtype the program takes.
+            dtypes = [DataType.FLOAT32, DataType.BFLOAT16, DataType.BFLOAT8_B] if spec.dtype.is_float else [spec.dtype]
+            layout = data.draw(layouts(data.draw(st.sampled_from(dtypes), label=f"dtype {k}")),
+                               label=f"layout {k}")
+            array = data.draw(arrays(layout.dtype, spec.shape), label=f"array {k}")  # type: ignore[arg-type]
+            entry = self.push(array, layout, label=self._next_label())
+            if entry is None:  # no room in L1 now: DRAM then
+                entry = self.push(array, attrs.evolve(layout, memory=MemorySpace.DRAM),
+                                  label=self._next_label())
+            assert entry is not None
+            inputs.append(entry)
+        self.run_program(chosen, inputs)
+
+    @precondition(lambda self: self.room() and bool(self.programs))
+    @rule(data=st.data())
+    def write_between_runs(self, data: st.DataObject) -> None:
+        """A program, a new value written into one of its inputs, the program again: the second
+        run must see the new value (write-after-read ordering, and the input's conversions
+        made for the first run dropped), the first the old one."""
+        chosen = data.draw(st.sampled_from(self.programs), label="program")
+        specs = chosen.program.inputs
+        known = [
+            [e for e in reversed(self.model.tensors) if self._fits(e, s) and e.known_ok] for s in specs
+        ]
+        if not all(known):
+            return
+        inputs = [data.draw(st.sampled_from(c), label=f"input {k}") for k, c in enumerate(known)]
+        self.run_program(chosen, inputs)
+        target = data.draw(st.sampled_from(inputs), label="written")
+        array = data.draw(arrays(target.dtype, target.shape), label="array")
+        self.call(write, target.tensor, array)
+        target.expected = stored(array, target.dtype)
+        self.run_program(chosen, inputs)
+
+    @precondition(lambda self: self.has(lambda e: e.deallocated or e.known_ok))
+    @rule(data=st.data())
+    def write(self, data: st.DataObject) -> None:
+
+        entry = self.pick(data, lambda e: e.deallocated or e.known_ok)
+        array = data.draw(arrays(entry.dtype, entry.shape), label="array")
+        if entry.deallocated:
+            self.expect_raises(DeallocatedTensorError, write, entry.tensor, array)
+            return
+        self.call(write, entry.tensor, array)
+        entry.expected = stored(array, entry.dtype)
+
+    @precondition(lambda self: self.has(lambda e: not e.deallocated))
+    @rule(data=st.data())
+    def deallocate(self, data: st.DataObject) -> None:
+        entry = self.pick(data, lambda e: not e.deallocated)
+        self.call(deallocate, entry.tensor)
+        if data.draw(st.booleans(), label="twice"):
+            self.call(deallocate, entry.tensor)  # a no-op
+        entry.deallocated = True
+        use = data.draw(st.sampled_from(["to_host", "wait", "await", "to_layout", "write", "submit"]),
+                        label="then")
+        t = entry.tensor
+        if use in ("to_host", "wait", "await"):
+            self.observe(entry, use)
+        elif use == "write":
+            self.expect_raises(DeallocatedTensorError, write, t, arrays_zeros(t.shape, t.dtype))
+        elif use == "submit" and self.programs:
+            program = data.draw(st.sampled_from(self.programs), label="program")
+            args = [t] * len(program.program.inputs)  # the first input is checked first
+            self.expect_raises(DeallocatedTensorError, submit, self.device, program.binary,
+                               program.index, args)
+        else:
+            self.expect_raises(DeallocatedTensorError, to_layout, t, Layout())
+
+    @precondition(lambda self: self.has(lambda e: not e.deallocated))
+    @rule(data=st.data())
+    def deallocate_many(self, data: st.DataObject) -> None:
+        """Frees a batch at once, as a front-end does at the end of a step."""
+        live = [e for e in self.model.tensors if not e.deallocated]
+        chosen = [e for e in live if data.draw(st.booleans(), label=f"free {e.name}")]
+        self.call(_deallocate_all, [e.tensor for e in chosen])
+        for entry in chosen:
+            entry.deallocated = True
+
+    @precondition(lambda self: self.has())
+    @rule(data=st.data())
+    def to_host(self, data: st.DataObject) -> None:
+
+        self.observe(self.pick(data), "to_host")
+        if self.hold_workers:  # the device is idle: check it exactly
+            self.drain_and_check()
+
+    @precondition(lambda self: self.has())
+    @rule(data=st.data())
+    def wait(self, data: st.DataObject) -> None:
+        entry = self.pick(data)
+        self.observe(entry, data.draw(st.sampled_from(["wait", "await"]), label="how"))
+        if self.hold_workers:
+            self.drain_and_check()
+
+    @rule()
+    def drain(self) -> None:
+        self.drain_and_check()
+
+    @invariant()
+    def memory_within_bounds(self) -> None:
+        self.portal.call(
+            _settled, functools.partial(self.model.check_bounds, self.device), self.settle_checkpoints
+        )
+
+    def teardown(self) -> None:
+        try:
+            self.call(_deallocate_all, [e.tensor for e in self.model.tensors])
+            for entry in self.model.tensors:
+                entry.deallocated = True
+            self.drain_and_check()
+            for space in MemorySpace:
+                used = self.call(self.device.memory_used, space)
+                assert used == 0, f"{space.name}: {used} bytes still allocated with every tensor deallocated"
+        finally:
+            self._close()
+
+    def _close(self) -> None:
+        try:
+            self.call(self.hold.release)
+            if hasattr(self, "device"):
+                self._device_cm.__exit__(None, None, None)
+        finally:
+            try:
+                self._portal_cm.__exit__(None, None, None)
+            finally:
+                _queue.INLINE_COST = self._inline_cost
+
+
+
+def _deallocate_all(tensors: list[Tensor]) -> None:
+    for tensor in tensors:
+        deallocate(tensor)
+
+
+def arrays_zeros(shape: tuple[int, ...], dtype: DataType) -> np.ndarray[Any, Any]:
+    """A zero host array for a `dtype` tensor."""
+    return np.zeros(shape, dtype.host_dtype)
