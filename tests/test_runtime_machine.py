@@ -9,12 +9,13 @@ back as the model says. Two shapes on the small device (4 L1 banks of 64 KiB): a
 a large one whose FLOAT32 and INT32 L1 tensors cannot fit (the programs that put one in L1 must
 fail with OutOfMemoryError, and so must everything computed from them).
 
-Bugs planted by monkeypatching that this machine catches within the ci profile's 40 examples
-(on both backends unless noted): deallocating a tensor while its eviction is in flight leaks the
-DRAM copy (the committed bug (b)); `_free` forgetting DRAM blocks; a write keeping the
-conversions of the old value; an eviction that copies no bytes; deallocate freeing storages that
-queued commands still read; `await`/`tt.wait` swallowing OutOfMemoryError; a kept conversion
-reused for another dtype.
+Bugs planted by monkeypatching, each caught within the ci profile's 40 examples: deallocating a
+tensor while its eviction is in flight leaks the DRAM copy (bug (b), fixed in 1f2ab6a: 8 runs
+of 8); `_free` forgetting DRAM blocks, a write keeping the conversions of the old value, an
+eviction that copies no bytes, a kept conversion reused for another dtype (every run); deallocate
+freeing storages that queued commands still read, `await`/`tt.wait` swallowing OutOfMemoryError
+(7 runs of 8).
+
 """
 
 

@@ -155,7 +155,9 @@ class RuntimeStateMachine(RuleBasedStateMachine):
     Rules: `to_device` and `empty` (every dtype and layout, DRAM and L1), `to_layout`, `submit`
     (on tracked tensors or fresh ones), `write` (a new value in the tensor's host dtype),
     `write_between_runs` (a program, a write into one of its inputs, the program again),
-    `deallocate` (then checks that a use of the handle raises DeallocatedTensorError), `to_host`
+    `deallocate` (then checks that a use of the handle raises DeallocatedTensorError),
+    `deallocate_many` (a batch at once, as at the end of a front-end's step), `to_host`
+
     (compares with the model), `wait` (`tt.wait` or `await t`) and `drain`. The waiting rules let
     the device run until idle, then read every live tensor back and check it and the accounting
     exactly (`drain_and_check`, `DeviceModel.check_drained`); the invariant `memory_within_bounds`
