@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import ttflow as tt
+from ttflow import _queue
 from ttflow.testing import buffer_footprint, drain, hold_worker_threads
 
 pytestmark = pytest.mark.anyio
@@ -228,8 +229,8 @@ async def test_cancellation_storm_leaves_work_and_device_intact() -> None:
 
 
 def _queue_work(device: tt.Device) -> tuple[list[tt.Tensor], int]:
-    """Writes queued on CQ1 and programs on CQ0 behind them, all large enough to run on a
-    worker thread (so that `hold_worker_threads` keeps them queued)."""
+    """Writes queued on CQ1 and programs on CQ0 behind them (the test sends every command's run
+    to a worker thread, so that `hold_worker_threads` keeps them queued)."""
     b = tt.ProgramBuilder("relu")
     b.output(b.relu(b.input((256, 320), DRAM_TILE)), DRAM_TILE)
     binary = tt.Binary([b.build()])
@@ -261,7 +262,8 @@ async def _raises_closed(tensor: tt.Tensor, device: tt.Device) -> None:
 
 
 @pytest.mark.parametrize("exit", ["normal", "error", "cancelled"])
-async def test_closing_with_queued_work(exit: str) -> None:
+async def test_closing_with_queued_work(exit: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_queue, "INLINE_SECONDS", -1.0)  # every command's run on a worker
     # Work still queued on both queues when the block exits (held by `hold_worker_threads`
     # until then): a normal exit runs all of it; an error or a cancellation fails what did not
     # start with DeviceClosedError. Either way nothing hangs, every tensor is done, the device

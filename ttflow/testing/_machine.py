@@ -7,7 +7,7 @@ real bugs, where a naive portal-driven machine cannot:
 - Work stays queued between rules. `BlockingPortal.call` awaits any awaitable result, and a
   `Tensor` is awaitable: `portal.call(tt.to_device, ...)` would wait for the copy. `call` boxes
   the result instead. And the machine holds anyio's worker threads (`WorkerThreadHold`), with
-  every command sent to a thread (`inline_cost = -1`): each command stops after its bookkeeping
+  every command sent to a thread (`inline_seconds = -1`): each command stops after its bookkeeping
   (allocations made, an eviction under way) and before its bytes move, and everything behind it
   waits, until a rule awaits something. Deallocating, writing or submitting against work in
   flight then happens in a reproducible order, so failing examples shrink.
@@ -35,7 +35,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from .. import _queue
 from .._device import Device, open_device
 from .._errors import DeallocatedTensorError, OutOfMemoryError, TTFlowError
-from .._program import Binary, Program, TensorSpec
+from .._binary import Binary
+from .._program import Program, TensorSpec
 from .._runtime import deallocate, empty, submit, to_device, to_host, to_layout, wait, write
 from .._tensor import Tensor
 from .._types import DataType, DeviceSpec, Layout, MemorySpace
@@ -181,19 +182,19 @@ class RuntimeStateMachine(RuleBasedStateMachine):
     """Hold the worker threads between waiting rules (see the module docstring). False lets
     commands run on their own, concurrently with the rules: more like production, but an
     example that fails may not fail again the same way, which makes shrinking slow."""
-    inline_cost: ClassVar[int | None] = -1
-    """ttflow runs a command inline when its work is at most this many bytes, else on a worker
-    thread. -1 (the default here) sends every command to a thread, so that a held thread stops
-    every command mid-flight; None keeps ttflow's setting (256 KiB): then only large commands
+    inline_seconds: ClassVar[float | None] = -1.0
+    """ttflow runs a command inline when its estimated run time is at most this many seconds,
+    else on a worker thread. -1 (the default here) sends every command to a thread, so that a held thread stops
+    every command mid-flight; None keeps ttflow's setting (100 us): then only large commands
     stop, the others run inline. Process-wide while the machine runs, restored at teardown."""
     settle_checkpoints: ClassVar[int] = 8
     """Checkpoints the loop gets after each rule before the invariant (see `_settled`)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._inline_cost = _queue.INLINE_COST
-        if self.inline_cost is not None:
-            _queue.INLINE_COST = self.inline_cost
+        self._inline_seconds = _queue.INLINE_SECONDS
+        if self.inline_seconds is not None:
+            _queue.INLINE_SECONDS = self.inline_seconds
         self.hold = WorkerThreadHold()
         self._portal_cm = anyio.from_thread.start_blocking_portal(self.backend)
         self.portal = self._portal_cm.__enter__()
@@ -562,7 +563,7 @@ class RuntimeStateMachine(RuleBasedStateMachine):
             try:
                 self._portal_cm.__exit__(None, None, None)
             finally:
-                _queue.INLINE_COST = self._inline_cost
+                _queue.INLINE_SECONDS = self._inline_seconds
 
 
 

@@ -18,7 +18,8 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as npst
 
-from .._program import Binary, Program, ProgramBuilder
+from .._binary import Binary
+from .._program import Program, ProgramBuilder
 from .._types import DataType, DeviceSpec, Layout, MemorySpace, TensorLayout
 from ._reference import storage_geometry
 
