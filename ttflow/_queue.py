@@ -29,6 +29,8 @@ from ._errors import DeviceClosedError
 __all__ = ["Command", "CommandQueue", "NO_DEPS"]
 
 NO_DEPS: list[Any] = []
+"""The shared empty list of a command with no dependencies (saves a list per command): never
+mutate it; code that adds one makes a list of its own first."""
 """The dependencies of a command that has none: shared, so never appended to (`enqueue` gives
 a command its own list when it has some)."""
 

@@ -402,7 +402,7 @@ class ProgramCommand(_Scheduled):
         except BaseException:
             for storage in allocated:
                 s.free(storage)
-            self.converted.clear()
+            self.converted = _NO_DEPS
             raise
         sources_, outputs_ = tuple(sources), tuple(outputs)
         operands = (*sources_, *outputs_, *scratch.values())
@@ -444,7 +444,7 @@ class ProgramCommand(_Scheduled):
             elif isinstance(step, Compute):
                 for storage in (*step.scratch.values(), *step.outputs):
                     s.free(storage)
-        self.converted.clear()
+        self.converted = _NO_DEPS
 
     def forget(self) -> None:
         self.converted = _NO_DEPS
