@@ -356,7 +356,7 @@ class ProgramCommand(_Scheduled):
             kernel = (space, code, tuple([storage.address for storage in sources]), rows, depth)
             compute = _new_tuple(Compute, (plan, sources_, outputs_, _NO_SCRATCH, True, kernel))
             return _new_tuple(Record, ((compute,), bound.nbytes, plan.macs, False, bound.nbytes))
-        pagewise = plan.pagewise and pagewise_storages(plan, (*sources_, *outputs_))
+        pagewise = pagewise_storages(plan, (*sources_, *outputs_))
         compute = _new_tuple(Compute, (plan, sources_, outputs_, _NO_SCRATCH, pagewise, None))
         return _new_tuple(Record, ((compute,), bound.nbytes, plan.macs, False, 0))
 
@@ -406,7 +406,7 @@ class ProgramCommand(_Scheduled):
             raise
         sources_, outputs_ = tuple(sources), tuple(outputs)
         operands = (*sources_, *outputs_, *scratch.values())
-        pagewise = self.plan.pagewise and pagewise_storages(self.plan, operands)
+        pagewise = pagewise_storages(self.plan, operands)
         kernel = None
         if pagewise:
             kernel = page_kernel(self.plan, operands, s.num_banks(operands[0].layout.memory))
@@ -670,9 +670,6 @@ class Scheduler:
 
     # -- queueing ---------------------------------------------------------------------------
 
-    def new_state(self, shape: tuple[int, ...], dtype: DataType, layout: Layout) -> TensorState:
-        return TensorState(shape, dtype, layout)
-
     def push(self, array: np.ndarray[Any, Any] | None, layout: Layout, shape: tuple[int, ...]) -> TensorState:
         """A new tensor in `layout`, filled from `array` (zeros when None) by a CQ1 write."""
         assert layout.dtype is not None
@@ -850,7 +847,7 @@ class Capture:
     """
 
     __slots__ = ("scheduler", "outputs", "inputs", "steps", "external", "pinned", "snapshot",
-                 "programs", "nbytes", "kernel_bytes", "macs", "error", "sealed", "released",
+                 "programs", "nbytes", "kernel_bytes", "macs", "error", "released",
                  "replays_pending")
 
     def __init__(self, scheduler: Scheduler) -> None:
@@ -866,7 +863,6 @@ class Capture:
         self.kernel_bytes = 0
         self.macs = 0
         self.error: BaseException | None = None
-        self.sealed = False
         self.released = False
         self.replays_pending = 0
 
@@ -945,7 +941,6 @@ class Capture:
 
     def seal(self) -> None:
         """Every captured command is done: what each produced tensor holds after a replay."""
-        self.sealed = True
         self.snapshot = [
             (state, tuple(state.storages)) for state in self.outputs if not state.deallocated
         ]
