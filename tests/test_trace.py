@@ -102,6 +102,14 @@ def test_replay_equals_the_untraced_run_byte_for_byte(
             assert got.tobytes() == want.tobytes()
 
 
+def _scalar_op(name: str, op: str, scalar: float) -> tt.Program:
+    """A one-step program on a 32x32 DRAM tile: `x <op> scalar`."""
+    b = tt.ProgramBuilder(name)
+    x = b.input((32, 32), tt.Layout(DRAM, TILE, F32))
+    b.output(getattr(b, op)(x, scalar), tt.Layout(DRAM, TILE))
+    return b.build()
+
+
 def _chain() -> tt.Binary:
     enc = tt.ProgramBuilder("encoder")
     x = enc.input((32, 64), tt.Layout(DRAM, TILE, F32))
@@ -156,9 +164,7 @@ async def test_replay_runs_the_chain_with_new_inputs_and_allocates_nothing() -> 
 
 @pytest.mark.anyio
 async def test_replay_is_ordered_like_a_write_into_its_outputs() -> None:
-    b = tt.ProgramBuilder("double")
-    b.output(b.mul(b.input((32, 32), tt.Layout(DRAM, TILE, F32)), 2.0), tt.Layout(DRAM, TILE))
-    binary = tt.Binary([b.build()])
+    binary = tt.Binary([_scalar_op("double", "mul", 2.0)])
     convert = tt.ProgramBuilder("as_row_major")
     convert.output(convert.add(convert.input((32, 32), tt.Layout(DRAM, ROW, F32)), 0.0))
     reader = tt.Binary([convert.build()])
@@ -206,12 +212,10 @@ async def test_host_transfers_inside_a_capture_raise_and_leak_nothing() -> None:
 @pytest.mark.anyio
 async def test_a_deallocated_input_or_a_failed_capture_is_a_trace_error() -> None:
     spec = tt.DeviceSpec.small()
-    b = tt.ProgramBuilder("inc")
-    b.output(b.add(b.input((32, 32), tt.Layout(DRAM, TILE, F32)), 1.0), tt.Layout(DRAM, TILE))
     rows = spec.l1_bank_bytes * spec.l1_banks // (32 * 4) + 32  # more than L1 holds
     big = tt.ProgramBuilder("too_big")
     big.output(big.add(big.input((rows, 32), tt.Layout(DRAM, TILE, F32)), 1.0), tt.Layout(L1, TILE))
-    binary = tt.Binary([b.build(), big.build()])
+    binary = tt.Binary([_scalar_op("inc", "add", 1.0), big.build()])
     async with tt.open_device(spec) as device:
         x = tt.to_device(np.ones((32, 32), np.float32), device, tt.Layout(DRAM, TILE))
         with tt.capture_trace(device) as trace:
@@ -236,9 +240,7 @@ async def test_a_deallocated_input_or_a_failed_capture_is_a_trace_error() -> Non
 
 @pytest.mark.anyio
 async def test_executing_before_the_capture_ran_still_replays_in_order() -> None:
-    b = tt.ProgramBuilder("inc")
-    b.output(b.add(b.input((32, 32), tt.Layout(DRAM, TILE, F32)), 1.0), tt.Layout(DRAM, TILE))
-    binary = tt.Binary([b.build()])
+    binary = tt.Binary([_scalar_op("inc", "add", 1.0)])
     async with tt.open_device(tt.DeviceSpec.small()) as device:
         x = tt.to_device(np.zeros((32, 32), np.float32), device, tt.Layout(DRAM, TILE))
         with tt.capture_trace(device) as trace:
