@@ -320,7 +320,7 @@ class WorkerThreadHold:
 
     ttflow runs a large command's bytes on a worker thread (`anyio.to_thread.run_sync`, which
     takes a token of that limiter) between its bookkeeping on the event loop. While the tokens
-    are held, such a command stops after its prepare (allocations made, an eviction under way)
+    are held, such a command stops after its decision (allocations made, an eviction under way)
     and before its run, and everything queued behind it waits: a deterministic way to act (write,
     deallocate, submit) while a large write, conversion, eviction or program is in flight. Small
     commands run inline and are not held. Call `acquire` and `release` on the event loop thread;
