@@ -340,6 +340,21 @@ async def test_cq1_write_overlaps_a_cq0_program() -> None:
         assert overlapped > 0, "no CQ1 write ran while a CQ0 program ran"
 
 
+async def test_large_ready_writes_do_not_wait_for_each_other() -> None:
+    # Ready writes share a worker-thread hand-off only up to about a millisecond of work: four
+    # 4 MiB writes go one by one, so a program reading the first need not wait for the fourth.
+    arrays = [np.full((1024, 1024), i, np.float32) for i in range(4)]
+    async with tt.open_device() as device:
+        with tt.record_timeline(device) as recorder:
+            tensors = [tt.to_device(a, device, DRAM_TILE) for a in arrays]
+            for t in tensors:
+                await t
+        starts = [e["ts"] for e in recorder.events if e["ph"] == "X" and e["name"] == "write"]
+        assert len(starts) == 4 and len(set(starts)) == 4  # four hand-offs, not one batch
+        for t, a in zip(tensors, arrays):
+            np.testing.assert_array_equal(await tt.to_host(t), a)
+
+
 async def test_evicting_the_home_for_free_keeps_an_exact_home() -> None:
     # The home (L1 tile f32) has a bf16 conversion and a DRAM tile f32 conversion: evicting it
     # costs nothing, and the DRAM f32 copy (not the lossy bf16 one) becomes the home.

@@ -7,7 +7,8 @@ the result back to the scheduler. Small records run inline in the queue's task: 
 hand-off costs 85-180 us here, more than a tiny program. Records estimated above
 `INLINE_SECONDS` go to a worker thread, so the event loop is never blocked by a large kernel and
 a CQ1 write overlaps a CQ0 program. Consecutive ready host writes travel together: one hand-off
-carries up to 32 of them.
+carries up to 32 of them, and no more than about a millisecond of work (none completes before the
+whole batch has run, so a larger batch would only delay the program waiting for its first write).
 
 Completion is a flag plus an `anyio.Event` made only when somebody waits: most commands are
 never awaited directly, and an event per command would cost more than the command.
@@ -36,6 +37,10 @@ a command its own list when it has some)."""
 
 _BATCH_MAX = 32
 """Most commands one worker-thread hand-off carries."""
+
+_BATCH_SECONDS = 1e-3
+"""Estimated run time at which a batch closes: about ten hand-offs, so a batch still pays for its
+hand-off, while the first write of a stream of large ones is not held back by those after it."""
 
 _YIELD_EVERY = 0.002
 """Seconds a queue may run ready commands back to back before it lets other tasks in."""
@@ -186,7 +191,7 @@ class CommandQueue:
             if command.batchable and len(pending) > 1:
                 batch = self._ready_batch()
                 if len(batch) > 1:
-                    errors = await self._execute_batch(batch)
+                    errors = await self._execute_batch(batch)  # may take only the first few
                     for done, error in zip(batch, errors):
                         pending.popleft()
                         on_complete(done, error)
@@ -240,19 +245,26 @@ class CommandQueue:
         return batch
 
     async def _execute_batch(self, batch: list[Command]) -> list[BaseException | None]:
-        """Decides every command, runs them all in one hand-off (if large), then commits each."""
-        errors: list[BaseException | None] = [None] * len(batch)
+        """Decides commands of `batch` in order until they hold `_BATCH_SECONDS` of work, runs
+        them in one hand-off (if large), then commits each. Returns one outcome per command
+        taken, in order; the rest of `batch` stays pending, undecided."""
+        errors: list[BaseException | None] = []
         decided: list[int] = []
+        seconds = 0.0
         now = time.perf_counter()
         for i, command in enumerate(batch):
+            if seconds >= _BATCH_SECONDS:
+                break
             command.started = now
+            errors.append(None)
             try:
-                command.record = command.decide()
+                record = command.record = command.decide()
                 decided.append(i)
+                seconds += record.seconds
             except Exception as exc:
                 errors[i] = exc
         records = [record for i in decided if (record := batch[i].record) is not None]
-        if sum(r.seconds for r in records) > INLINE_SECONDS:
+        if seconds > INLINE_SECONDS:
             with anyio.CancelScope(shield=True):
                 ran = await anyio.to_thread.run_sync(run_all, records, self._banks)
         else:
