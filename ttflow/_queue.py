@@ -258,9 +258,9 @@ class CommandQueue:
             command.started = now
             errors.append(None)
             try:
-                record = command.record = command.decide()
+                command.record = command.decide()
                 decided.append(i)
-                seconds += record.seconds
+                seconds += command.record.seconds
             except Exception as exc:
                 errors[i] = exc
         records = [record for i in decided if (record := batch[i].record) is not None]
