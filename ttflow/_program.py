@@ -642,6 +642,8 @@ class ProgramBuilder:
         bounds = [_number("arange", name, v) for name, v in (("start", start), ("stop", stop), ("step", step))]
         if bounds[2] == 0:
             raise ProgramError("arange: step must be nonzero")
+        if not math.isfinite((bounds[1] - bounds[0]) / bounds[2]):
+            raise ShapeError(f"arange({start}, {stop}, {step}) has too many elements to count")
         if dtype.is_float:
             first, end, by = bounds
             n = arange_length(first, end, by)
