@@ -921,3 +921,12 @@ def test_edited_attrs_load_or_raise_binary_format_error(tmp_path: Path, data: st
         tt.Binary.load(path)
     except tt.BinaryFormatError:
         pass
+
+
+def test_the_ops_page_lists_every_op() -> None:
+    from ttflow._ops import OPS  # the table of ops only; the references above are this file's
+
+    page = (Path(__file__).parent.parent / "docs" / "ops.md").read_text()
+    first_column = {name for line in page.splitlines() if line.startswith("| ")
+                    for name in line.split("|")[1].replace(",", " ").split()}
+    assert set(OPS) <= first_column, set(OPS) - first_column
