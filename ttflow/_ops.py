@@ -238,7 +238,7 @@ def _mean(arrays: list[Array], scalar: float | None, axis: int) -> Array:
 
 
 def _sigmoid_of(x: Array) -> Array:
-    # exp of -|x| only: never overflows, and 1 - tiny halves keep full precision on each side.
+    # exp(-|x|) only: it never overflows, and each half keeps full relative precision.
     e = np.exp(-np.abs(x))
     one = x.dtype.type(1)
     return np.where(x >= 0, one / (one + e), e / (one + e))
