@@ -34,11 +34,21 @@ def pair(dtype: Any, elements: st.SearchStrategy[Any]) -> st.SearchStrategy[tupl
 
 
 def test_the_op_table() -> None:
-    assert set(OPS) == {"add", "sub", "mul", "gt", "matmul", "relu", "neg", "gelu", "exp", "sqrt",
-                        "reciprocal", "softmax", "sum", "max", "transpose", "reshape", "typecast"}
-    assert {n for n, op in OPS.items() if op.float_only} == {"gelu", "exp", "sqrt", "reciprocal", "softmax"}
+    v1 = {"add", "sub", "mul", "gt", "matmul", "relu", "neg", "gelu", "exp", "sqrt", "reciprocal",
+          "softmax", "sum", "max", "transpose", "reshape", "typecast"}
+    v2 = {"eq", "ne", "lt", "le", "ge", "maximum", "minimum", "embedding", "update_cache", "where",
+          "layer_norm", "rms_norm", "conv2d", "concat", "arange", "slice", "permute", "argmax",
+          "mean", "rsqrt", "tanh", "sigmoid", "silu", "pow", "max_pool2d", "avg_pool2d"}
+    assert set(OPS) == v1 | v2
+    assert {n for n, op in OPS.items() if op.float_only} == {
+        "gelu", "exp", "sqrt", "reciprocal", "softmax", "layer_norm", "rms_norm", "conv2d", "mean",
+        "rsqrt", "tanh", "sigmoid", "silu", "pow", "avg_pool2d"}
     assert all(op.name == n for n, op in OPS.items())
-    assert [n for n, op in OPS.items() if op.arity == 2] == ["add", "sub", "mul", "gt", "matmul"]
+    assert [n for n, op in OPS.items() if op.arity == 2] == [
+        "add", "sub", "mul", "gt", "matmul", "eq", "ne", "lt", "le", "ge", "maximum", "minimum",
+        "embedding", "rms_norm"]
+    assert {n for n, op in OPS.items() if op.arity == 3} == {"update_cache", "where", "layer_norm", "conv2d"}
+    assert {n: op.arity for n, op in OPS.items() if op.arity < 1} == {"concat": -1, "arange": 0}
 
 
 @given(pair(np.float32, st.floats(-1e3, 1e3, width=32)))

@@ -5,6 +5,11 @@ length (u64), CRC32 of the payload (u32); then the payload, the programs as UTF-
 replays every program through a builder, so a file that passes the checksum but describes a
 program the builder would refuse (unknown op, bad ids, shapes or dtypes that do not meet) is a
 BinaryFormatError too.
+
+Version 2 adds the ops of `docs/ops.md` past the first seventeen; a step's attrs are the
+builder's canonical arguments (full-length slice bounds, non-negative axes, (height, width)
+pairs), tuples written as JSON lists. Version 1 files (only the first seventeen ops) still load;
+a version-1 file that names a newer op is malformed.
 """
 
 from __future__ import annotations
@@ -26,7 +31,10 @@ from ._types import DataType, Layout, MemorySpace, TensorLayout, check_shape
 __all__ = ["Binary", "get_layout"]
 
 _MAGIC = b"TTFLOWB\0"
-_VERSION = 1
+_VERSION = 2
+_READS = (1, 2)  # the versions `load` reads
+_V1_OPS = frozenset({"add", "sub", "mul", "gt", "matmul", "relu", "neg", "gelu", "exp", "sqrt",
+                     "reciprocal", "softmax", "sum", "max", "transpose", "reshape", "typecast"})
 _HEADER = struct.Struct("<8sIQI")  # magic, version, payload length, crc32 of payload
 
 
@@ -74,8 +82,9 @@ class Binary:
         _, _, _, crc = _HEADER.unpack(header)
         if zlib.crc32(payload) != crc:
             raise BinaryFormatError(f"{name} is corrupt: the payload checksum does not match")
+        (version,) = struct.unpack_from("<I", header, 8)
         try:
-            programs = [_program_from_json(p) for p in _expect(json.loads(payload), list, "payload")]
+            programs = [_program_from_json(p, version) for p in _expect(json.loads(payload), list, "payload")]
             return cls(programs)
         except BinaryFormatError as exc:
             raise BinaryFormatError(f"{name} holds a malformed program: {exc}") from None
@@ -95,11 +104,11 @@ def _check_header(name: str, header: bytes, file_size: int) -> int:
         raise BinaryFormatError(f"{name} is not a ttflow binary (bad magic bytes)")
     if len(header) >= 12:
         (version,) = struct.unpack_from("<I", header, 8)
-        if version != _VERSION:
+        if version not in _READS:
             newer = "a newer ttflow; upgrade to read it" if version > _VERSION else "an unknown writer"
             raise BinaryFormatError(
-                f"{name} has format version {version}, this ttflow reads version {_VERSION} "
-                f"(the file comes from {newer})"
+                f"{name} has format version {version}, this ttflow reads versions "
+                f"{_READS[0]} to {_READS[-1]} (the file comes from {newer})"
             )
     if len(header) < _HEADER.size:
         raise BinaryFormatError(f"{name} is truncated: {len(header)} bytes, shorter than the header")
@@ -148,12 +157,57 @@ def _program_to_json(p: Program) -> dict[str, Any]:
     }
 
 
+def _flag(attrs_: dict[str, Any], name: str) -> bool:
+    value = attrs_.pop(name)
+    if not isinstance(value, bool):
+        raise BinaryFormatError(f"attr {name} must be a JSON boolean, got {value!r:.40}")
+    return value
+
+
+def _optional(args: list[Value], present: bool) -> Value | None:
+    """The next optional operand of a step (a norm's weight or bias, a conv's bias)."""
+    return args.pop(0) if present else None
+
+
 def _replay(b: ProgramBuilder, op: str, args: list[Value], scalar: float | None,
             attrs_: dict[str, Any]) -> Value:
-    """Calls the builder's method for one stored step, so the builder's checks run again."""
+    """Calls the builder's method for one stored step, so the builder's checks run again.
+
+    Most steps replay as `method(*inputs[, scalar], **attrs)`; the ops whose inputs or attrs
+    are not the method's arguments one for one are rebuilt here."""
     if op == "typecast":
         (x,) = args
         return b.typecast(x, DataType(attrs_.pop("dtype")), **attrs_)
+    if op == "arange":
+        if args:
+            raise BinaryFormatError("arange reads no values")
+        return b.arange(dtype=DataType(attrs_.pop("dtype")), **attrs_)
+    if op == "concat":
+        return b.concat(args, **attrs_)
+    if op == "where":
+        cond, *rest = args
+        branches = [attrs_.pop(k) for k in ("a_scalar", "b_scalar")]
+        if attrs_ or len(rest) != sum(v is None for v in branches):
+            raise BinaryFormatError("where: its attrs do not match its inputs")
+        a, c = (rest.pop(0) if v is None else v for v in branches)
+        return b.where(cond, a, c)
+    if op in ("layer_norm", "rms_norm", "conv2d"):
+        x, *rest = args
+        if op == "conv2d":
+            weight = rest.pop(0)
+            bias = _optional(rest, _flag(attrs_, "has_bias"))
+            if rest:
+                raise BinaryFormatError("conv2d: more inputs than its attrs say")
+            return b.conv2d(x, weight, bias, **attrs_)
+        w = _optional(rest, _flag(attrs_, "has_weight"))
+        if op == "rms_norm":
+            if rest:
+                raise BinaryFormatError("rms_norm: more inputs than its attrs say")
+            return b.rms_norm(x, w, **attrs_)
+        bias = _optional(rest, _flag(attrs_, "has_bias"))
+        if rest:
+            raise BinaryFormatError("layer_norm: more inputs than its attrs say")
+        return b.layer_norm(x, w, bias, **attrs_)
     if op == "reshape":
         (x,) = args
         return b.reshape(x, **attrs_)
@@ -163,7 +217,7 @@ def _replay(b: ProgramBuilder, op: str, args: list[Value], scalar: float | None,
     return result
 
 
-def _program_from_json(j: Any) -> Program:
+def _program_from_json(j: Any, version: int = _VERSION) -> Program:
     """Rebuilds a stored program through a builder and checks every value against the file."""
     j = _expect(j, dict, "a program")
     name = _expect(j["name"], str, "the program name")
@@ -177,6 +231,8 @@ def _program_from_json(j: Any) -> Program:
         op, inputs, scalar, step_attrs, output = _expect(raw, list, f"step {index}")
         if not isinstance(op, str) or op not in OPS or op.startswith("_") or not hasattr(b, op):
             raise BinaryFormatError(f"step {index}: unknown op {op!r:.40}")
+        if version == 1 and op not in _V1_OPS:
+            raise BinaryFormatError(f"step {index}: {op} is not an op of format version 1")
         ids = [_expect(i, int, f"step {index} input") for i in _expect(inputs, list, f"step {index} inputs")]
         if not all(0 <= i < len(built) for i in ids):
             raise BinaryFormatError(f"step {index} ({op}) reads a value that is not defined before it")

@@ -121,11 +121,19 @@ class Plan:
         self.input_checks = tuple((spec.shape, spec.dtype, spec.dtype.is_float) for spec in program.inputs)
         # What the scheduler of one device precomputes (output geometry), set by it.
         self.bound: Any = None
-        self.macs = sum(
-            math.prod(program.values[step.inputs[0]].shape) * program.values[step.inputs[1]].shape[-1]
-            for step in program.steps
-            if step.op == "matmul"
-        )
+        self.macs = sum(_macs(program, step) for step in program.steps)
+
+
+def _macs(program: Program, step: Any) -> int:
+    """Multiply-accumulates of a step, for the run estimate: a (batched, broadcast) matmul
+    makes K of them per output element, a conv2d C_in / groups * kH * kW of them."""
+    if step.op == "matmul":
+        k = program.values[step.inputs[0]].shape[-1]
+        return math.prod(program.values[step.output].shape) * k
+    if step.op == "conv2d":
+        _, c_in_g, kh, kw = program.values[step.inputs[1]].shape
+        return math.prod(program.values[step.output].shape) * c_in_g * kh * kw
+    return 0
 
 
 _EXACT_POINTWISE = {"add": np.add, "sub": np.subtract, "mul": np.multiply}

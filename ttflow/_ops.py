@@ -13,10 +13,21 @@ below float32 resolution.
 
 `typecast` from a float to an integer type truncates toward zero, saturates at the target type's
 range and maps NaN to 0; between integer types it wraps (two's complement, like a C cast).
+
+The ops of format version 2 (`docs/ops.md` is the reference table) follow numpy and PyTorch:
+comparisons give 1/0 in the compute dtype; `maximum`/`minimum` propagate NaN; `argmax` takes the
+first index on ties and the first NaN's index when there is one (numpy); `sigmoid` is evaluated
+as exp(-|x|) based halves, so it never overflows; `mean`, `layer_norm` and `rms_norm` reduce in
+float32 (numpy's pairwise sums) with the biased variance (PyTorch). Indices read at run time
+(`embedding` ids, `update_cache`'s row) are clamped into range, as JAX's gathers and
+`dynamic_update_slice` clamp: a device op has no way to raise. `conv2d` and the pools cut
+windows out of the zero- (or -inf-) padded input with `sliding_window_view` and reduce them
+with one matmul per group (im2col).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, final
 
@@ -26,7 +37,7 @@ import numpy as np
 
 from ._types import DataType
 
-__all__ = ["OpDef", "OPS", "erf", "compute_dtype", "store_as", "to_host_dtype"]
+__all__ = ["OpDef", "OPS", "erf", "arange_length", "compute_dtype", "store_as", "to_host_dtype"]
 
 Array = np.ndarray[Any, Any]
 
@@ -34,7 +45,11 @@ Array = np.ndarray[Any, Any]
 @final
 @attrs.frozen
 class OpDef:
-    """An op's arity (tensor operands), whether it takes a scalar operand, and what it computes."""
+    """An op's arity, whether it needs float operands, and what it computes.
+
+    `arity` is the most tensor operands a step of the op reads: fewer when optional operands are
+    left out (a `where` with a scalar branch, a `layer_norm` without weight), -1 for any number
+    (`concat`), 0 for none (`arange`)."""
 
     name: str
     arity: int
@@ -60,10 +75,15 @@ def _binary(ufunc: Any) -> Callable[..., Array]:
     return fn
 
 
-def _gt(arrays: list[Array], scalar: float | None) -> Array:
-    a = arrays[0]
-    b = arrays[1] if scalar is None else _scalar_like(a, scalar)
-    return np.greater(a, b).astype(a.dtype)
+def _compare(ufunc: Any) -> Callable[..., Array]:
+    """1 where `ufunc(a, b)` holds, else 0, in a's compute dtype."""
+
+    def fn(arrays: list[Array], scalar: float | None) -> Array:
+        a = arrays[0]
+        b = arrays[1] if scalar is None else _scalar_like(a, scalar)
+        return ufunc(a, b).astype(a.dtype)
+
+    return fn
 
 
 # Cody's erf coefficients (|x| <= 0.5, 0.5 < |x| <= 4, |x| > 4).
@@ -170,13 +190,156 @@ def _typecast(arrays: list[Array], scalar: float | None, dtype: str) -> Array:
     return _to_int(x, target) if x.dtype.kind == "f" else x.astype(np.int64)
 
 
+# -- the ops of format version 2 ------------------------------------------------------------
+
+
+def _slice(arrays: list[Array], scalar: float | None, starts: tuple[int, ...],
+           ends: tuple[int, ...], steps: tuple[int, ...]) -> Array:
+    return arrays[0][tuple(slice(a, e, s) for a, e, s in zip(starts, ends, steps))]
+
+
+def _concat(arrays: list[Array], scalar: float | None, axis: int) -> Array:
+    return np.concatenate(arrays, axis=axis)
+
+
+def _permute(arrays: list[Array], scalar: float | None, axes: tuple[int, ...]) -> Array:
+    return np.transpose(arrays[0], axes)
+
+
+def _clamped_index(index: Array, size: int) -> Array:
+    """Run-time indices clamped into [0, size - 1] (JAX's rule: a device op cannot raise)."""
+    return np.clip(index.astype(np.int64), 0, size - 1)
+
+
+def _embedding(arrays: list[Array], scalar: float | None) -> Array:
+    ids, table = arrays
+    return table[_clamped_index(ids, table.shape[0])]
+
+
+def _argmax(arrays: list[Array], scalar: float | None, axis: int) -> Array:
+    # numpy's argmax: the first index of the maximum, or of the first NaN.
+    return np.expand_dims(np.argmax(arrays[0], axis=axis), axis).astype(np.int64)
+
+
+def _where(arrays: list[Array], scalar: float | None, a_scalar: float | None,
+           b_scalar: float | None) -> Array:
+    cond, *rest = arrays
+    a = rest.pop(0) if a_scalar is None else None
+    b = rest.pop(0) if b_scalar is None else None
+    dtype = (a if a is not None else b).dtype  # type: ignore[union-attr]  # one is a tensor
+    a = a if a is not None else dtype.type(a_scalar)
+    b = b if b is not None else dtype.type(b_scalar)
+    return np.where(cond != 0, a, b)
+
+
+def _mean(arrays: list[Array], scalar: float | None, axis: int) -> Array:
+    x = arrays[0]
+    return x.sum(axis=axis, keepdims=True, dtype=np.float32) / np.float32(x.shape[axis])
+
+
+def _sigmoid_of(x: Array) -> Array:
+    # exp(-|x|) only: it never overflows, and each half keeps full relative precision.
+    e = np.exp(-np.abs(x))
+    one = x.dtype.type(1)
+    return np.where(x >= 0, one / (one + e), e / (one + e))
+
+
+def _layer_norm(arrays: list[Array], scalar: float | None, eps: float, has_weight: bool,
+                has_bias: bool) -> Array:
+    x, *rest = arrays
+    mean = x.mean(axis=-1, keepdims=True, dtype=np.float32)
+    centred = x - mean
+    var = (centred * centred).mean(axis=-1, keepdims=True, dtype=np.float32)  # biased, as PyTorch's
+    y = centred / np.sqrt(var + np.float32(eps))
+    if has_weight:
+        y = y * rest.pop(0)
+    if has_bias:
+        y = y + rest.pop(0)
+    return y
+
+
+def _rms_norm(arrays: list[Array], scalar: float | None, eps: float, has_weight: bool) -> Array:
+    x = arrays[0]
+    ms = (x * x).mean(axis=-1, keepdims=True, dtype=np.float32)
+    y = x / np.sqrt(ms + np.float32(eps))
+    return y * arrays[1] if has_weight else y
+
+
+def arange_length(start: float, stop: float, step: float) -> int:
+    """numpy's arange length: ceil((stop - start) / step), at least 0; exact for ints, in
+    float64 (as numpy) for floats."""
+    if isinstance(start, int) and isinstance(stop, int) and isinstance(step, int):
+        return max(0, -((start - stop) // step))
+    return max(0, math.ceil((stop - start) / step))
+
+
+def _arange(arrays: list[Array], scalar: float | None, start: float, stop: float, step: float,
+            dtype: str) -> Array:
+    n = arange_length(start, stop, step)
+    if DataType(dtype).is_float:
+        return (start + np.arange(n, dtype=np.float64) * step).astype(np.float32)
+    return int(start) + np.arange(n, dtype=np.int64) * int(step)
+
+
+def _windows(x: Array, kernel: tuple[int, int], stride: tuple[int, int], padding: tuple[int, int],
+             dilation: tuple[int, int], fill: Any) -> Array:
+    """NHWC `x`, padded with `fill`, as windows [N, H_out, W_out, C, kH, kW] (a strided view)."""
+    (ph, pw), (sh, sw), (dh, dw) = padding, stride, dilation
+    if ph or pw:
+        x = np.pad(x, ((0, 0), (ph, ph), (pw, pw), (0, 0)), constant_values=fill)
+    span = ((kernel[0] - 1) * dh + 1, (kernel[1] - 1) * dw + 1)
+    view = np.lib.stride_tricks.sliding_window_view(x, span, axis=(1, 2))
+    return view[:, ::sh, ::sw, :, ::dh, ::dw]
+
+
+def _conv2d(arrays: list[Array], scalar: float | None, stride: tuple[int, int],
+            padding: tuple[int, int], dilation: tuple[int, int], groups: int,
+            has_bias: bool) -> Array:
+    x, weight = arrays[0], arrays[1]
+    c_out, c_in_g, kh, kw = weight.shape
+    win = _windows(x, (kh, kw), stride, padding, dilation, x.dtype.type(0))
+    n, ho, wo = win.shape[:3]
+    c_out_g = c_out // groups
+    out = np.empty((n, ho, wo, c_out), np.result_type(x, weight))
+    for g in range(groups):  # im2col: one [N*Ho*Wo, C_in/g*kH*kW] @ [.., C_out/g] matmul a group
+        cols = win[..., g * c_in_g : (g + 1) * c_in_g, :, :].reshape(n * ho * wo, c_in_g * kh * kw)
+        w = weight[g * c_out_g : (g + 1) * c_out_g].reshape(c_out_g, c_in_g * kh * kw)
+        out[..., g * c_out_g : (g + 1) * c_out_g] = (cols @ w.T).reshape(n, ho, wo, c_out_g)
+    if has_bias:
+        out += arrays[2]
+    return out
+
+
+def _max_pool2d(arrays: list[Array], scalar: float | None, kernel_size: tuple[int, int],
+                stride: tuple[int, int], padding: tuple[int, int]) -> Array:
+    x = arrays[0]
+    fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min  # never wins: pad <= k/2
+    return _windows(x, kernel_size, stride, padding, (1, 1), fill).max(axis=(-2, -1))
+
+
+def _avg_pool2d(arrays: list[Array], scalar: float | None, kernel_size: tuple[int, int],
+                stride: tuple[int, int], padding: tuple[int, int]) -> Array:
+    x = arrays[0]
+    win = _windows(x, kernel_size, stride, padding, (1, 1), x.dtype.type(0))
+    # count_include_pad=True (PyTorch's default): every window divides by kH * kW.
+    return win.sum(axis=(-2, -1), dtype=np.float32) / np.float32(kernel_size[0] * kernel_size[1])
+
+
+def _update_cache(arrays: list[Array], scalar: float | None) -> Array:
+    cache, value, index = arrays
+    out = cache.copy()
+    row = int(_clamped_index(index, cache.shape[-2])[0])
+    out[..., row : row + 1, :] = value  # broadcasts value's batch dims to the cache's
+    return out
+
+
 OPS: dict[str, OpDef] = {
     op.name: op
     for op in (
         OpDef("add", 2, _binary(np.add)),
         OpDef("sub", 2, _binary(np.subtract)),
         OpDef("mul", 2, _binary(np.multiply)),
-        OpDef("gt", 2, _gt),
+        OpDef("gt", 2, _compare(np.greater)),
         OpDef("matmul", 2, _matmul),
         OpDef("relu", 1, _unary(lambda x: np.maximum(x, x.dtype.type(0)))),
         OpDef("neg", 1, _unary(np.negative)),
@@ -190,6 +353,34 @@ OPS: dict[str, OpDef] = {
         OpDef("transpose", 1, _unary(lambda x: np.swapaxes(x, -1, -2))),
         OpDef("reshape", 1, lambda arrays, scalar, shape: arrays[0].reshape(tuple(shape))),
         OpDef("typecast", 1, _typecast),
+        # Format version 2.
+        OpDef("eq", 2, _compare(np.equal)),
+        OpDef("ne", 2, _compare(np.not_equal)),
+        OpDef("lt", 2, _compare(np.less)),
+        OpDef("le", 2, _compare(np.less_equal)),
+        OpDef("ge", 2, _compare(np.greater_equal)),
+        OpDef("maximum", 2, _binary(np.maximum)),
+        OpDef("minimum", 2, _binary(np.minimum)),
+        OpDef("embedding", 2, _embedding),
+        OpDef("update_cache", 3, _update_cache),
+        OpDef("where", 3, _where),
+        OpDef("layer_norm", 3, _layer_norm, float_only=True),
+        OpDef("rms_norm", 2, _rms_norm, float_only=True),
+        OpDef("conv2d", 3, _conv2d, float_only=True),
+        OpDef("concat", -1, _concat),
+        OpDef("arange", 0, _arange),
+        OpDef("slice", 1, _slice),
+        OpDef("permute", 1, _permute),
+        OpDef("argmax", 1, _argmax),
+        OpDef("mean", 1, _mean, float_only=True),
+        OpDef("rsqrt", 1, _unary(lambda x: x.dtype.type(1) / np.sqrt(x)), float_only=True),
+        OpDef("tanh", 1, _unary(np.tanh), float_only=True),
+        OpDef("sigmoid", 1, _unary(_sigmoid_of), float_only=True),
+        OpDef("silu", 1, _unary(lambda x: x * _sigmoid_of(x)), float_only=True),
+        OpDef("pow", 1, lambda arrays, scalar: np.power(arrays[0], arrays[0].dtype.type(scalar)),
+              float_only=True),
+        OpDef("max_pool2d", 1, _max_pool2d),
+        OpDef("avg_pool2d", 1, _avg_pool2d, float_only=True),
     )
 }
 

@@ -6,15 +6,37 @@ raised by the op call, naming the op and the shapes), not when it runs.
 
 Dtype rules:
 - a program input always has a concrete dtype: FLOAT32 when its layout leaves it out;
-- a binary op (add, sub, mul, gt, matmul) on two float values gives the wider float
-  (FLOAT32 > BFLOAT16 > BFLOAT8_B); two equal integer dtypes keep it; mixing integers and floats,
-  or INT32 with UINT32, raises LayoutError (use `typecast`);
+- a binary op (add, sub, mul, matmul, maximum, minimum and the comparisons eq, ne, lt, le, gt,
+  ge) on two float values gives the wider float (FLOAT32 > BFLOAT16 > BFLOAT8_B); two equal
+  integer dtypes keep it; mixing integers and floats, or INT32 with UINT32, raises LayoutError
+  (use `typecast`). A comparison gives 1 or 0 in that dtype. The same rule joins the operands
+  of concat, of where's two branches (the condition may have any dtype: nonzero selects `a`)
+  and of conv2d (input, weight, bias);
 - with a Python scalar operand the dtype is the value's; an integer value takes only integral
   scalars (|s| <= 2**53, so the float the step holds is exact), and no scalar may be NaN;
-- gelu, exp, softmax, sqrt and reciprocal need floats (LayoutError on integers); relu, neg, sum,
-  max, transpose, reshape and the binary ops work on integers too;
+- gelu, exp, softmax, sqrt, reciprocal, rsqrt, tanh, sigmoid, silu, pow, mean, layer_norm,
+  rms_norm, conv2d and avg_pool2d need floats (LayoutError on integers); relu, neg, sum, max,
+  argmax, transpose, reshape, slice, permute, concat, max_pool2d and the binary ops work on
+  integers too;
+- layer_norm and rms_norm give x's dtype (weight and bias may be any float dtype);
+  argmax gives INT32; embedding gives the table's dtype (ids must be INT32 or UINT32);
+  update_cache gives the cache's dtype (the new row is rounded to it; it must be of the cache's
+  kind, and its index INT32 or UINT32); arange gives the dtype it is asked for (INT32 by default);
 - an output keeps its value's dtype unless its layout names another one of the same kind
   (float to float, integer to integer); it is then rounded when stored.
+
+Shape rules of the newer ops (`docs/ops.md` is the table, with numpy and PyTorch equivalents):
+- reductions (sum, max, mean, argmax) keep the reduced axis with size 1; axes may be negative;
+- slice(x, starts, ends, steps) is `x[starts[0]:ends[0]:steps[0], ...]`: Python's clamping and
+  negative indices, None for an open end; fewer entries than the rank slice the leading axes
+  (numpy's `x[a:b]`); steps must be positive; an empty result is a ShapeError;
+- run-time indices (embedding's ids, update_cache's row) are clamped into range, as JAX clamps
+  (a device op has no way to raise): id -1 reads row 0, an id past the table its last row;
+- conv2d and the pools take NHWC input (as ttnn) and give NHWC; conv2d's weight is PyTorch's
+  [C_out, C_in / groups, kH, kW]; stride, padding, dilation and kernel_size are an int or a
+  pair; padding is zeros on both sides (max_pool2d pads with -inf and, as PyTorch, takes at most
+  half the kernel); avg_pool2d divides by kH * kW, padding included (`count_include_pad`);
+  output sizes follow PyTorch's formula (floor), and a size below 1 is a ShapeError.
 
 Every intermediate value is typed L1 TILE in its dtype; where it is really stored is the runtime's
 choice. `Program.last_use` says when each value can be freed, and `run_on_host` is the reference
@@ -31,7 +53,7 @@ import attrs
 import numpy as np
 
 from ._errors import LayoutError, ProgramError, ShapeError
-from ._ops import OPS, store_as, to_host_dtype
+from ._ops import OPS, arange_length, store_as, to_host_dtype
 from ._types import DataType, Layout, MemorySpace, TensorLayout, check_shape
 
 __all__ = [
@@ -126,14 +148,15 @@ class Value:
         return f"<Value %{self.id} {self.shape} {self.dtype.name}>"
 
 
-def _scalar(op: str, a: Value, other: float) -> float:
-    """A scalar operand as the float a Step holds; checked against the value's dtype."""
+def _scalar(op: str, dtype: DataType, other: float) -> float:
+    """A scalar operand as the float a Step holds; checked against the dtype of the value it
+    meets."""
     value = float(other)
     if value != value:
         raise ProgramError(f"{op}: a NaN operand makes every element NaN; pass a number")
-    if not a.dtype.is_float and (not value.is_integer() or abs(value) > 2.0**53):
+    if not dtype.is_float and (not value.is_integer() or abs(value) > 2.0**53):
         raise LayoutError(
-            f"{op}: a {a.dtype.name} value takes integral scalars (|s| <= 2**53), got {other!r}; "
+            f"{op}: a {dtype.name} value takes integral scalars (|s| <= 2**53), got {other!r}; "
             "typecast the value to a float type first"
         )
     return value
@@ -161,6 +184,47 @@ def _normalise_axis(op: str, axis: int, rank: int) -> int:
     if not isinstance(axis, (int, np.integer)) or not -rank <= axis < rank:
         raise ShapeError(f"{op}: axis {axis!r} is out of range for rank {rank}")
     return int(axis) % rank
+
+
+def _int(op: str, name: str, v: Any, minimum: int | None = None) -> int:
+    """An integer argument (a Python or numpy int, not a bool), at least `minimum`."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise ShapeError(f"{op}: {name} must be an integer, got {v!r:.40}")
+    if minimum is not None and v < minimum:
+        raise ShapeError(f"{op}: {name} must be at least {minimum}, got {v}")
+    return int(v)
+
+
+def _pair(op: str, name: str, v: Any, minimum: int) -> tuple[int, int]:
+    """An int or a pair of ints (height, width), as PyTorch's conv and pool arguments."""
+    if isinstance(v, (list, tuple)):
+        if len(v) != 2:
+            raise ShapeError(f"{op}: {name} is an int or a pair (height, width), got {v!r:.40}")
+        return _int(op, name, v[0], minimum), _int(op, name, v[1], minimum)
+    value = _int(op, name, v, minimum)
+    return value, value
+
+
+def _ints(op: str, name: str, v: Any, allow_none: bool = False) -> list[Any]:
+    """A sequence of integer arguments (None entries allowed where `allow_none`)."""
+    if not isinstance(v, (list, tuple)):
+        raise ShapeError(f"{op}: {name} must be a sequence of ints, got {v!r:.40}")
+    return [None if (allow_none and e is None) else _int(op, name, e) for e in v]
+
+
+def _number(op: str, name: str, v: Any) -> float:
+    """A finite real argument (not a bool), as a float."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise ProgramError(f"{op}: {name} must be a number, got {v!r:.40}")
+    value = float(v)
+    if not math.isfinite(value):
+        raise ProgramError(f"{op}: {name} must be finite, got {v!r}")
+    return value
+
+
+def _window_size(size: int, kernel: int, stride: int, padding: int, dilation: int) -> int:
+    """PyTorch's conv/pool output size: floor((size + 2p - d (k - 1) - 1) / s) + 1."""
+    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
 
 
 @final
@@ -256,7 +320,7 @@ class ProgramBuilder:
         if isinstance(other, (bool, np.bool_)):
             raise ProgramError(f"{op}: a boolean operand is ambiguous; use 0 or 1")
         if isinstance(other, (int, float, np.integer, np.floating)):
-            return self._emit(op, [a], a.shape, a.dtype, _scalar(op, a, other))
+            return self._emit(op, [a], a.shape, a.dtype, _scalar(op, a.dtype, other))
         b = self._value(op, other)
         shape = _broadcast(a.shape, b.shape)
         if shape is None:
@@ -368,6 +432,330 @@ class ProgramBuilder:
         if not isinstance(dtype, DataType):
             raise LayoutError(f"typecast: dtype must be a tt.DataType, got {dtype!r}")
         return self._emit("typecast", [x], x.shape, dtype, dtype=dtype.value)
+
+    # -- the ops of format version 2 -----------------------------------------------------------
+
+    def eq(self, a: Value, other: Value | float) -> Value:
+        """1 where a == other, else 0 (as `gt`)."""
+        return self._binary("eq", a, other)
+
+    def ne(self, a: Value, other: Value | float) -> Value:
+        """1 where a != other, else 0 (as `gt`; NaN != NaN is 1)."""
+        return self._binary("ne", a, other)
+
+    def lt(self, a: Value, other: Value | float) -> Value:
+        """1 where a < other, else 0 (as `gt`)."""
+        return self._binary("lt", a, other)
+
+    def le(self, a: Value, other: Value | float) -> Value:
+        """1 where a <= other, else 0 (as `gt`)."""
+        return self._binary("le", a, other)
+
+    def ge(self, a: Value, other: Value | float) -> Value:
+        """1 where a >= other, else 0 (as `gt`)."""
+        return self._binary("ge", a, other)
+
+    def maximum(self, a: Value, other: Value | float) -> Value:
+        """The elementwise larger of a and other (np.maximum: NaN wins)."""
+        return self._binary("maximum", a, other)
+
+    def minimum(self, a: Value, other: Value | float) -> Value:
+        """The elementwise smaller of a and other (np.minimum: NaN wins)."""
+        return self._binary("minimum", a, other)
+
+    def rsqrt(self, x: Value) -> Value:
+        """1 / sqrt(x) (floats only; inf at 0, NaN below 0)."""
+        return self._unary("rsqrt", x)
+
+    def tanh(self, x: Value) -> Value:
+        """Hyperbolic tangent (floats only)."""
+        return self._unary("tanh", x)
+
+    def sigmoid(self, x: Value) -> Value:
+        """1 / (1 + exp(-x)), evaluated so that it never overflows (floats only)."""
+        return self._unary("sigmoid", x)
+
+    def silu(self, x: Value) -> Value:
+        """x * sigmoid(x) (floats only; PyTorch's SiLU, a.k.a. swish)."""
+        return self._unary("silu", x)
+
+    def pow(self, x: Value, p: float) -> Value:
+        """x ** p for a Python scalar exponent (floats only; NaN for a negative base and a
+        non-integral p, as numpy)."""
+        self._check_open()
+        x = self._value("pow", x)
+        if isinstance(p, (bool, np.bool_)) or not isinstance(p, (int, float, np.integer, np.floating)):
+            raise ProgramError(f"pow takes a Python scalar exponent, got {type(p).__name__}")
+        return self._emit("pow", [x], x.shape, x.dtype, _scalar("pow", x.dtype, p))
+
+    def mean(self, x: Value, axis: int) -> Value:
+        """Mean over `axis`, keeping it with size 1 (floats only)."""
+        return self._reduce("mean", x, axis)
+
+    def argmax(self, x: Value, axis: int) -> Value:
+        """Index of the maximum along `axis` (INT32), keeping the axis with size 1; the first
+        index on ties, the first NaN's index if there is one (numpy)."""
+        self._check_open()
+        x = self._value("argmax", x)
+        axis = _normalise_axis("argmax", axis, len(x.shape))
+        shape = x.shape[:axis] + (1,) + x.shape[axis + 1 :]
+        return self._emit("argmax", [x], shape, DataType.INT32, axis=axis)
+
+    def slice(self, x: Value, starts: Sequence[int | None], ends: Sequence[int | None],
+              steps: Sequence[int] | None = None) -> Value:
+        """`x[starts[0]:ends[0]:steps[0], ...]`: Python's clamping and negative indices, None
+        for an open end, positive steps; fewer entries than x's rank slice the leading axes."""
+        self._check_open()
+        x = self._value("slice", x)
+        first, last = _ints("slice", "starts", starts, True), _ints("slice", "ends", ends, True)
+        step = [1] * len(first) if steps is None else _ints("slice", "steps", steps)
+        if not len(first) == len(last) == len(step) <= len(x.shape):
+            raise ShapeError(
+                f"slice: starts, ends and steps need one entry per sliced axis (at most {len(x.shape)} "
+                f"for {x.shape}), got {len(first)}, {len(last)} and {len(step)}"
+            )
+        if any(s < 1 for s in step):
+            raise ShapeError(f"slice: steps must be positive, got {tuple(step)}")
+        full = len(x.shape) - len(first)
+        bounds = [slice(a, e, s).indices(dim) for a, e, s, dim in
+                  zip(first + [None] * full, last + [None] * full, step + [1] * full, x.shape)]
+        shape = tuple(len(range(*b)) for b in bounds)
+        if 0 in shape:
+            raise ShapeError(f"slice: {x.shape}[{_slice_text(bounds)}] is empty")
+        return self._emit("slice", [x], shape, x.dtype, starts=tuple(b[0] for b in bounds),
+                          ends=tuple(b[1] for b in bounds), steps=tuple(b[2] for b in bounds))
+
+    def concat(self, values: Sequence[Value], axis: int) -> Value:
+        """The values joined along `axis` (np.concatenate); the other dims must agree."""
+        self._check_open()
+        if isinstance(values, Value) or not isinstance(values, (list, tuple)) or not values:
+            raise ProgramError("concat takes a non-empty list of values: b.concat([x, y], axis)")
+        vs = [self._value("concat", v) for v in values]
+        rank = len(vs[0].shape)
+        axis = _normalise_axis("concat", axis, rank)
+        for v in vs:
+            if len(v.shape) != rank or v.shape[:axis] + v.shape[axis + 1 :] != vs[0].shape[:axis] + vs[0].shape[axis + 1 :]:
+                raise ShapeError(
+                    f"concat along axis {axis}: {[v.shape for v in vs]} differ in another dim or in rank"
+                )
+        dtype = vs[0].dtype
+        for v in vs[1:]:
+            dtype = _result_dtype("concat", dtype, v.dtype)
+        shape = vs[0].shape[:axis] + (sum(v.shape[axis] for v in vs),) + vs[0].shape[axis + 1 :]
+        return self._emit("concat", vs, shape, dtype, axis=axis)
+
+    def permute(self, x: Value, axes: Sequence[int]) -> Value:
+        """x's dims reordered: result dim i is x's dim axes[i] (np.transpose, torch.permute)."""
+        self._check_open()
+        x = self._value("permute", x)
+        rank = len(x.shape)
+        given = _ints("permute", "axes", axes)
+        perm = tuple(a % rank if -rank <= a < rank else -1 for a in given)
+        if sorted(perm) != list(range(rank)):
+            raise ShapeError(f"permute: axes {tuple(given)} are not a permutation of the {rank} dims of {x.shape}")
+        return self._emit("permute", [x], tuple(x.shape[a] for a in perm), x.dtype, axes=perm)
+
+    def embedding(self, ids: Value, table: Value) -> Value:
+        """Rows of `table` [V, D] picked by the INT32 or UINT32 `ids` (any shape): the result is
+        ids.shape + (D,) in the table's dtype. Ids out of range are clamped (see above)."""
+        self._check_open()
+        ids, table = self._value("embedding", ids), self._value("embedding", table)
+        if ids.dtype.is_float:
+            raise LayoutError(f"embedding: ids must be INT32 or UINT32, got {ids.dtype.name}; typecast them")
+        if len(table.shape) != 2:
+            raise ShapeError(f"embedding: the table must be [vocabulary, dim], got {table.shape}")
+        return self._emit("embedding", [ids, table], ids.shape + table.shape[1:], table.dtype)
+
+    def where(self, cond: Value, a: Value | float, b: Value | float) -> Value:
+        """`a` where cond is nonzero, else `b` (np.where); cond of any dtype, `a` and `b`
+        values or Python scalars (at least one a value, which gives the dtype); all broadcast."""
+        self._check_open()
+        cond = self._value("where", cond)
+        branches: list[Value] = []
+        scalars: list[float | None] = []
+        for branch in (a, b):
+            if isinstance(branch, (bool, np.bool_)):
+                raise ProgramError("where: a boolean operand is ambiguous; use 0 or 1")
+            if isinstance(branch, (int, float, np.integer, np.floating)):
+                scalars.append(float(branch))
+            else:
+                branches.append(self._value("where", branch))
+                scalars.append(None)
+        if not branches:
+            raise ProgramError("where needs a value for a or b (it gives the dtype); typecast cond instead")
+        dtype = branches[0].dtype
+        for v in branches[1:]:
+            dtype = _result_dtype("where", dtype, v.dtype)
+        scalars = [None if s is None else _scalar("where", dtype, s) for s in scalars]
+        shape: tuple[int, ...] | None = cond.shape
+        for v in branches:
+            shape = _broadcast(shape, v.shape) if shape is not None else None
+        if shape is None:
+            raise ShapeError(
+                f"where: shapes {cond.shape} and {[v.shape for v in branches]} do not broadcast"
+            )
+        return self._emit("where", [cond, *branches], shape, dtype, a_scalar=scalars[0], b_scalar=scalars[1])
+
+    def _affine(self, op: str, x: Value, name: str, v: Value | None) -> Value | None:
+        """A norm's weight or bias: None, or a float value of shape (..., D) or (..., 1) with
+        every leading dim 1 and no more dims than x."""
+        if v is None:
+            return None
+        v = self._value(op, v)
+        if not v.dtype.is_float:
+            raise LayoutError(f"{op}: {name} must be a float, got {v.dtype.name}")
+        if (math.prod(v.shape[:-1]) != 1 or v.shape[-1] not in (1, x.shape[-1])
+                or len(v.shape) > len(x.shape)):
+            raise ShapeError(f"{op}: {name} of shape {v.shape} does not fit the last dim of {x.shape}")
+        return v
+
+    def layer_norm(self, x: Value, weight: Value | None = None, bias: Value | None = None,
+                   eps: float = 1e-5) -> Value:
+        """(x - mean) / sqrt(var + eps) * weight + bias over the last dim, the variance biased
+        (PyTorch's layer_norm); weight and bias (D,) or left out; the result in x's dtype."""
+        self._check_open()
+        x = self._value("layer_norm", x)
+        w, bb = self._affine("layer_norm", x, "weight", weight), self._affine("layer_norm", x, "bias", bias)
+        eps = _number("layer_norm", "eps", eps)
+        inputs = [v for v in (x, w, bb) if v is not None]
+        return self._emit("layer_norm", inputs, x.shape, x.dtype, eps=eps,
+                          has_weight=w is not None, has_bias=bb is not None)
+
+    def rms_norm(self, x: Value, weight: Value | None = None, eps: float = 1e-5) -> Value:
+        """x / sqrt(mean(x**2) + eps) * weight over the last dim (no bias; weight (D,) or left
+        out); the result in x's dtype."""
+        self._check_open()
+        x = self._value("rms_norm", x)
+        w = self._affine("rms_norm", x, "weight", weight)
+        eps = _number("rms_norm", "eps", eps)
+        inputs = [x] if w is None else [x, w]
+        return self._emit("rms_norm", inputs, x.shape, x.dtype, eps=eps, has_weight=w is not None)
+
+    def arange(self, start: float, stop: float, step: float = 1,
+               dtype: DataType = DataType.INT32) -> Value:
+        """[start, start + step, ...) below `stop` (above it for a negative step), numpy's
+        arange: ceil((stop - start) / step) elements. Needs no input; integer dtypes take
+        integral bounds whose elements fit the type."""
+        self._check_open()
+        if not isinstance(dtype, DataType):
+            raise LayoutError(f"arange: dtype must be a tt.DataType, got {dtype!r}")
+        bounds = [_number("arange", name, v) for name, v in (("start", start), ("stop", stop), ("step", step))]
+        if bounds[2] == 0:
+            raise ProgramError("arange: step must be nonzero")
+        if not math.isfinite((bounds[1] - bounds[0]) / bounds[2]):
+            raise ShapeError(f"arange({start}, {stop}, {step}) has too many elements to count")
+        if dtype.is_float:
+            first, end, by = bounds
+            n = arange_length(first, end, by)
+            attrs_: dict[str, Any] = {"start": first, "stop": end, "step": by}
+        else:
+            if not all(v.is_integer() and abs(v) <= 2.0**53 for v in bounds):
+                raise LayoutError(f"arange: {dtype.name} takes integral bounds, got {start!r}, {stop!r}, {step!r}")
+            first, end, by = (int(v) for v in bounds)
+            n = arange_length(first, end, by)
+            low, high = (-(2**31), 2**31 - 1) if dtype is DataType.INT32 else (0, 2**32 - 1)
+            if n and not (low <= first <= high and low <= first + (n - 1) * by <= high):
+                raise LayoutError(f"arange({start}, {stop}, {step}) does not fit {dtype.name}")
+            attrs_ = {"start": first, "stop": end, "step": by}
+        if n == 0:
+            raise ShapeError(f"arange({start}, {stop}, {step}) is empty")
+        return self._emit("arange", [], (n,), dtype, dtype=dtype.value, **attrs_)
+
+    def conv2d(self, x: Value, weight: Value, bias: Value | None = None, stride: int | Sequence[int] = 1,
+               padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1,
+               groups: int = 1) -> Value:
+        """2-D convolution (cross-correlation, as PyTorch's): x NHWC [N, H, W, C_in] (as ttnn),
+        weight [C_out, C_in / groups, kH, kW] (PyTorch's), bias (C_out,); the result NHWC
+        [N, H_out, W_out, C_out]. Floats only."""
+        self._check_open()
+        x, weight = self._value("conv2d", x), self._value("conv2d", weight)
+        b = None if bias is None else self._value("conv2d", bias)
+        if len(x.shape) != 4 or len(weight.shape) != 4:
+            raise ShapeError(
+                f"conv2d takes x [N, H, W, C_in] and weight [C_out, C_in/groups, kH, kW], got {x.shape} and {weight.shape}"
+            )
+        s, p, d = (_pair("conv2d", "stride", stride, 1), _pair("conv2d", "padding", padding, 0),
+                   _pair("conv2d", "dilation", dilation, 1))
+        g = _int("conv2d", "groups", groups, 1)
+        c_in, (c_out, c_in_g, kh, kw) = x.shape[3], weight.shape
+        if c_in % g or c_out % g or c_in_g * g != c_in:
+            raise ShapeError(
+                f"conv2d: x {x.shape} with {c_in} channels and weight {weight.shape} do not fit groups={g} "
+                f"(the weight's dim 1 must be C_in / groups, C_out a multiple of groups)"
+            )
+        if b is not None and b.shape != (c_out,):
+            raise ShapeError(f"conv2d: bias must have shape ({c_out},), got {b.shape}")
+        out_hw = (_window_size(x.shape[1], kh, s[0], p[0], d[0]),
+                  _window_size(x.shape[2], kw, s[1], p[1], d[1]))
+        if min(out_hw) < 1:
+            raise ShapeError(
+                f"conv2d: kernel ({kh}, {kw}) with dilation {d} is larger than the padded input {x.shape}"
+            )
+        dtype = _result_dtype("conv2d", x.dtype, weight.dtype)
+        if b is not None:
+            dtype = _result_dtype("conv2d", dtype, b.dtype)
+        inputs = [x, weight] if b is None else [x, weight, b]
+        return self._emit("conv2d", inputs, (x.shape[0], *out_hw, c_out), dtype, stride=s, padding=p,
+                          dilation=d, groups=g, has_bias=b is not None)
+
+    def _pool(self, op: str, x: Value, kernel_size: int | Sequence[int],
+              stride: int | Sequence[int] | None, padding: int | Sequence[int]) -> Value:
+        self._check_open()
+        x = self._value(op, x)
+        if len(x.shape) != 4:
+            raise ShapeError(f"{op} takes x in NHWC [N, H, W, C], got {x.shape}")
+        k = _pair(op, "kernel_size", kernel_size, 1)
+        s = k if stride is None else _pair(op, "stride", stride, 1)
+        p = _pair(op, "padding", padding, 0)
+        if p[0] > k[0] // 2 or p[1] > k[1] // 2:
+            raise ShapeError(f"{op}: padding {p} is more than half the kernel {k} (as PyTorch refuses)")
+        out_hw = (_window_size(x.shape[1], k[0], s[0], p[0], 1),
+                  _window_size(x.shape[2], k[1], s[1], p[1], 1))
+        if min(out_hw) < 1:
+            raise ShapeError(f"{op}: kernel {k} is larger than the padded input {x.shape}")
+        return self._emit(op, [x], (x.shape[0], *out_hw, x.shape[3]), x.dtype, kernel_size=k, stride=s, padding=p)
+
+    def max_pool2d(self, x: Value, kernel_size: int | Sequence[int], stride: int | Sequence[int] | None = None,
+                   padding: int | Sequence[int] = 0) -> Value:
+        """Window maxima of NHWC x (stride defaults to the kernel; -inf padding, at most half
+        the kernel)."""
+        return self._pool("max_pool2d", x, kernel_size, stride, padding)
+
+    def avg_pool2d(self, x: Value, kernel_size: int | Sequence[int], stride: int | Sequence[int] | None = None,
+                   padding: int | Sequence[int] = 0) -> Value:
+        """Window means of NHWC x (stride defaults to the kernel; zero padding counted in the
+        divisor, PyTorch's count_include_pad=True). Floats only."""
+        return self._pool("avg_pool2d", x, kernel_size, stride, padding)
+
+    def update_cache(self, cache: Value, value: Value, index: Value) -> Value:
+        """A copy of `cache` [..., max_seq, d] with row `index` of axis -2 replaced by `value`
+        [..., 1, d] (its batch dims broadcast to the cache's; rounded to the cache's dtype).
+        `index` is an INT32 or UINT32 value of shape (1,), clamped into [0, max_seq - 1] at run
+        time (as JAX's dynamic_update_slice)."""
+        self._check_open()
+        cache, value, index = (self._value("update_cache", v) for v in (cache, value, index))
+        if len(cache.shape) < 2 or len(value.shape) < 2:
+            raise ShapeError(f"update_cache takes cache [..., max_seq, d] and value [..., 1, d], "
+                             f"got {cache.shape} and {value.shape}")
+        batch = _broadcast(value.shape[:-2], cache.shape[:-2])
+        if value.shape[-2:] != (1, cache.shape[-1]) or batch != cache.shape[:-2]:
+            raise ShapeError(
+                f"update_cache: value {value.shape} is not one row [..., 1, {cache.shape[-1]}] "
+                f"whose batch dims broadcast to the cache's {cache.shape}"
+            )
+        if value.dtype.is_float != cache.dtype.is_float or (not cache.dtype.is_float and value.dtype is not cache.dtype):
+            raise LayoutError(
+                f"update_cache: a {value.dtype.name} value cannot go into a {cache.dtype.name} cache; typecast it"
+            )
+        if index.dtype.is_float:
+            raise LayoutError(f"update_cache: the index must be INT32 or UINT32, got {index.dtype.name}")
+        if index.shape != (1,):
+            raise ShapeError(f"update_cache: the index must have shape (1,), got {index.shape}")
+        return self._emit("update_cache", [cache, value, index], cache.shape, cache.dtype)
+
+
+def _slice_text(bounds: list[tuple[int, int, int]]) -> str:
+    return ", ".join(f"{a}:{e}:{s}" for a, e, s in bounds)
 
 
 def run_on_host(program: Program, arrays: Sequence[Any]) -> list[np.ndarray[Any, Any]]:
