@@ -41,6 +41,7 @@ import ttflow as tt
 F32, BF16, BF8, I32 = tt.DataType.FLOAT32, tt.DataType.BFLOAT16, tt.DataType.BFLOAT8_B, tt.DataType.INT32
 IDS = tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.ROW_MAJOR, I32)  # token ids and positions
 PREFILL, DECODE_STEP = 0, 1
+Value = Any  # a value of the program being built (what ProgramBuilder's ops take and give)
 
 
 @attrs.frozen
@@ -72,10 +73,11 @@ def weight_names(cfg: Config) -> list[str]:
 
 def weight_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
     d, f = cfg.d_model, 4 * cfg.d_model
-    shapes = {"wte": (cfg.vocab, d), "wpe": (cfg.max_seq, d)}
+    shapes: dict[str, tuple[int, ...]] = {"wte": (cfg.vocab, d), "wpe": (cfg.max_seq, d)}
     for layer in range(cfg.n_layer):
-        shapes.update(zip(layer_names(layer), [(d,), (d,), (d, 3 * d), (3 * d,), (d, d), (d,),
-                                               (d,), (d,), (d, f), (f,), (f, d), (d,)]))
+        per_layer: list[tuple[int, ...]] = [(d,), (d,), (d, 3 * d), (3 * d,), (d, d), (d,),
+                                            (d,), (d,), (d, f), (f,), (f, d), (d,)]
+        shapes.update(zip(layer_names(layer), per_layer))
     return shapes | {"lnf_g": (d,), "lnf_b": (d,), "w_head": (d, cfg.vocab)}
 
 
@@ -129,10 +131,10 @@ def _program(cfg: Config, name: str, n: int, donate: bool, act: tt.DataType,
     w = {key: b.input(shape, wl) for key, shape in weight_shapes(cfg).items()}
     caches = [b.input((h, s, dh), cache_layout) for _ in range(2 * cfg.n_layer)]
 
-    def linear(x: tt.Value, layer: str, name: str) -> tt.Value:
+    def linear(x: Value, layer: str, name: str) -> Value:
         return b.add(b.matmul(x, w[f"{layer}w_{name}"]), w[f"{layer}b_{name}"])
 
-    def heads(x: tt.Value) -> tt.Value:  # [n, d] -> [h, n, dh]
+    def heads(x: Value) -> Value:  # [n, d] -> [h, n, dh]
         return b.reshape(x, (h, 1, dh)) if decode else b.permute(b.reshape(x, (n, h, dh)), (1, 0, 2))
 
     tok_emb = b.embedding(ids, w["wte"])
@@ -172,7 +174,7 @@ def _program(cfg: Config, name: str, n: int, donate: bool, act: tt.DataType,
     last = x if decode else b.slice(x, [n - 1], [n])  # [1, d]
     logits = b.matmul(b.layer_norm(last, w["lnf_g"], w["lnf_b"]), w["w_head"])  # [1, vocab]
     b.output(b.reshape(b.argmax(logits, -1), (1,)), IDS)  # the next token
-    b.output(b.add(pos, 1) if decode else b.arange(n, n + 1), IDS)  # its position
+    b.output(b.arange(n, n + 1) if pos is None else b.add(pos, 1), IDS)  # its position
     for old, new in zip(caches, new_caches):
         if donate:
             b.output(new, cache_layout, donates=old)  # type: ignore[call-arg]  # (while main lacks it)
@@ -218,7 +220,7 @@ async def generate(device: tt.Device, binary: tt.Binary, cfg: Config, weights: S
 
 
 try:  # the reference's own erf: scipy's if it is installed, else the standard library's
-    from scipy.special import erf as _erf
+    from scipy.special import erf as _erf  # type: ignore[import-untyped]
 except ImportError:  # pragma: no cover - depends on the environment
     _erf = np.vectorize(math.erf, otypes=[np.float64])
 

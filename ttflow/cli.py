@@ -1,4 +1,4 @@
-"""The `ttflow` command: `ttflow demo`, `ttflow bench {kernels,dispatch,pipeline}`, `ttflow --version`."""
+"""The `ttflow` command: `ttflow demo`, `ttflow bench {kernels,dispatch,pipeline,decode}`, `ttflow --version`."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ BENCHMARKS = {
     "kernels": "ttflow._bench.kernels",
     "dispatch": "ttflow._bench.dispatch",
     "pipeline": "ttflow._bench.pipeline",
+    "decode": "ttflow._bench.decode",
 }
 
 

@@ -1,0 +1,168 @@
+"""Greedy decoding of `examples/gpt_decode.py`'s GPT-2-style model, on the device and in numpy.
+
+The model is the example's own code (loaded from the checkout's `examples/` folder, so there is
+one copy of it), run on asyncio in float32:
+
+- tokens/s on the device, with the caches donated (updated in place) and without (each step
+  gives new caches; the loop drops the old ones), timed from the prompt's upload to the last
+  token read; the tokens are checked against the numpy reference;
+- host bytes per generated token, both ways (`device.stats`): the goal is the token id only;
+- device bytes per generated token, both ways: the DRAM the caches a step gives take (new
+  buffers without donation, none with it), and the bytes written into the caches
+  (`cache_update_bytes`, the row's band of tiles, with donation; the whole new caches without);
+- the same model in numpy eager on the host (`NumpyGPT`, a growing KV cache), in the same run:
+  the emulation's overhead factor is numpy's tokens/s over the device's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import anyio
+import numpy as np
+
+from .._device import Device, open_device
+from .._runtime import empty
+from .._types import DataType, Layout, MemorySpace, TensorLayout
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gpt_decode.py"
+
+
+def load_model() -> ModuleType:
+    """The example module (its `Config`, `build`, `NumpyGPT`, ...)."""
+    if not EXAMPLE.is_file():
+        raise FileNotFoundError(
+            f"ttflow bench decode runs the model of examples/gpt_decode.py, which is not at {EXAMPLE}; "
+            "run it from a checkout of ttflow (pip install -e .)"
+        )
+    name = "_ttflow_example_gpt_decode"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[name] = module
+    return module
+
+
+async def _decode(gpt: ModuleType, cfg: Any, weights: dict[str, np.ndarray], prompt: np.ndarray,
+                  new_tokens: int, donate: bool) -> dict[str, Any]:
+    binary = gpt.build(cfg, len(prompt), donate=donate)
+    async with open_device() as device:
+        on_device = gpt.push_weights(device, cfg, weights)
+        for t in on_device:
+            await t
+        await _warm_up(gpt, device, binary, cfg, on_device, prompt)
+        before = device.stats
+        tokens = []
+        start = time.perf_counter()
+        async for token in gpt.generate(device, binary, cfg, on_device, prompt, new_tokens):
+            tokens.append(token)
+        seconds = time.perf_counter() - start
+        after = device.stats
+        cache_dram = await _cache_dram_bytes(gpt, device, cfg)
+    steps = new_tokens - 1  # the first token comes from the prefill
+    per = {name: (getattr(after, name, 0) - getattr(before, name, 0)) for name in
+           ("device_to_host_bytes", "host_to_device_bytes", "cache_update_bytes", "donated_bytes")}
+    return {
+        "tokens": tokens, "seconds": seconds, "tokens_per_s": new_tokens / seconds,
+        "device_to_host_bytes_per_token": per["device_to_host_bytes"] / new_tokens,
+        "host_to_device_bytes_per_token": per["host_to_device_bytes"] / new_tokens,
+        # A step without donation allocates every cache anew and writes it whole.
+        "new_cache_bytes_per_step": 0 if donate else cache_dram,
+        "cache_bytes_written_per_step": per["cache_update_bytes"] / steps if donate else cache_dram,
+        "donated_bytes_per_step": per["donated_bytes"] / steps,
+    }
+
+
+async def _warm_up(gpt: ModuleType, device: Device, binary: Any, cfg: Any, weights: list[Any],
+                   prompt: np.ndarray) -> None:
+    """One prefill and one step, so the timed run does not pay for building the plans."""
+    async for _ in gpt.generate(device, binary, cfg, weights, prompt, 2):
+        pass
+
+
+async def _cache_dram_bytes(gpt: ModuleType, device: Device, cfg: Any) -> int:
+    """The DRAM bytes of one full set of caches (every layer's K and V), as allocated."""
+    layout = Layout(MemorySpace.DRAM, TensorLayout.TILE, DataType.FLOAT32)
+    caches = [empty((cfg.n_head, cfg.max_seq, cfg.d_head), DataType.FLOAT32, device, layout)
+              for _ in range(2 * cfg.n_layer)]
+    for cache in caches:
+        await cache
+    return int(gpt.dram_bytes(caches))
+
+
+def _numpy(gpt: ModuleType, cfg: Any, weights: dict[str, np.ndarray], prompt: np.ndarray,
+           new_tokens: int) -> dict[str, Any]:
+    model = gpt.NumpyGPT(cfg, weights)
+    model.generate(prompt, 2)  # warm-up
+    start = time.perf_counter()
+    tokens, margin = model.generate(prompt, new_tokens)
+    seconds = time.perf_counter() - start
+    return {"tokens": tokens, "margin": margin, "seconds": seconds, "tokens_per_s": new_tokens / seconds}
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    gpt = load_model()
+    if quick:
+        cfg, prompt_len, new_tokens = gpt.Config(), 8, 32
+    else:
+        cfg, prompt_len, new_tokens = gpt.Config(vocab=512, d_model=128, n_layer=4, n_head=4, max_seq=256), 16, 128
+    weights = gpt.init_weights(cfg, seed=3)
+    prompt = np.random.default_rng(1).integers(0, cfg.vocab, prompt_len).astype(np.int32)
+    reference = _numpy(gpt, cfg, weights, prompt, new_tokens)
+    donation = gpt.donation_supported()
+    runs = {}
+    for donate in ((True, False) if donation else (False,)):
+        r = anyio.run(_decode, gpt, cfg, weights, prompt, new_tokens, donate)
+        r["tokens_equal_numpy"] = r.pop("tokens") == reference["tokens"]
+        runs["donated" if donate else "not_donated"] = r
+    result: dict[str, Any] = {
+        "benchmark": "decode",
+        "model": {"vocab": cfg.vocab, "d_model": cfg.d_model, "n_layer": cfg.n_layer, "n_head": cfg.n_head,
+                  "max_seq": cfg.max_seq, "prompt": prompt_len, "new_tokens": new_tokens, "dtype": "float32"},
+        "device": runs,
+        "numpy": {"tokens_per_s": reference["tokens_per_s"], "smallest_logit_margin": reference["margin"]},
+    }
+    if not donation:
+        result["skipped"] = [{"run": "donated", "reason": "this ttflow has no output(donates=)"}]
+    best = runs.get("donated", runs["not_donated"])
+    result["numpy_vs_device"] = reference["tokens_per_s"] / best["tokens_per_s"]
+    if donation:
+        nd, d = runs["not_donated"], runs["donated"]
+        result["cache_bytes_written_not_donated_vs_donated"] = (
+            nd["cache_bytes_written_per_step"] / d["cache_bytes_written_per_step"]
+            if d["cache_bytes_written_per_step"] else None)
+        result["donated_vs_not_donated_tokens_per_s"] = d["tokens_per_s"] / nd["tokens_per_s"]
+    return result
+
+
+def format_table(result: dict[str, Any]) -> str:
+    m = result["model"]
+    lines = [
+        (f"GPT-2-style decoder: vocab {m['vocab']}, d_model {m['d_model']}, {m['n_layer']} layers x "
+         f"{m['n_head']} heads, max_seq {m['max_seq']}; prompt {m['prompt']}, {m['new_tokens']} new tokens, float32"),
+        (f"{'run':<14} {'tokens/s':>9} {'=numpy':>7} {'d2h B/token':>12} {'h2d B/token':>12} "
+         f"{'new cache B/step':>17} {'cache B written/step':>21}"),
+    ]
+    for name, r in result["device"].items():
+        lines.append(
+            f"{name:<14} {r['tokens_per_s']:>9.1f} {r['tokens_equal_numpy']!s:>7} "
+            f"{r['device_to_host_bytes_per_token']:>12.1f} {r['host_to_device_bytes_per_token']:>12.2f} "
+            f"{r['new_cache_bytes_per_step']:>17.0f} {r['cache_bytes_written_per_step']:>21.0f}"
+        )
+    for s in result.get("skipped", []):
+        lines.append(f"{s['run']:<14} skipped: {s['reason']}")
+    lines.append(f"{'numpy eager':<14} {result['numpy']['tokens_per_s']:>9.1f}   "
+                 f"(smallest top-1/top-2 logit margin {result['numpy']['smallest_logit_margin']:.4f})")
+    lines.append(f"emulation overhead: numpy eager is {result['numpy_vs_device']:.1f}x the device's tokens/s")
+    if result.get("cache_bytes_written_not_donated_vs_donated"):
+        lines.append(f"donation writes {result['cache_bytes_written_not_donated_vs_donated']:.0f}x fewer cache bytes "
+                     f"per token and runs {result['donated_vs_not_donated_tokens_per_s']:.2f}x as fast")
+    return "\n".join(lines)
