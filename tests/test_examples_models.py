@@ -8,6 +8,8 @@ causal mask shifted by one position) must break that equality: the test sees it.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -15,7 +17,7 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
-from test_use_cases import load_example
+from test_use_cases import ROOT, load_example
 
 import ttflow as tt
 from ttflow.cli import main as cli_main
@@ -151,3 +153,12 @@ def test_bench_decode_quick_json(capsys: pytest.CaptureFixture[str]) -> None:
         assert runs["donated"]["new_cache_bytes_per_step"] == 0
         assert runs["donated"]["cache_bytes_written_per_step"] < runs["not_donated"]["cache_bytes_written_per_step"]
     assert result["numpy_vs_device"] > 0
+
+
+@pytest.mark.parametrize("name, says", [("gpt_decode", "token for token: True"),
+                                        ("cnn_digits", "predictions equal numpy's: True")])
+def test_model_examples_run_as_scripts(name: str, says: str) -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / f"{name}.py")],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert says in done.stdout
