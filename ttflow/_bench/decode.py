@@ -1,7 +1,7 @@
 """Greedy decoding of `examples/gpt_decode.py`'s GPT-2-style model, on the device and in numpy.
 
 The model is the example's own code (loaded from the checkout's `examples/` folder, so there is
-one copy of it), run on asyncio in float32:
+one copy of it), run on asyncio in float32, best of three alternating runs:
 
 - tokens/s on the device, with the caches donated (updated in place) and without (each step
   gives new caches; the loop drops the old ones), timed from the prompt's upload to the last
@@ -108,7 +108,9 @@ def _numpy(gpt: ModuleType, cfg: Any, weights: dict[str, np.ndarray], prompt: np
     return {"tokens": tokens, "margin": margin, "seconds": seconds, "tokens_per_s": new_tokens / seconds}
 
 
-def run(quick: bool = False) -> dict[str, Any]:
+def run(quick: bool = False, repeats: int = 3) -> dict[str, Any]:
+    """Each run `repeats` times (once with `quick`), alternating, the best tokens/s kept: on a
+    noisy machine the ratios then compare runs that saw the same load."""
     gpt = load_model()
     if quick:
         cfg, prompt_len, new_tokens = gpt.Config(), 8, 32
@@ -116,13 +118,20 @@ def run(quick: bool = False) -> dict[str, Any]:
         cfg, prompt_len, new_tokens = gpt.Config(vocab=512, d_model=128, n_layer=4, n_head=4, max_seq=256), 16, 128
     weights = gpt.init_weights(cfg, seed=3)
     prompt = np.random.default_rng(1).integers(0, cfg.vocab, prompt_len).astype(np.int32)
-    reference = _numpy(gpt, cfg, weights, prompt, new_tokens)
     donation = gpt.donation_supported()
-    runs = {}
-    for donate in ((True, False) if donation else (False,)):
-        r = anyio.run(_decode, gpt, cfg, weights, prompt, new_tokens, donate)
-        r["tokens_equal_numpy"] = r.pop("tokens") == reference["tokens"]
-        runs["donated" if donate else "not_donated"] = r
+    runs: dict[str, dict[str, Any]] = {}
+    reference: dict[str, Any] = {}
+    for _ in range(1 if quick else repeats):
+        n = _numpy(gpt, cfg, weights, prompt, new_tokens)
+        if not reference or n["tokens_per_s"] > reference["tokens_per_s"]:
+            reference = n
+        for donate in ((True, False) if donation else (False,)):
+            r = anyio.run(_decode, gpt, cfg, weights, prompt, new_tokens, donate)
+            name = "donated" if donate else "not_donated"
+            equal = r.pop("tokens") == n["tokens"] and runs.get(name, {}).get("tokens_equal_numpy", True)
+            if name not in runs or r["tokens_per_s"] > runs[name]["tokens_per_s"]:
+                runs[name] = r
+            runs[name]["tokens_equal_numpy"] = equal  # in every repeat
     result: dict[str, Any] = {
         "benchmark": "decode",
         "model": {"vocab": cfg.vocab, "d_model": cfg.d_model, "n_layer": cfg.n_layer, "n_head": cfg.n_head,
