@@ -294,13 +294,22 @@ def dram_bytes(tensors: Sequence[tt.Tensor]) -> int:
 
 async def run_on_device(cfg: Config, weights: dict[str, np.ndarray], prompt: np.ndarray, new_tokens: int,
                         *, donate: bool, act: tt.DataType = F32, weight_dtype: tt.DataType = F32,
-                        spec: tt.DeviceSpec | None = None, stream: Any = None) -> dict[str, Any]:
-    """Generates on a fresh device; the tokens, the time and what crossed to the host."""
+                        spec: tt.DeviceSpec | None = None, stream: Any = None,
+                        warm_up: bool = False) -> dict[str, Any]:
+    """Generates on a fresh device: the tokens, the time, what crossed to the host, and the
+    cache bytes a step writes.
+
+    Without donation a step writes every layer's K and V into new buffers, whole (the size of
+    one set of caches, as allocated); with it, only the band of tiles holding the new row of
+    each cache (`device.stats.cache_update_bytes`), in place."""
     binary = build(cfg, len(prompt), donate=donate, act=act, weights=weight_dtype)
     async with tt.open_device(spec) as device:
         on_device = push_weights(device, cfg, weights, weight_dtype)
         for t in on_device:
             await t
+        if warm_up:  # a prefill and a step first, so a timing does not pay for planning
+            async for _ in generate(device, binary, cfg, on_device, prompt, 2, act=act):
+                pass
         before = device.stats
         tokens = []
         start = time.perf_counter()
@@ -310,10 +319,20 @@ async def run_on_device(cfg: Config, weights: dict[str, np.ndarray], prompt: np.
                 stream(token)
         seconds = time.perf_counter() - start
         after = device.stats
+        layout = tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, act)
+        caches = [tt.empty((cfg.n_head, cfg.max_seq, cfg.d_head), act, device, layout)
+                  for _ in range(2 * cfg.n_layer)]
+        for cache in caches:
+            await cache
+        cache_bytes = dram_bytes(caches)
+    steps = new_tokens - 1  # the prefill gives the first token
+    updated = getattr(after, "cache_update_bytes", 0) - getattr(before, "cache_update_bytes", 0)
     return {"tokens": tokens, "seconds": seconds,
             "device_to_host_bytes": after.device_to_host_bytes - before.device_to_host_bytes,
             "host_to_device_bytes": after.host_to_device_bytes - before.host_to_device_bytes,
-            "programs": after.programs_run - before.programs_run}
+            "programs": after.programs_run - before.programs_run,
+            "new_cache_bytes_per_step": 0 if donate else cache_bytes,
+            "cache_bytes_written_per_step": updated / max(steps, 1) if donate else cache_bytes}
 
 
 def donation_supported() -> bool:
@@ -340,18 +359,29 @@ async def main(cfg: Config = Config(), prompt_len: int = 8, new_tokens: int = 64
     f32 = await run_on_device(cfg, weights, prompt, new_tokens, donate=donate, spec=spec,
                               stream=None if quiet else (lambda t: print(f" {t}", end="", flush=True)))
     say()
+    say(f"  equal to the numpy float32 reference token for token: {f32['tokens'] == ref} "
+        f"(smallest top-1/top-2 logit margin {margin:.3f})")
+    say(f"  {new_tokens} tokens in {f32['seconds']:.3f} s ({new_tokens / f32['seconds']:.0f} tokens/s); per token "
+        f"{f32['device_to_host_bytes'] / new_tokens:.0f} bytes device -> host, "
+        f"{f32['host_to_device_bytes'] / new_tokens:.1f} host -> device (the prompt)")
+    plain = await run_on_device(cfg, weights, prompt, new_tokens, donate=False, spec=spec)
+    if donate:
+        say(f"  cache bytes written per token: {f32['cache_bytes_written_per_step']:.0f} donated (in place), "
+            f"{plain['cache_bytes_written_per_step']:.0f} without donation (new caches each step); "
+            f"tokens equal either way: {plain['tokens'] == f32['tokens']}")
+    else:
+        say(f"  (this ttflow has no donation: each step writes {plain['cache_bytes_written_per_step']:.0f} "
+            "cache bytes into new buffers)")
     low = await run_on_device(cfg, weights, prompt, new_tokens, donate=donate, act=BF16,
                               weight_dtype=BF8, spec=spec)
     same = [a == b for a, b in zip(low["tokens"], ref)]
     first = same.index(False) if not all(same) else None
-    say(f"  equal to the numpy float32 reference token for token: {f32['tokens'] == ref} "
-        f"(smallest top-1/top-2 logit margin {margin:.3f})")
-    say(f"  {new_tokens} tokens in {f32['seconds']:.3f} s ({new_tokens / f32['seconds']:.0f} tokens/s), "
-        f"device -> host {f32['device_to_host_bytes'] / new_tokens:.0f} bytes per token, "
-        f"host -> device {f32['host_to_device_bytes']} bytes after the weights; donation {'on' if donate else 'unavailable'}")
     say(f"BFLOAT16 activations, BFLOAT8_B weights: {sum(same)}/{new_tokens} tokens equal the float32 ones"
-        + (f", first difference at token {first}" if first is not None else ""))
+        + (f", the first difference at token {first}" if first is not None else ""))
     return {"tokens": f32["tokens"], "reference": ref, "margin": margin, "donate": donate,
+            "not_donated_tokens": plain["tokens"], "cache_bytes_written": {
+                "donated": f32["cache_bytes_written_per_step"] if donate else None,
+                "not_donated": plain["cache_bytes_written_per_step"]},
             "low_precision_tokens": low["tokens"], "low_precision_agreement": sum(same) / new_tokens,
             "first_divergence": first, "d2h_per_token": f32["device_to_host_bytes"] / new_tokens,
             "h2d": f32["host_to_device_bytes"]}

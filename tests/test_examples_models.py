@@ -131,7 +131,7 @@ async def test_gpt_decode_low_precision_runs_and_reports_agreement(gpt: ModuleTy
 
 def test_gpt_decode_example_main(gpt: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
     r = anyio.run(lambda: gpt.main(spec=SMALL))
-    assert r["tokens"] == r["reference"] and r["d2h_per_token"] == 4
+    assert r["tokens"] == r["reference"] == r["not_donated_tokens"] and r["d2h_per_token"] == 4
     assert 0 <= r["low_precision_agreement"] <= 1
     assert "token for token: True" in capsys.readouterr().out
 

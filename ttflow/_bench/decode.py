@@ -19,16 +19,13 @@ from __future__ import annotations
 import importlib.util
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import anyio
 import numpy as np
-
-from .._device import Device, open_device
-from .._runtime import empty
-from .._types import DataType, Layout, MemorySpace, TensorLayout
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gpt_decode.py"
 
@@ -51,51 +48,16 @@ def load_model() -> ModuleType:
     return module
 
 
-async def _decode(gpt: ModuleType, cfg: Any, weights: dict[str, np.ndarray], prompt: np.ndarray,
-                  new_tokens: int, donate: bool) -> dict[str, Any]:
-    binary = gpt.build(cfg, len(prompt), donate=donate)
-    async with open_device() as device:
-        on_device = gpt.push_weights(device, cfg, weights)
-        for t in on_device:
-            await t
-        await _warm_up(gpt, device, binary, cfg, on_device, prompt)
-        before = device.stats
-        tokens = []
-        start = time.perf_counter()
-        async for token in gpt.generate(device, binary, cfg, on_device, prompt, new_tokens):
-            tokens.append(token)
-        seconds = time.perf_counter() - start
-        after = device.stats
-        cache_dram = await _cache_dram_bytes(gpt, device, cfg)
-    steps = new_tokens - 1  # the first token comes from the prefill
-    per = {name: (getattr(after, name, 0) - getattr(before, name, 0)) for name in
-           ("device_to_host_bytes", "host_to_device_bytes", "cache_update_bytes", "donated_bytes")}
+def _decode(gpt: ModuleType, cfg: Any, weights: dict[str, np.ndarray], prompt: np.ndarray,
+            new_tokens: int, donate: bool) -> dict[str, Any]:
+    r = anyio.run(partial(gpt.run_on_device, cfg, weights, prompt, new_tokens, donate=donate, warm_up=True))
     return {
-        "tokens": tokens, "seconds": seconds, "tokens_per_s": new_tokens / seconds,
-        "device_to_host_bytes_per_token": per["device_to_host_bytes"] / new_tokens,
-        "host_to_device_bytes_per_token": per["host_to_device_bytes"] / new_tokens,
-        # A step without donation allocates every cache anew and writes it whole.
-        "new_cache_bytes_per_step": 0 if donate else cache_dram,
-        "cache_bytes_written_per_step": per["cache_update_bytes"] / steps if donate else cache_dram,
-        "donated_bytes_per_step": per["donated_bytes"] / steps,
+        "tokens": r["tokens"], "seconds": r["seconds"], "tokens_per_s": new_tokens / r["seconds"],
+        "device_to_host_bytes_per_token": r["device_to_host_bytes"] / new_tokens,
+        "host_to_device_bytes_per_token": r["host_to_device_bytes"] / new_tokens,
+        "new_cache_bytes_per_step": r["new_cache_bytes_per_step"],
+        "cache_bytes_written_per_step": r["cache_bytes_written_per_step"],
     }
-
-
-async def _warm_up(gpt: ModuleType, device: Device, binary: Any, cfg: Any, weights: list[Any],
-                   prompt: np.ndarray) -> None:
-    """One prefill and one step, so the timed run does not pay for building the plans."""
-    async for _ in gpt.generate(device, binary, cfg, weights, prompt, 2):
-        pass
-
-
-async def _cache_dram_bytes(gpt: ModuleType, device: Device, cfg: Any) -> int:
-    """The DRAM bytes of one full set of caches (every layer's K and V), as allocated."""
-    layout = Layout(MemorySpace.DRAM, TensorLayout.TILE, DataType.FLOAT32)
-    caches = [empty((cfg.n_head, cfg.max_seq, cfg.d_head), DataType.FLOAT32, device, layout)
-              for _ in range(2 * cfg.n_layer)]
-    for cache in caches:
-        await cache
-    return int(gpt.dram_bytes(caches))
 
 
 def _numpy(gpt: ModuleType, cfg: Any, weights: dict[str, np.ndarray], prompt: np.ndarray,
@@ -126,7 +88,7 @@ def run(quick: bool = False, repeats: int = 3) -> dict[str, Any]:
         if not reference or n["tokens_per_s"] > reference["tokens_per_s"]:
             reference = n
         for donate in ((True, False) if donation else (False,)):
-            r = anyio.run(_decode, gpt, cfg, weights, prompt, new_tokens, donate)
+            r = _decode(gpt, cfg, weights, prompt, new_tokens, donate)
             name = "donated" if donate else "not_donated"
             equal = r.pop("tokens") == n["tokens"] and runs.get(name, {}).get("tokens_equal_numpy", True)
             if name not in runs or r["tokens_per_s"] > runs[name]["tokens_per_s"]:
