@@ -110,8 +110,9 @@ def build(cfg: Config, prompt_len: int, *, donate: bool = True, act: tt.DataType
           weights: tt.DataType = F32) -> tt.Binary:
     """`prefill` and `decode_step` for prompts of `prompt_len` tokens.
 
-    Activations (and the caches) are `act`, the weights are stored as `weights` (e.g. BFLOAT16
-    and BFLOAT8_B): an op of the two gives the wider dtype, so activations stay `act`."""
+    Activations (and the caches) are `act`, the weights are stored as `weights` (e.g.
+    act=BFLOAT16, weights=BFLOAT8_B): an op of the two gives the wider dtype, so activations
+    stay `act`. `donate` makes each cache output take over its input's buffer."""
     if not 0 < prompt_len < cfg.max_seq:
         raise ValueError(f"the prompt needs 1 to {cfg.max_seq - 1} tokens, got {prompt_len}")
     return tt.Binary([_program(cfg, "prefill", prompt_len, donate, act, weights),
