@@ -106,3 +106,29 @@ def test_the_reference_programs_use_what_the_model_says() -> None:
     assert storage_geometry(SMALL, tt.Layout(L1, TILE, F32), spec).depth <= spec.l1_bank_bytes // 8
     assert isinstance(PROGRAMS[0].reference(ExpectedValue.exactly(np.ones(SMALL, np.float32), F32))[0],
                       ExpectedValue)
+
+
+def _donating_programs(shape: tuple[int, int]) -> list[ModelProgram]:
+    built = []
+
+    b = tt.ProgramBuilder("scale_in_place")
+    x = b.input(shape, tt.Layout(DRAM, TILE, F32))
+    b.output(b.mul(x, 2.0), donates=x)
+    built.append((b.build(), lambda x: [x.map(lambda a: a * np.float32(2))]))
+
+    b = tt.ProgramBuilder("accumulate_l1_bf16")
+    acc = b.input(shape, tt.Layout(L1, TILE, BF16))
+    b.output(b.add(acc, b.input(shape, tt.Layout(DRAM, RM, F32))), donates=acc)
+    built.append((b.build(), lambda acc, y: [acc.map(np.add, y)]))
+
+    b = tt.ProgramBuilder("relu_rm_and_copy")
+    x = b.input(shape, tt.Layout(DRAM, RM, F32))
+    b.output(b.relu(x), donates=x)
+    b.output(b.add(x, 1.0), tt.Layout(L1, TILE))
+    built.append((b.build(), lambda x: [x.map(_relu), x.map(lambda a: a + np.float32(1))]))
+
+    binary = tt.Binary([program for program, _ in built])
+    return [ModelProgram(binary, reference, index) for index, (_, reference) in enumerate(built)]
+
+
+RuntimeMachine.donating_programs = _donating_programs(SMALL) + _donating_programs(BIG)

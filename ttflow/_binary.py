@@ -9,7 +9,8 @@ BinaryFormatError too.
 Version 2 adds the ops of `docs/ops.md` past the first seventeen; a step's attrs are the
 builder's canonical arguments (full-length slice bounds, non-negative axes, (height, width)
 pairs), tuples written as JSON lists. Version 1 files (only the first seventeen ops) still load;
-a version-1 file that names a newer op is malformed.
+a version-1 file that names a newer op is malformed. Version 2 also stores each program's
+donations (`"donations"`: [output index, input index] pairs, see `ProgramBuilder.output`).
 """
 
 from __future__ import annotations
@@ -154,6 +155,7 @@ def _program_to_json(p: Program) -> dict[str, Any]:
         "steps": [[s.op, list(s.inputs), s.scalar, [[k, v] for k, v in s.attrs], s.output] for s in p.steps],
         "outputs": list(p.outputs),
         "output_specs": [_spec_to_json(s) for s in p.output_specs],
+        "donations": [list(pair) for pair in p.donations],
     }
 
 
@@ -252,8 +254,16 @@ def _program_from_json(j: Any, version: int = _VERSION) -> Program:
     specs = [_spec_from_json(s, f"output spec {k}") for k, s in enumerate(_expect(j["output_specs"], list, "output specs"))]
     if len(specs) != len(outputs) or not all(0 <= i < len(built) for i in outputs):
         raise BinaryFormatError("the outputs do not match their specs or refer to undefined values")
-    for value_id, spec in zip(outputs, specs):
-        b.output(built[value_id], spec.layout)
+    donated: dict[int, int] = {}
+    if version >= 2 and "donations" in j:
+        for pair in _expect(j["donations"], list, "donations"):
+            k, i = (_expect(x, int, "a donation index") for x in _expect(pair, list, "a donation"))
+            if not 0 <= k < len(outputs) or not 0 <= i < num_inputs or k in donated:
+                raise BinaryFormatError(f"donation {pair!r:.40} names no output or input of the program")
+            donated[k] = i
+    for k, (value_id, spec) in enumerate(zip(outputs, specs)):
+        donates = built[donated[k]] if k in donated else None
+        b.output(built[value_id], spec.layout, donates=donates)
     program = b.build()
     if program.output_specs != tuple(specs):
         raise BinaryFormatError("an output spec does not match its value's shape")

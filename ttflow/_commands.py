@@ -76,7 +76,7 @@ class Plan:
     __slots__ = ("values", "steps", "inputs", "outputs", "pagewise", "last_read", "step_attrs",
                  "store_in_output", "copied_out", "compute", "value_dtypes", "scratch", "macs",
                  "page_code", "input_layouts", "output_layouts", "output_shapes", "input_checks",
-                 "bound")
+                 "bound", "donated", "in_place")
 
     def __init__(self, program: Program) -> None:
         # The parts of the program a run reads (not the program: a plan cached under its program
@@ -122,6 +122,31 @@ class Plan:
         # What the scheduler of one device precomputes (output geometry), set by it.
         self.bound: Any = None
         self.macs = sum(_macs(program, step) for step in program.steps)
+        # Output index -> the input index whose buffer it takes over (`output(donates=)`).
+        self.donated = dict(program.donations)
+        # Steps that update a donated cache in place: step index -> the output it writes.
+        self.in_place = _in_place_steps(program, self.donated, self.store_in_output)
+
+
+def _in_place_steps(program: Program, donated: dict[int, int],
+                    store_in_output: dict[int, int]) -> dict[int, int]:
+    """The `update_cache` steps that may write only their row into the donated buffer: the
+    cache is a donated input that no other step reads and no output copies, and the step's
+    result is stored straight into the output that takes that buffer over."""
+    readers = [0] * len(program.values)
+    for step in program.steps:
+        for value in step.inputs:
+            readers[value] += 1
+    in_place = {}
+    for index, step in enumerate(program.steps):
+        if step.op != "update_cache":
+            continue
+        cache = step.inputs[0]
+        k = store_in_output.get(step.output)
+        if (k is not None and donated.get(k) == cache and readers[cache] == 1
+                and cache not in program.outputs):
+            in_place[index] = k
+    return in_place
 
 
 def _macs(program: Program, step: Any) -> int:
@@ -362,18 +387,23 @@ def _compute(step: Compute, banks: Banks) -> None:
         return
     plan, sources, outputs, scratch = step.plan, step.sources, step.outputs, step.scratch
     values: list[np.ndarray[Any, Any] | None] = [None] * len(plan.values)
+    in_place = plan.in_place
+    skipped = {plan.steps[index].inputs[0] for index in in_place}  # caches written in place
     for index, (storage, spec) in enumerate(zip(sources, plan.inputs)):
-        if plan.last_read[index] >= 0 or plan.copied_out[index]:
+        if (plan.last_read[index] >= 0 or plan.copied_out[index]) and index not in skipped:
             array = io.read_array(banks[storage.layout.memory], storage, spec.shape)
             values[index] = array.astype(plan.value_dtypes[index], copy=False)
     for index, op in enumerate(plan.steps):
-        args = [values[v] for v in op.inputs]  # every operand is live: last_read says so
-        result = plan.compute[index](args, op.scalar, **plan.step_attrs[index])  # type: ignore[arg-type]
         value = op.output
         k = plan.store_in_output.get(value)
         storage = outputs[k] if k is not None else scratch[value]
         bank = banks[storage.layout.memory]
-        io.write_array(bank, storage, result)
+        if index in in_place:
+            _update_in_place(plan, op, values, bank, storage)
+        else:
+            args = [values[v] for v in op.inputs]  # every operand is live: last_read says so
+            result = plan.compute[index](args, op.scalar, **plan.step_attrs[index])  # type: ignore[arg-type]
+            io.write_array(bank, storage, result)
         if plan.last_read[value] > index or plan.copied_out[value]:
             # Later steps and copies read the value as it is stored: rounded to its dtype.
             stored = io.read_array(bank, storage, plan.values[value].shape)
@@ -388,3 +418,15 @@ def _compute(step: Compute, banks: Banks) -> None:
         assert kept is not None
         storage = outputs[k]
         io.write_array(banks[storage.layout.memory], storage, kept)
+
+
+def _update_in_place(plan: Plan, step: Any, values: list[Any], bank: np.ndarray[Any, Any],
+                     storage: Storage) -> None:
+    """An `update_cache` into its donated buffer: only the row band is rewritten (the cache
+    buffer already holds every other row), with the op's semantics (index clamped into range,
+    the value's batch dims broadcast to the cache's)."""
+    cache_shape = plan.values[step.inputs[0]].shape
+    value, index = values[step.inputs[1]], values[step.inputs[2]]
+    row = min(max(int(index.reshape(-1)[0]), 0), cache_shape[-2] - 1)
+    rows = np.broadcast_to(value, (*cache_shape[:-2], 1, cache_shape[-1]))
+    io.update_row(bank, storage, row, rows.reshape(-1, cache_shape[-1]))

@@ -34,7 +34,9 @@ class DeviceStatistics:
     move a value between memory spaces (an evicted L1 copy brought back); `evictions` /
     `eviction_bytes` count L1 storages moved to DRAM and the bytes copied (an eviction whose
     value DRAM already holds copies nothing). `programs_run` includes programs run by trace
-    replays; `trace_replays` counts the replays.
+    replays; `trace_replays` counts the replays. `donations` / `donated_bytes` count output buffers
+taken over from donated inputs (no allocation, no copy); `cache_update_bytes` the bytes that
+donated `update_cache` steps wrote in place (the row's band of tiles, not the whole cache).
     """
 
     host_to_device_bytes: int = 0
@@ -46,6 +48,9 @@ class DeviceStatistics:
     residency_copies: int = 0
     residency_copy_bytes: int = 0
     trace_replays: int = 0
+    donations: int = 0
+    donated_bytes: int = 0
+    cache_update_bytes: int = 0
     l1_peak_bytes: int = 0
     dram_peak_bytes: int = 0
     commands_run: int = 0

@@ -101,6 +101,8 @@ class Program:
     outputs: tuple[int, ...]
     output_specs: tuple[TensorSpec, ...]
     num_inputs: int
+    donations: tuple[tuple[int, int], ...] = ()
+    """(output index, input index) pairs: that output reuses that input's buffer (`donates=`)."""
 
     inputs: tuple[TensorSpec, ...] = attrs.field(init=False, eq=False)
 
@@ -238,6 +240,7 @@ class ProgramBuilder:
         self._values: list[TensorSpec] = []
         self._steps: list[Step] = []
         self._outputs: list[tuple[int, TensorSpec]] = []
+        self._donated: list[int] = []  # per output: the input it donates, or -1
         self._num_inputs = 0
         self._built = False
 
@@ -285,18 +288,53 @@ class ProgramBuilder:
         self._num_inputs += 1
         return value
 
-    def output(self, value: Value, layout: Layout | None = None) -> None:
-        """Marks a value as an output (default DRAM TILE, the value's dtype)."""
+    def output(self, value: Value, layout: Layout | None = None, *,
+               donates: Value | None = None) -> None:
+        """Marks a value as an output (default DRAM TILE, the value's dtype).
+
+        `donates=x` (an input of this program) makes the output reuse x's buffer, as JAX's
+        `donate_argnums`: `submit` consumes the tensor passed as x, and the output takes its
+        storage, with no allocation. The output must have x's shape and layout (its layout is
+        then the default); with `update_cache` this updates a cache in place."""
         self._check_open()
         value = self._value("output", value)
         if layout is not None and not isinstance(layout, Layout):
             raise LayoutError(f"layout must be a tt.Layout, got {layout!r}")
+        donated: TensorSpec | None = None
+        if donates is not None:
+            donates = self._value("output(donates=)", donates)
+            if donates.id >= self._num_inputs:
+                raise ProgramError(
+                    f"output(donates=): {donates} is not an input of {self.name!r}; only an "
+                    "input's buffer can be donated"
+                )
+            if any(v == donates.id for v in self._donated):
+                raise ProgramError(f"output(donates=): input {donates.id} is already donated to another output")
+            donated = self._values[donates.id]
+            if layout is None:
+                layout = donated.layout
         resolved = (layout or _DEFAULT_LAYOUT).resolve(value.dtype)
         if resolved.dtype.is_float != value.dtype.is_float:  # type: ignore[union-attr]
             raise LayoutError(
                 f"output: a {value.dtype.name} value cannot be stored as {resolved.dtype.name}"  # type: ignore[union-attr]
             )
-        self._outputs.append((value.id, TensorSpec(value.shape, resolved)))
+        spec = TensorSpec(value.shape, resolved)
+        if donated is not None:
+            if spec.shape != donated.shape:
+                raise ShapeError(
+                    f"output(donates=): the output has shape {spec.shape}, the donated input "
+                    f"{donated.shape}; a donated buffer holds a value of its own shape"
+                )
+            if spec.layout != donated.layout:
+                raise LayoutError(
+                    f"output(donates=): the output is stored as {spec.layout}, the donated input "
+                    f"is {donated.layout}; a donated buffer keeps its layout and dtype"
+                )
+            assert donates is not None
+            self._donated.append(donates.id)
+        else:
+            self._donated.append(-1)
+        self._outputs.append((value.id, spec))
 
     def build(self) -> Program:
         self._check_open()
@@ -310,6 +348,7 @@ class ProgramBuilder:
             outputs=tuple(v for v, _ in self._outputs),
             output_specs=tuple(s for _, s in self._outputs),
             num_inputs=self._num_inputs,
+            donations=tuple((k, i) for k, i in enumerate(self._donated) if i >= 0),
         )
 
     # -- ops ---------------------------------------------------------------------------------

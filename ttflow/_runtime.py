@@ -239,6 +239,8 @@ def submit(device: Device, binary: Binary, program_index: int, inputs: Sequence[
     program: Program = programs[program_index]
     scheduler = device._scheduler
     plan = scheduler.plan(program)
+    if plan.donated:
+        return _submit_checked(device, binary, program_index, inputs)
     # The checks below, fast: any doubt goes through `_submit_checked`, which says what is wrong.
     for tensor, (shape, dtype, is_float) in zip(inputs, plan.input_checks):
         if (type(tensor) is not Tensor or tensor.device is not device or tensor._state.deallocated
@@ -252,6 +254,25 @@ def submit(device: Device, binary: Binary, program_index: int, inputs: Sequence[
     if len(states) == 1:
         return [Tensor._wrap(device, states[0])]
     return [Tensor._wrap(device, state) for state in states]
+
+
+def _check_donation(program: Program, inputs: Sequence[Tensor], index: int) -> None:
+    """A donated input must be passed once, and already be in the layout the program declares:
+    made in it (wherever eviction moved it since) or holding a copy in it. Its buffer becomes
+    the output's as it is, with no conversion."""
+    state = inputs[index]._state
+    for other, tensor in enumerate(inputs):
+        if other != index and tensor._state is state:
+            raise ProgramError(
+                f"input {index} of {program.name!r} is donated, and the same tensor is input "
+                f"{other} too; a donated buffer is overwritten, so pass it once"
+            )
+    layout = program.inputs[index].layout
+    if state.declared != layout and state.find(layout) is None:  # its home, or a kept copy
+        raise LayoutError(
+            f"input {index} of {program.name!r} is donated but is {state.layout}, the program "
+            f"declares {layout}; convert it first (tt.to_layout): a donated buffer is not converted"
+        )
 
 
 def _submit_checked(device: Device, binary: Binary, program_index: int,
@@ -278,5 +299,7 @@ def _submit_checked(device: Device, binary: Binary, program_index: int,
                 f"the program declares {spec.shape}"
             )
         _check_dtype(tensor, spec.dtype, index)
+    for _, index in program.donations:
+        _check_donation(program, inputs, index)
     states = device._scheduler.submit(program, tuple(tensor._state for tensor in inputs))
     return [Tensor._wrap(device, state) for state in states]

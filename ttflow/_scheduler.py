@@ -33,6 +33,7 @@ from ._commands import (Compute, Copy, Load, PageCode, Plan, Record, Store, page
                         pagewise_storages)
 from ._errors import OutOfMemoryError, ProgramError, TraceError, detach_frames
 from ._memory import MemorySpaceState, Storage
+from ._storage_io import row_bytes
 from ._queue import NO_DEPS as _NO_DEPS, Command, CommandQueue
 from ._types import DataType, Layout, MemorySpace, TensorLayout, storage_geometry
 
@@ -47,7 +48,7 @@ class TensorState:
     """What the scheduler knows of one tensor. Written only by this module."""
 
     __slots__ = ("shape", "dtype", "declared", "storages", "last_writer", "last_reader",
-                 "pending", "error", "deallocated", "moving", "__weakref__")
+                 "pending", "error", "deallocated", "moving", "donated_to", "__weakref__")
 
     def __init__(self, shape: tuple[int, ...], dtype: DataType, layout: Layout) -> None:
         self.shape = shape
@@ -60,6 +61,7 @@ class TensorState:
         self.error: BaseException | None = None
         self.deallocated = False  # by `deallocate`, or its handle was dropped
         self.moving: Command | None = None
+        self.donated_to: str | None = None  # the program a donation consumed it in
 
     @property
     def layout(self) -> Layout:
@@ -385,7 +387,11 @@ class ProgramCommand(_Scheduled):
                 sources.append(storage)
                 nbytes += storage.nbytes
             outputs = []
-            for state, spec in zip(self.writes, program.output_specs):
+            donated = self.plan.donated
+            for k, (state, spec) in enumerate(zip(self.writes, program.output_specs)):
+                if k in donated:  # the donated input's buffer, as its source found or made it
+                    outputs.append(sources[donated[k]])
+                    continue
                 storage = s.allocate(spec.layout, spec.shape, state)
                 allocated.append(storage)
                 outputs.append(storage)
@@ -416,7 +422,7 @@ class ProgramCommand(_Scheduled):
     def commit(self, record: Record, result: Any) -> None:
         s = self.scheduler
         steps = record.steps
-        if len(steps) == 1:  # no conversion
+        if len(steps) == 1 and not self.plan.donated:  # no conversion
             compute = steps[0]
             assert type(compute) is Compute
             if not compute.scratch:
@@ -428,22 +434,33 @@ class ProgramCommand(_Scheduled):
         assert isinstance(compute, Compute)
         for storage in compute.scratch.values():
             s.free(storage)
+        donated = self.plan.donated
+        taken = {id(compute.outputs[k]) for k in donated}  # buffers the outputs take over
         for state, copy in zip(self.converted, copies):
             assert isinstance(copy, Copy)
-            state.storages.append(copy.dst)
+            if id(copy.dst) not in taken:
+                state.storages.append(copy.dst)
             s.count_copy(copy.src, copy.dst)
+        for k, i in donated.items():
+            s.hand_over(compute.outputs[k], self.reads[i], self.writes[k])
+        for k in self.plan.in_place.values():
+            s.count("cache_update_bytes", row_bytes(compute.outputs[k]))
         for state, storage in zip(self.writes, compute.outputs):
             state.storages.append(storage)
         s.count("programs_run", 1)
 
     def rollback(self, record: Record) -> None:
         s = self.scheduler
+        donated = self.plan.donated
         for step in record.steps:
             if isinstance(step, Copy):
                 s.free(step.dst)
             elif isinstance(step, Compute):
-                for storage in (*step.scratch.values(), *step.outputs):
+                for storage in step.scratch.values():
                     s.free(storage)
+                for k, storage in enumerate(step.outputs):
+                    if k not in donated:  # a donated buffer stays its input's (or its copy's)
+                        s.free(storage)
         self.converted = _NO_DEPS
 
     def forget(self) -> None:
@@ -585,6 +602,15 @@ class Scheduler:
         if storage.layout.memory is MemorySpace.L1:
             self._l1[storage] = state
 
+    def hand_over(self, storage: Storage, donor: TensorState, receiver: TensorState) -> None:
+        """A donated buffer changes owner: the consumed input no longer frees it."""
+        if storage in donor.storages:
+            donor.storages.remove(storage)
+        if storage.layout.memory is MemorySpace.L1:
+            self._l1[storage] = receiver
+        self.count("donations", 1)
+        self.count("donated_bytes", storage.nbytes)
+
     def settle(self, state: TensorState) -> None:
         """One queued command that used the state is done; a deallocated one may now be freed."""
         state.pending -= 1
@@ -632,7 +658,7 @@ class Scheduler:
         intern = self._layouts.setdefault
         plan.input_layouts = tuple([intern(layout, layout) for layout in plan.input_layouts])
         plan.output_layouts = tuple([intern(layout, layout) for layout in plan.output_layouts])
-        if plan.scratch:
+        if plan.scratch or plan.donated:
             return None
         inputs = [self.geometry(layout, spec.shape)
                   for layout, spec in zip(plan.input_layouts, plan.inputs)]
@@ -715,6 +741,8 @@ class Scheduler:
                 if deps is None:
                     deps = command.deps = []
                 deps.append(writer)
+        if plan.donated:
+            deps = self._consume(command, queue, deps, program.name)
         capture = self.capturing
         if capture is not None:
             capture.admit(command, queue)
@@ -726,6 +754,24 @@ class Scheduler:
             state.last_writer = command
             state.pending = 1
         return outputs
+
+    def _consume(self, command: ProgramCommand, queue: CommandQueue, deps: list[Command] | None,
+                 program: str) -> list[Command] | None:
+        """Donated inputs are consumed now (their handles refuse new work); their buffers are
+        overwritten, so the program also waits for their readers on another queue."""
+        if self.capturing is not None:
+            raise TraceError(
+                f"program {program!r} donates an input; a donating submit cannot be captured "
+                "(a replay would write into a buffer its input no longer owns)"
+            )
+        for i in command.plan.donated.values():
+            state = command.reads[i]
+            reader = state.last_reader
+            if reader is not None and not reader.done and reader.queue is not queue:
+                deps = command.deps = [*(deps or ()), reader]
+            state.deallocated = True
+            state.donated_to = program
+        return deps
 
     def enqueue(self, command: _Scheduled, queue: CommandQueue) -> None:
         """Orders `command` after the writes it reads and the reads it overwrites, then queues it."""

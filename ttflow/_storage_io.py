@@ -18,7 +18,7 @@ from ._ops import to_host_dtype
 from ._memory import Storage
 from ._types import DataType, TensorLayout
 
-__all__ = ["write_array", "read_array", "copy_storage", "zero_fill"]
+__all__ = ["write_array", "read_array", "copy_storage", "zero_fill", "update_row", "row_bytes"]
 
 Banks = np.ndarray[Any, np.dtype[np.uint8]]
 
@@ -83,3 +83,49 @@ def zero_fill(banks: Banks, storage: Storage) -> None:
     buf = storage
     depth = -(-buf.num_pages // banks.shape[0]) * buf.aligned_page_size
     banks[:, buf.address : buf.address + depth] = 0
+
+
+def update_row(banks: Banks, storage: Storage, row: int, value: np.ndarray[Any, Any]) -> int:
+    """Writes `value` (each batch's new row, shape (batch, cols)) into row `row` of every batch
+    of the storage, in place; returns the bytes written.
+
+    Only the pages holding that row are rewritten: in TILE layout the band of tiles of the row's
+    tile row (read, the row replaced, written back: a tile is the unit a kernel moves, and a
+    BFLOAT8_B tile shares exponents along its rows), in ROW_MAJOR layout the row's page. This is
+    what makes a donated `update_cache` cost one row band, not the whole cache."""
+    layout = storage.layout
+    dtype = layout.dtype
+    assert dtype is not None
+    batches, rows, cols = storage.dims3
+    host = to_host_dtype(value, dtype)
+    nb = banks.shape[0]
+    if layout.tensor_layout is TensorLayout.ROW_MAJOR:
+        for b in range(batches):
+            page = b * rows + row
+            start = storage.address + (page // nb) * storage.aligned_page_size
+            banks[page % nb, start : start + storage.page_size] = host[b].view(np.uint8)
+        return row_bytes(storage)
+    row_tiles, col_tiles = -(-rows // 32), -(-cols // 32)
+    band_row = row % 32
+    for b in range(batches):
+        first = (b * row_tiles + row // 32) * col_tiles
+        if dtype is DataType.BFLOAT8_B:
+            band = kernels.unpack_bfloat8_b_from_banks(
+                banks, storage.address, storage.aligned_page_size, (32, cols), first)
+            band[band_row] = host[b]
+            kernels.pack_bfloat8_b_to_banks(band, banks, storage.address, storage.aligned_page_size, first)
+        else:
+            band = kernels.untilize_from_banks(
+                banks, storage.address, storage.aligned_page_size, (32, cols), dtype.host_dtype, first)
+            band[band_row] = host[b]
+            kernels.tilize_to_banks(band, banks, storage.address, storage.aligned_page_size, first)
+    return row_bytes(storage)
+
+
+def row_bytes(storage: Storage) -> int:
+    """The bytes `update_row` writes into the storage: one page per batch in ROW_MAJOR layout,
+    one band of tiles (a tile row) per batch in TILE layout."""
+    batches, _, cols = storage.dims3
+    if storage.layout.tensor_layout is TensorLayout.ROW_MAJOR:
+        return batches * storage.page_size
+    return batches * -(-cols // 32) * storage.page_size

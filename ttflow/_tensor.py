@@ -113,7 +113,13 @@ class Tensor:
 
     def check_usable(self) -> None:
         """Raises if the tensor cannot be used in new work (deallocated, device closed)."""
-        if self._state.deallocated:
+        state = self._state
+        if state.deallocated:
+            if state.donated_to is not None:
+                raise DeallocatedTensorError(
+                    f"tensor {self.shape} {self.dtype.name} was donated to program "
+                    f"{state.donated_to!r}, which consumed it; use that program's output instead"
+                )
             raise DeallocatedTensorError(
                 f"tensor {self.shape} {self.dtype.name} was deallocated; "
                 "keep it alive until its last use"
@@ -124,7 +130,9 @@ class Tensor:
     def __repr__(self) -> str:
         state = self._state
         status = (
-            "deallocated"
+            "donated"
+            if state.donated_to is not None
+            else "deallocated"
             if state.deallocated
             else "failed"
             if state.error is not None

@@ -34,7 +34,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from .. import _queue
 from .._device import Device, open_device
-from .._errors import DeallocatedTensorError, OutOfMemoryError, TTFlowError
+from .._errors import DeallocatedTensorError, LayoutError, OutOfMemoryError, ProgramError, TTFlowError
 from .._binary import Binary
 from .._program import Program, TensorSpec
 from .._runtime import deallocate, empty, submit, to_device, to_host, to_layout, wait, write
@@ -45,6 +45,22 @@ from ._reference import ExpectedValue, space_capacity, storage_geometry, stored
 from ._strategies import arrays, layouts
 
 __all__ = ["ModelProgram", "RuntimeStateMachine"]
+
+
+def _submit_recording_layouts(device: Device, chosen: ModelProgram, tensors: list[Tensor],
+                              donors: list[int]) -> tuple[Any, list[bool]]:
+    """Submits on the loop thread; returns its outputs or its error, and whether each donor was
+    in the declared layout just before (made in it, or holding a copy in it)."""
+    program = chosen.program
+    in_layout = []
+    for i in donors:
+        layout = program.inputs[i].layout
+        state = tensors[i]._state
+        in_layout.append(state.declared == layout or any(l == layout for l, _ in tensors[i].storages))
+    try:
+        return submit(device, chosen.binary, chosen.index, tensors), in_layout
+    except TTFlowError as exc:
+        return exc, in_layout
 
 T = TypeVar("T")
 
@@ -175,6 +191,9 @@ class RuntimeStateMachine(RuleBasedStateMachine):
     spec: ClassVar[DeviceSpec] = DeviceSpec.small()
     shapes: ClassVar[Sequence[tuple[int, ...]]] = ((40, 33),)
     programs: ClassVar[Sequence[ModelProgram]] = ()
+    donating_programs: ClassVar[Sequence[ModelProgram]] = ()
+    """Programs with `output(donates=)`, for the `submit_donating` rule (not `submit`'s: a
+    donation consumes its input, which the model must know)."""
     timeout: ClassVar[float] = 60.0
     """Seconds any single await may take before the machine calls it a hang."""
     max_tensors: ClassVar[int] = 64
@@ -303,16 +322,21 @@ class RuntimeStateMachine(RuleBasedStateMachine):
             may_fail=depth > 0, parents=(source,),
         )
 
-    def run_program(self, model_program: ModelProgram, inputs: Sequence[ModelTensor]) -> list[ModelTensor]:
-        """`submit` of a model program on `inputs`, its outputs tracked with their references."""
+    def run_program(self, model_program: ModelProgram, inputs: Sequence[ModelTensor],
+                    submitted: Sequence[Tensor] | None = None) -> list[ModelTensor]:
+        """`submit` of a model program on `inputs`, its outputs tracked with their references
+        (`submitted`: the outputs of a submit the caller made itself)."""
         program = model_program.program
-        outputs = self.call(submit, self.device, model_program.binary, model_program.index,
-                            [e.tensor for e in inputs])
-        # The L1 it needs at once: its L1 inputs (once per tensor and layout) and L1 outputs.
+        outputs = submitted if submitted is not None else self.call(
+            submit, self.device, model_program.binary, model_program.index, [e.tensor for e in inputs])
+        # The L1 it needs at once: its L1 inputs (once per tensor and layout) and L1 outputs
+        # (but a donated output, which takes its input's buffer).
         l1_inputs = {(id(e), spec.layout): self._l1_depth(e.shape, spec.layout)
                      for e, spec in zip(inputs, program.inputs)}
+        donated = dict(program.donations)
         need = sum(l1_inputs.values()) + sum(
-            self._l1_depth(s.shape, s.layout) for s in program.output_specs
+            self._l1_depth(s.shape, s.layout) for k, s in enumerate(program.output_specs)
+            if k not in donated
         )
         expected: list[ExpectedValue | None] = [None] * len(outputs)
         if all(e.expected is not None for e in inputs):
@@ -449,6 +473,46 @@ class RuntimeStateMachine(RuleBasedStateMachine):
             assert entry is not None
             inputs.append(entry)
         self.run_program(chosen, inputs)
+
+    @precondition(lambda self: self.room() and bool(self.donating_programs))
+    @rule(data=st.data())
+    def submit_donating(self, data: st.DataObject) -> None:
+        """A program that donates an input: the donor is consumed (its handle then refuses new
+        work) and the output takes its buffer. A donor given twice is a ProgramError, one that
+        is neither made in nor already converted to the declared layout a LayoutError; after
+        either the donor is not consumed."""
+        chosen = data.draw(st.sampled_from(self.donating_programs), label="program")
+        program = chosen.program
+        inputs = []
+        for k, spec in enumerate(program.inputs):
+            fits = functools.partial(self._fits, spec=spec)
+            if self.has(fits) and not data.draw(st.booleans(), label=f"fresh input {k}"):
+                inputs.append(self.pick(data, fits, label=f"input {k}"))
+                continue
+            layout = data.draw(st.one_of(st.just(spec.layout), layouts(spec.dtype)), label=f"layout {k}")
+            array = data.draw(arrays(layout.dtype, spec.shape), label=f"array {k}")  # type: ignore[arg-type]
+            entry = self.push(array, layout, label=self._next_label())
+            if entry is None:
+                entry = self.push(array, attrs.evolve(layout, memory=MemorySpace.DRAM),
+                                  label=self._next_label())
+            assert entry is not None
+            inputs.append(entry)
+        donors = {i for _, i in program.donations}
+        outcome, in_layout = self.call(_submit_recording_layouts, self.device, chosen,
+                                       [e.tensor for e in inputs], sorted(donors))
+        twice = any(inputs[i] is e for i in donors for j, e in enumerate(inputs) if j != i)
+        if twice:
+            assert isinstance(outcome, ProgramError), f"a donor given twice gave {outcome!r}"
+            return
+        if not all(in_layout):
+            assert isinstance(outcome, LayoutError), f"a donor in another layout gave {outcome!r}"
+            return
+        assert not isinstance(outcome, BaseException), f"the donating submit raised {outcome!r}"
+        self.run_program(chosen, inputs, submitted=outcome)
+        for i in donors:
+            inputs[i].deallocated = True
+            self.expect_raises(DeallocatedTensorError, write, inputs[i].tensor,
+                               arrays_zeros(inputs[i].shape, inputs[i].dtype))
 
     @precondition(lambda self: self.room() and bool(self.programs))
     @rule(data=st.data())
