@@ -178,7 +178,7 @@ def _program(cfg: Config, name: str, n: int, donate: bool, act: tt.DataType,
     b.output(b.arange(n, n + 1) if pos is None else b.add(pos, 1), IDS)  # its position
     for old, new in zip(caches, new_caches):
         if donate:
-            b.output(new, cache_layout, donates=old)  # type: ignore[call-arg]  # (while main lacks it)
+            b.output(new, cache_layout, donates=old)
         else:
             b.output(new, cache_layout)
     return b.build()
@@ -341,7 +341,7 @@ def donation_supported() -> bool:
     b = tt.ProgramBuilder("probe")
     x = b.input((1, 1))
     try:
-        b.output(x, donates=x)  # type: ignore[call-arg]
+        b.output(x, donates=x)
     except TypeError:
         return False
     return True
