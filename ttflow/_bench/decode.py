@@ -28,19 +28,28 @@ import anyio
 import numpy as np
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gpt_decode.py"
+"""The example in the checkout ttflow was installed from in place (`pip install -e .`)."""
+
+
+def example_path() -> Path:
+    """The example file: next to the package (an in-place install), else in the current
+    folder's `examples/` (README's `pip install .` run from the checkout)."""
+    for path in (EXAMPLE, Path.cwd() / "examples" / "gpt_decode.py"):
+        if path.is_file():
+            return path
+    raise FileNotFoundError(
+        "ttflow bench decode runs the model of examples/gpt_decode.py, found neither at "
+        f"{EXAMPLE} nor in ./examples; run it from a checkout of ttflow"
+    )
 
 
 def load_model() -> ModuleType:
     """The example module (its `Config`, `build`, `NumpyGPT`, ...)."""
-    if not EXAMPLE.is_file():
-        raise FileNotFoundError(
-            f"ttflow bench decode runs the model of examples/gpt_decode.py, which is not at {EXAMPLE}; "
-            "run it from a checkout of ttflow (pip install -e .)"
-        )
+    example = example_path()
     name = "_ttflow_example_gpt_decode"
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, EXAMPLE)
+    spec = importlib.util.spec_from_file_location(name, example)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
