@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, final
 
 import anyio.lowlevel
 
-from ._core._dispatch import TensorCore
+from ._core._dispatch import TensorCore, wrap
 from ._errors import DeallocatedTensorError, DeviceClosedError, raise_stored
 from ._memory import BufferInfo
 from ._types import DataType, Layout
@@ -49,11 +49,7 @@ class Tensor(TensorCore):
 
     @classmethod
     def _wrap(cls, device: Device, state: TensorState) -> Tensor:
-        tensor = TensorCore.__new__(cls)
-        tensor.shape = state.shape
-        tensor.dtype = state.dtype
-        tensor.device = device
-        tensor._state = state
+        tensor: Tensor = wrap(cls, device, state)
         return tensor
 
     @property

@@ -47,10 +47,16 @@ class StateCore:
     def __init__(self, shape: tuple[int, ...], dtype: Any, layout: Any) -> None: ...
 
 class TensorCore:
-    shape: tuple[int, ...]
-    dtype: Any
-    device: Any
-    _state: Any
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> Any: ...
+    @property
+    def device(self) -> Any: ...
+    @property
+    def _state(self) -> Any: ...
+
+def wrap(cls: type, device: Any, state: StateCore) -> Any: ...
 
 class SchedulerCore:
     _spaces: dict[Any, Any]

@@ -134,10 +134,10 @@ cdef class StateCore:
 cdef class TensorCore:
     """The user's handle (`_tensor.Tensor`): a value's shape, dtype and device, and its state."""
 
-    cdef public object shape
-    cdef public object dtype
-    cdef public object device
-    cdef public StateCore _state
+    cdef readonly object shape
+    cdef readonly object dtype
+    cdef readonly object device
+    cdef readonly StateCore _state
     cdef object __weakref__
 
     def __del__(self):
@@ -326,14 +326,19 @@ def submit(device, binary, program_index, inputs):
         states.append(state)
     cdef list result = []
     for state in submit_program(s, s.cq0, program, plan, tuple(states)):
-        tensor = TensorCore.__new__(_tensor_type)
-        PyObject_GC_UnTrack(<void*>tensor)
-        tensor.shape = state.shape
-        tensor.dtype = state.dtype
-        tensor.device = device
-        tensor._state = state
-        result.append(tensor)
+        result.append(wrap(_tensor_type, device, state))
     return result
+
+
+def wrap(cls, device, StateCore state):
+    """A new handle (of `cls`, `_tensor.Tensor`) to `state` on `device`."""
+    cdef TensorCore tensor = TensorCore.__new__(cls)
+    PyObject_GC_UnTrack(<void*>tensor)  # it refers to no object that could refer back to it
+    tensor.shape = state.shape
+    tensor.dtype = state.dtype
+    tensor.device = device
+    tensor._state = state
+    return tensor
 
 
 def run_program(CommandCore command, banks, double inline_seconds):
