@@ -23,7 +23,13 @@ extensions = [
         "ttflow._core._allocator",
         [str(Path("ttflow") / "_core" / "_allocator.pyx")],
         extra_compile_args=["-O3"],
-    )
+    ),
+    # Scheduling state's records and a tiny program's submit and run: dispatch's hot path.
+    Extension(
+        "ttflow._core._dispatch",
+        [str(Path("ttflow") / "_core" / "_dispatch.pyx")],
+        extra_compile_args=["-O3"],
+    ),
 ]
 
 setup(

@@ -76,7 +76,7 @@ class Plan:
     __slots__ = ("values", "steps", "inputs", "outputs", "pagewise", "last_read", "step_attrs",
                  "store_in_output", "copied_out", "compute", "value_dtypes", "scratch", "macs",
                  "page_code", "input_layouts", "output_layouts", "output_shapes", "input_checks",
-                 "bound", "donated", "in_place")
+                 "bound", "donated", "in_place", "output_states")
 
     def __init__(self, program: Program) -> None:
         # The parts of the program a run reads (not the program: a plan cached under its program
@@ -117,6 +117,9 @@ class Plan:
         self.input_layouts = tuple(spec.layout for spec in program.inputs)
         self.output_layouts = tuple(spec.layout for spec in program.output_specs)
         self.output_shapes = tuple(spec.shape for spec in program.output_specs)
+        # (shape, dtype, layout) of each output's new tensor state (the scheduler interns the
+        # layouts when it binds the plan to its device).
+        self.output_states = tuple((spec.shape, spec.dtype, spec.layout) for spec in program.output_specs)
         # What submit checks of each input: (shape, dtype, whether a float dtype).
         self.input_checks = tuple((spec.shape, spec.dtype, spec.dtype.is_float) for spec in program.inputs)
         # What the scheduler of one device precomputes (output geometry), set by it.

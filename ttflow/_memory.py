@@ -20,6 +20,7 @@ import attrs
 import numpy as np
 
 from ._core._allocator import Allocator
+from ._core._dispatch import StorageCore
 from ._errors import OutOfMemoryError, ShapeError
 from ._types import DeviceSpec, Layout, MemorySpace
 
@@ -41,30 +42,15 @@ class BufferInfo:
 
 
 @final
-class Storage:
+class Storage(StorageCore):
     """One copy of a value in one layout, at one place in bank memory (no tensor state).
 
-    The geometry is kept as plain fields (what the hot paths read); `buffer` is the public
-    `BufferInfo` of the same, made when first asked for.
+    The geometry is kept as plain fields of the C record (what the hot paths read, see
+    `_core._dispatch.StorageCore`); `buffer` is the public `BufferInfo` of the same, made when
+    first asked for.
     """
 
-    __slots__ = ("layout", "address", "page_size", "aligned_page_size", "num_pages", "dims3",
-                 "nbytes", "pages", "_buffer", "__weakref__")
-
-    def __init__(self, layout: Layout, address: int, page_size: int, aligned_page_size: int,
-                 num_pages: int, dims3: tuple[int, int, int]) -> None:
-        self.layout = layout
-        self.address = address
-        self.page_size = page_size
-        self.aligned_page_size = aligned_page_size
-        self.num_pages = num_pages
-        # (batch, rows, cols) of the logical shape: how the tile kernels see it.
-        self.dims3 = dims3
-        self.nbytes = page_size * num_pages
-        # A cached view of the pages in bank memory (filled by a run that works on pages in
-        # place, dropped when the storage is freed, so no view outlives its allocation).
-        self.pages: Any = None
-        self._buffer: BufferInfo | None = None
+    __slots__ = ()
 
     @property
     def buffer(self) -> BufferInfo:
@@ -162,6 +148,9 @@ class MemorySpaceState:
         aligned = _round_up(page_size, self.alignment)
         address = self.reserve(-(-num_pages // self.num_banks) * aligned)
         return BufferInfo(self.space, address, page_size, aligned, num_pages)
+
+    def raise_out_of_memory(self, depth: int) -> None:
+        raise OutOfMemoryError(self.space, depth, self.allocator.largest_free)
 
     def reserve(self, depth: int) -> int:
         """The address of `depth` bytes in every bank; OutOfMemoryError when no block fits."""

@@ -25,6 +25,7 @@ import anyio
 import anyio.lowlevel
 
 from ._commands import INLINE_SECONDS, Banks, Record, estimate, run, run_all
+from ._core._dispatch import CommandCore, run_program
 from ._errors import DeviceClosedError
 
 __all__ = ["Command", "CommandQueue", "NO_DEPS"]
@@ -46,15 +47,17 @@ _YIELD_EVERY = 0.002
 """Seconds a queue may run ready commands back to back before it lets other tasks in."""
 
 
-class Command:
-    """One unit of queued device work. The scheduler's subclasses decide and commit it."""
+class Command(CommandCore):
+    """One unit of queued device work. The scheduler's subclasses decide and commit it.
+
+    Its fields live in the C record `CommandCore` (with those of the scheduler's commands), so
+    that dispatch's fast path reads them at C speed."""
 
     name = "command"
     batchable = False
     """Whether consecutive ready commands of this kind may share one worker-thread hand-off:
     true when `decide` does not depend on an earlier command's `commit` (host writes)."""
-    __slots__ = ("queue", "deps", "done", "error", "_event", "started", "record", "capture",
-                 "__weakref__")
+    __slots__ = ()
 
     def __init__(self) -> None:
         self.queue: CommandQueue | None = None
@@ -183,6 +186,13 @@ class CommandQueue:
             if self._aborted is not None:
                 pending.popleft()
                 on_complete(command, self._aborted)
+                continue
+            if run_program(command, banks, INLINE_SECONDS):  # a tiny program, all in C
+                pending.popleft()
+                del command
+                if perf_counter() > deadline:
+                    await anyio.lowlevel.checkpoint()
+                    deadline = perf_counter() + _YIELD_EVERY
                 continue
             blocker = command.blocker()
             if blocker is not None:

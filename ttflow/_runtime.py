@@ -13,13 +13,17 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from ._core import _dispatch
 from ._device import Device
 from ._errors import LayoutError, ProgramError, ShapeError, raise_stored
-from ._kernels import _bfp8
+from ._kernels import _bfp8, _pointwise
+from ._memory import Storage
+from ._queue import NO_DEPS
+from ._scheduler import ProgramCommand, TensorState
 from ._binary import Binary
 from ._program import Program
 from ._tensor import Tensor
-from ._types import DataType, Layout, check_shape
+from ._types import DataType, Layout, MemorySpace, check_shape
 
 __all__ = [
     "to_device",
@@ -31,6 +35,10 @@ __all__ = [
     "write",
     "deallocate",
 ]
+
+# The fast path of `_core._dispatch` makes objects of these types and calls the C kernel.
+_dispatch.bind(Storage, TensorState, ProgramCommand, Tensor, Binary, NO_DEPS, _pointwise.run,
+               MemorySpace.L1)
 
 
 _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
@@ -231,29 +239,12 @@ def submit(device: Device, binary: Binary, program_index: int, inputs: Sequence[
     dtype. When the program starts, inputs in another layout are converted (and the conversion
     kept), L1 tensors it does not read move to DRAM, then it runs.
     """
-    if device.closed or type(binary) is not Binary:
-        return _submit_checked(device, binary, program_index, inputs)
-    programs = binary.programs
-    if not 0 <= program_index < len(programs) or len(inputs) != len(programs[program_index].inputs):
-        return _submit_checked(device, binary, program_index, inputs)
-    program: Program = programs[program_index]
-    scheduler = device._scheduler
-    plan = scheduler.plan(program)
-    if plan.donated:
-        return _submit_checked(device, binary, program_index, inputs)
-    # The checks below, fast: any doubt goes through `_submit_checked`, which says what is wrong.
-    for tensor, (shape, dtype, is_float) in zip(inputs, plan.input_checks):
-        if (type(tensor) is not Tensor or tensor.device is not device or tensor._state.deallocated
-                or tensor.shape != shape
-                or (tensor.dtype is not dtype and not (is_float and tensor.dtype.is_float))):
-            return _submit_checked(device, binary, program_index, inputs)
-    if len(inputs) == 1:
-        states = scheduler.submit(program, (inputs[0]._state,), plan)
-    else:
-        states = scheduler.submit(program, tuple([tensor._state for tensor in inputs]), plan)
-    if len(states) == 1:
-        return [Tensor._wrap(device, states[0])]
-    return [Tensor._wrap(device, state) for state in states]
+    # The checks at a glance, in C (`_core._dispatch.submit`): any doubt goes through
+    # `_submit_checked`, which says what is wrong.
+    outputs = _dispatch.submit(device, binary, program_index, inputs)
+    if outputs is not None:
+        return outputs
+    return _submit_checked(device, binary, program_index, inputs)
 
 
 def _check_donation(program: Program, inputs: Sequence[Tensor], index: int) -> None:

@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any, final
 
 import numpy as np
 
-from ._commands import (Compute, Copy, Load, PageCode, Plan, Record, Store, page_kernel,
+from ._commands import (Compute, Copy, Load, PageCode, Plan, Record, Store, estimate, page_kernel,
                         pagewise_storages)
+from ._core._dispatch import SchedulerCore, StateCore, submit_program
 from ._errors import OutOfMemoryError, ProgramError, TraceError, detach_frames
 from ._memory import MemorySpaceState, Storage
 from ._storage_io import row_bytes
@@ -44,24 +45,13 @@ __all__ = ["Scheduler", "TensorState", "ReadCommand", "Capture"]
 
 
 @final
-class TensorState:
-    """What the scheduler knows of one tensor. Written only by this module."""
+class TensorState(StateCore):
+    """What the scheduler knows of one tensor. Written only by this module.
 
-    __slots__ = ("shape", "dtype", "declared", "storages", "last_writer", "last_reader",
-                 "pending", "error", "deallocated", "moving", "donated_to", "__weakref__")
+    Its fields (shape, dtype, declared layout, storages, last writer and reader, pending count,
+    error, deallocated, moving, donated_to) live in the C record `StateCore`."""
 
-    def __init__(self, shape: tuple[int, ...], dtype: DataType, layout: Layout) -> None:
-        self.shape = shape
-        self.dtype = dtype
-        self.declared = layout  # where it will live, before it has a storage
-        self.storages: list[Storage] = []
-        self.last_writer: Command | None = None
-        self.last_reader: Command | None = None
-        self.pending = 0  # queued commands that read, write or move it
-        self.error: BaseException | None = None
-        self.deallocated = False  # by `deallocate`, or its handle was dropped
-        self.moving: Command | None = None
-        self.donated_to: str | None = None  # the program a donation consumed it in
+    __slots__ = ()
 
     @property
     def layout(self) -> Layout:
@@ -98,7 +88,7 @@ class TensorState:
 class _Scheduled(Command):
     """A command of this scheduler: it reads and writes tensor states."""
 
-    __slots__ = ("scheduler", "reads", "writes")
+    __slots__ = ()
 
     def __init__(self, scheduler: Scheduler, reads: tuple[TensorState, ...],
                  writes: tuple[TensorState, ...]) -> None:
@@ -217,7 +207,7 @@ class EvictCommand(Command):
     """Moves L1 storages to DRAM; a storage whose value DRAM already holds is just freed."""
 
     name = "evict"
-    __slots__ = ("scheduler", "victims", "moves")
+    __slots__ = ("victims", "moves")
 
     def __init__(self, scheduler: Scheduler, victims: list[tuple[TensorState, Storage]]) -> None:
         super().__init__()
@@ -300,7 +290,7 @@ class ProgramCommand(_Scheduled):
     """One program run: evict, convert inputs, allocate, compute the steps, free scratch."""
 
     name = "program"
-    __slots__ = ("program", "plan", "converted")
+    __slots__ = ()
 
     def __init__(self, scheduler: Scheduler, program: Program, plan: Plan,
                  inputs: tuple[TensorState, ...], outputs: tuple[TensorState, ...]) -> None:
@@ -498,18 +488,22 @@ class _Bound:
     estimate), and for the C kernel (a pagewise plan whose operands all lie alike) what
     `Compute.kernel` holds besides the addresses: (space, code, bank rows, depth)."""
 
-    __slots__ = ("outputs", "nbytes", "kernel")
+    __slots__ = ("outputs", "nbytes", "kernel", "seconds")
 
     def __init__(self, outputs: tuple[_Geometry, ...], nbytes: int,
-                 kernel: tuple[MemorySpace, PageCode, int, int] | None) -> None:
+                 kernel: tuple[MemorySpace, PageCode, int, int] | None, seconds: float) -> None:
         self.outputs = outputs
         self.nbytes = nbytes
         self.kernel = kernel
+        self.seconds = seconds  # the run estimate of the fast path's record
 
 
 @final
-class Scheduler:
-    """Owns the scheduling state of one device: tensor states, residency, liveness, counters."""
+class Scheduler(SchedulerCore):
+    """Owns the scheduling state of one device: tensor states, residency, liveness, counters.
+
+    Its tables are fields of the C record `SchedulerCore`, which also does the bookkeeping every
+    command needs (allocate_geometry, free, release, collect_garbage, settle_all)."""
 
     def __init__(self, spaces: dict[MemorySpace, MemorySpaceState], cq0: CommandQueue,
                  cq1: CommandQueue) -> None:
@@ -563,28 +557,8 @@ class Scheduler:
     def allocate(self, layout: Layout, shape: tuple[int, ...], owner: TensorState | None) -> Storage:
         return self.allocate_geometry(self.geometry(layout, shape), owner)
 
-    def allocate_geometry(self, geometry: _Geometry, owner: TensorState | None) -> Storage:
-        if self._dropped:
-            self.collect_garbage()
-        layout, space, page_size, aligned, num_pages, depth, dims3 = geometry
-        storage = Storage(layout, space.reserve(depth), page_size, aligned, num_pages, dims3)
-        self._owned[storage] = None
-        if owner is not None and layout.memory is MemorySpace.L1:
-            self._l1[storage] = owner
-        return storage
-
     def num_banks(self, space: MemorySpace) -> int:
         return self._spaces[space].num_banks
-
-    def free(self, storage: Storage) -> None:
-        if storage in self._owned:
-            self._l1.pop(storage, None)
-            if storage in self._pins:
-                self._orphans[storage] = None  # a trace replays into it: kept until released
-                return
-            del self._owned[storage]
-            storage.pages = None
-            self._spaces[storage.layout.memory].allocator.free(storage.address)
 
     def pin(self, storage: Storage) -> None:
         self._pins[storage] = self._pins.get(storage, 0) + 1
@@ -616,13 +590,6 @@ class Scheduler:
         state.pending -= 1
         if state.deallocated:
             self.release(state)
-
-    def release(self, state: TensorState) -> None:
-        """Frees a deallocated tensor's storages once no queued command needs them."""
-        if state.pending == 0:
-            for storage in state.storages:
-                self.free(storage)
-            state.storages.clear()
 
     def eviction_for(self, program: ProgramCommand) -> EvictCommand | None:
         """The eviction a starting program needs: ready L1 storages of tensors it does not read."""
@@ -658,6 +625,8 @@ class Scheduler:
         intern = self._layouts.setdefault
         plan.input_layouts = tuple([intern(layout, layout) for layout in plan.input_layouts])
         plan.output_layouts = tuple([intern(layout, layout) for layout in plan.output_layouts])
+        plan.output_states = tuple([(shape, dtype, layout) for (shape, dtype, _), layout
+                                    in zip(plan.output_states, plan.output_layouts)])
         if plan.scratch or plan.donated:
             return None
         inputs = [self.geometry(layout, spec.shape)
@@ -673,21 +642,14 @@ class Scheduler:
             # A pagewise plan's values share one shape and dtype: one geometry for all.
             layout, space, _, _, num_pages, depth, _ = operands[0]
             kernel = (layout.memory, plan.page_code, min(num_pages, space.num_banks), depth)
-        return _Bound(outputs, nbytes, kernel)
+        seconds = estimate(nbytes, nbytes if kernel is not None else 0, plan.macs)
+        return _Bound(outputs, nbytes, kernel, seconds)
 
     # -- liveness ---------------------------------------------------------------------------
 
     def drop(self, state: TensorState) -> None:
         """A handle was garbage-collected (any thread): free its state on the loop thread."""
         self._dropped.append(state)
-
-    def collect_garbage(self) -> None:
-        dropped = self._dropped
-        while dropped:
-            state = dropped.popleft()
-            state.deallocated = True
-            if not state.pending:
-                self.release(state)
 
     def deallocate(self, state: TensorState) -> None:
         if not state.deallocated:
@@ -722,38 +684,10 @@ class Scheduler:
 
     def submit(self, program: Program, inputs: tuple[TensorState, ...],
                plan: Plan | None = None) -> tuple[TensorState, ...]:
+        """Queues a run of `program` on CQ0; its output states (see `_core._dispatch`)."""
         if plan is None:
             plan = self.plan(program)
-        shapes, layouts = plan.output_shapes, plan.output_layouts
-        if len(shapes) == 1:
-            layout = layouts[0]
-            outputs: tuple[TensorState, ...] = (TensorState(shapes[0], layout.dtype, layout),)  # type: ignore[arg-type]
-        else:
-            outputs = tuple([TensorState(shape, layout.dtype, layout)  # type: ignore[arg-type]
-                             for shape, layout in zip(shapes, layouts)])
-        command = ProgramCommand(self, program, plan, inputs, outputs)
-        # `enqueue`, for a program: its outputs are new, so only its inputs' writers order it.
-        queue = self.cq0
-        deps = None
-        for state in inputs:
-            writer = state.last_writer
-            if writer is not None and not writer.done and writer.queue is not queue:
-                if deps is None:
-                    deps = command.deps = []
-                deps.append(writer)
-        if plan.donated:
-            deps = self._consume(command, queue, deps, program.name)
-        capture = self.capturing
-        if capture is not None:
-            capture.admit(command, queue)
-        queue.push(command)
-        for state in inputs:
-            state.last_reader = command
-            state.pending += 1
-        for state in outputs:
-            state.last_writer = command
-            state.pending = 1
-        return outputs
+        return submit_program(self, self.cq0, program, plan, inputs)
 
     def _consume(self, command: ProgramCommand, queue: CommandQueue, deps: list[Command] | None,
                  program: str) -> list[Command] | None:
@@ -816,20 +750,7 @@ class Scheduler:
         for listener in self.listeners:
             listener(command, error)
         if isinstance(command, _Scheduled):
-            # `settle`, inline: this runs once per command.
-            for state in command.writes:
-                state.error = error
-                if state.last_writer is command:
-                    state.last_writer = None
-                state.pending -= 1
-                if state.deallocated and not state.pending and state.storages:
-                    self.release(state)
-            for state in command.reads:
-                if state.last_reader is command:
-                    state.last_reader = None
-                state.pending -= 1
-                if state.deallocated and not state.pending and state.storages:
-                    self.release(state)
+            self.settle_all(command, error)
         command.complete(error)
 
     def shutdown(self, abort: BaseException) -> None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, final
 
 import anyio.lowlevel
 
+from ._core._dispatch import TensorCore, wrap
 from ._errors import DeallocatedTensorError, DeviceClosedError, raise_stored
 from ._memory import BufferInfo
 from ._types import DataType, Layout
@@ -27,13 +28,13 @@ __all__ = ["Tensor"]
 
 
 @final
-class Tensor:
+class Tensor(TensorCore):
     """A device tensor. Awaiting it waits for every queued command that writes it.
 
     Tensors are made by `tt.to_device`, `tt.empty`, `tt.to_layout` and `tt.submit`.
     """
 
-    __slots__ = ("shape", "dtype", "device", "_state", "__weakref__")
+    __slots__ = ()  # shape, dtype, device and _state are fields of the C record `TensorCore`
 
     shape: tuple[int, ...]
     dtype: DataType
@@ -48,11 +49,7 @@ class Tensor:
 
     @classmethod
     def _wrap(cls, device: Device, state: TensorState) -> Tensor:
-        tensor = object.__new__(cls)
-        tensor.shape = state.shape
-        tensor.dtype = state.dtype
-        tensor.device = device
-        tensor._state = state
+        tensor: Tensor = wrap(cls, device, state)
         return tensor
 
     @property
@@ -98,18 +95,6 @@ class Tensor:
         if state.error is not None:
             raise_stored(state.error)
         return self
-
-    def __del__(self) -> None:
-        # May run on any thread (garbage collection): the scheduler frees it on the loop thread.
-        try:
-            state = self._state
-        except AttributeError:
-            return  # a failed construction
-        if not state.deallocated:
-            try:
-                self.device._scheduler.drop(state)
-            except Exception:
-                pass
 
     def check_usable(self) -> None:
         """Raises if the tensor cannot be used in new work (deallocated, device closed)."""

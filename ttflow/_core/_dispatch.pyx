@@ -1,0 +1,407 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Dispatch's per-command bookkeeping in C: the records the scheduler owns, and the fast path.
+
+The classes here are the C layouts of scheduling state (a storage, a tensor's state, a command,
+the scheduler's tables, the user's tensor handle); their Python subclasses (`_memory.Storage`,
+`_scheduler.TensorState`, `_queue.Command`, `_scheduler.Scheduler`, `_tensor.Tensor`) add the
+methods. The functions are the two halves of a tiny program's life when nothing unusual happens:
+`submit_program` (the scheduler's side of `tt.submit`) and `run_program` (decide, run, commit
+and complete in one call, from the queue's loop). Anything unusual (a conversion, an eviction, a
+capture, a timeline, a failed input, an allocation that does not fit) makes `run_program`
+return False before it changes anything, and the queue takes the general path, which says what
+went wrong. Written in C because attribute access and calls are what a tiny program costs:
+the same code in Python took 83k instructions per program, PyTorch eager's `x + 1` 26k.
+
+This is the lowest layer: the types and callables it needs from above are handed to `bind`.
+
+The records are not tracked by Python's cycle collector (`no_gc` for the C part, and the
+instances the fast path makes are untracked): a chain of programs makes four of them per
+program, and traversing them cost a tenth of dispatch. Their only cycles (a state and the command that writes it, a command and its queue) are broken when
+the command completes, and every queued command completes, if only when its device closes; a
+stored error is detached from its frames first.
+"""
+
+cimport cython
+
+cdef extern from "Python.h":
+    void PyObject_GC_UnTrack(void *op)
+
+cdef object _storage_type = None
+cdef object _state_type = None
+cdef object _program_type = None
+cdef object _tensor_type = None
+cdef object _binary_type = None
+cdef list _no_deps = None
+cdef object _kernel_run = None
+cdef object _l1 = None
+
+
+def bind(storage_type, state_type, program_type, tensor_type, binary_type, list no_deps,
+         kernel_run, l1):
+    """The Python subclasses and callables the fast path uses (set once, at import)."""
+    global _storage_type, _state_type, _program_type, _tensor_type, _binary_type, _no_deps
+    global _kernel_run, _l1
+    _storage_type, _state_type, _program_type = storage_type, state_type, program_type
+    _tensor_type, _binary_type, _no_deps = tensor_type, binary_type, no_deps
+    _kernel_run, _l1 = kernel_run, l1
+
+
+@cython.no_gc
+cdef class StorageCore:
+    """One copy of a value in one layout, at one place in bank memory (`_memory.Storage`)."""
+
+    cdef public object layout
+    cdef public Py_ssize_t address
+    cdef public Py_ssize_t page_size
+    cdef public Py_ssize_t aligned_page_size
+    cdef public Py_ssize_t num_pages
+    cdef public object dims3
+    cdef public Py_ssize_t nbytes
+    cdef public object pages
+    cdef public object _buffer
+    cdef object __weakref__
+
+    def __init__(self, layout, Py_ssize_t address, Py_ssize_t page_size,
+                 Py_ssize_t aligned_page_size, Py_ssize_t num_pages, dims3):
+        self.layout = layout
+        self.address = address
+        self.page_size = page_size
+        self.aligned_page_size = aligned_page_size
+        self.num_pages = num_pages
+        # (batch, rows, cols) of the logical shape: how the tile kernels see it.
+        self.dims3 = dims3
+        self.nbytes = page_size * num_pages
+        # A cached view of the pages in bank memory (filled by a run that works on pages in
+        # place, dropped when the storage is freed, so no view outlives its allocation).
+        self.pages = None
+        self._buffer = None
+
+
+@cython.no_gc
+cdef class CommandCore:
+    """The fields of a queued command (`_queue.Command`); `program`, `plan` and `converted` are
+    a program's, `scheduler`, `reads` and `writes` a scheduler command's."""
+
+    cdef public object queue
+    cdef public list deps
+    cdef public bint done
+    cdef public object error
+    cdef public object _event
+    cdef public double started
+    cdef public object record
+    cdef public object capture
+    cdef public object scheduler
+    cdef public tuple reads
+    cdef public tuple writes
+    cdef public object program
+    cdef public object plan
+    cdef public list converted
+    cdef object __weakref__
+
+
+@cython.no_gc
+cdef class StateCore:
+    """What the scheduler knows of one tensor (`_scheduler.TensorState`)."""
+
+    cdef public object shape
+    cdef public object dtype
+    cdef public object declared
+    cdef public list storages
+    cdef public CommandCore last_writer
+    cdef public CommandCore last_reader
+    cdef public Py_ssize_t pending
+    cdef public object error
+    cdef public bint deallocated
+    cdef public object moving
+    cdef public object donated_to
+    cdef object __weakref__
+
+    def __init__(self, shape, dtype, layout):
+        self.shape = shape
+        self.dtype = dtype
+        self.declared = layout  # where it will live, before it has a storage
+        self.storages = []
+        self.last_writer = None
+        self.last_reader = None
+        self.pending = 0  # queued commands that read, write or move it
+        self.error = None
+        self.deallocated = False  # by `deallocate`, or its handle was dropped
+        self.moving = None
+        self.donated_to = None  # the program a donation consumed it in
+
+
+@cython.no_gc
+cdef class TensorCore:
+    """The user's handle (`_tensor.Tensor`): a value's shape, dtype and device, and its state."""
+
+    cdef readonly object shape
+    cdef readonly object dtype
+    cdef readonly object device
+    cdef readonly StateCore _state
+    cdef object __weakref__
+
+    def __del__(self):
+        # May run on any thread (garbage collection): the scheduler frees it on the loop thread.
+        cdef StateCore state = self._state
+        if state is not None and not state.deallocated:
+            try:
+                (<SchedulerCore?>self.device._scheduler)._dropped.append(state)
+            except Exception:
+                pass
+
+
+cdef class SchedulerCore:
+    """The scheduler's tables (`_scheduler.Scheduler`), and its bookkeeping that runs for every
+    command: allocating, freeing, releasing and completing."""
+
+    cdef public dict _spaces
+    cdef public object counters
+    cdef public dict _owned
+    cdef public dict _l1
+    cdef public dict _pins
+    cdef public dict _orphans
+    cdef public object capturing
+    cdef public object _dropped
+    cdef public list listeners
+    cdef public object _last_plan
+    cdef public object cq0
+    cdef public object cq1
+    cdef object __weakref__
+
+    cpdef StorageCore allocate_geometry(self, tuple geometry, object owner):
+        if self._dropped:
+            self.collect_garbage()
+        layout, space, page_size, aligned, num_pages, depth, dims3 = geometry
+        allocator = space.allocator
+        address = allocator.allocate(depth)
+        if address is None:
+            space.raise_out_of_memory(depth)
+        used = allocator.used_bytes * space.num_banks
+        if used > space.peak_bytes:
+            space.peak_bytes = used
+        cdef StorageCore storage = StorageCore.__new__(_storage_type)
+        PyObject_GC_UnTrack(<void*>storage)
+        storage.layout = layout
+        storage.address = address
+        storage.page_size = page_size
+        storage.aligned_page_size = aligned
+        storage.num_pages = num_pages
+        storage.dims3 = dims3
+        storage.nbytes = storage.page_size * storage.num_pages
+        self._owned[storage] = None
+        if owner is not None and layout.memory is _l1:
+            self._l1[storage] = owner
+        return storage
+
+    cpdef free(self, StorageCore storage):
+        if storage in self._owned:
+            self._l1.pop(storage, None)
+            if storage in self._pins:
+                self._orphans[storage] = None  # a trace replays into it: kept until released
+                return
+            del self._owned[storage]
+            storage.pages = None
+            self._spaces[storage.layout.memory].allocator.free(storage.address)
+
+    cpdef release(self, StateCore state):
+        """Frees a deallocated tensor's storages once no queued command needs them."""
+        if state.pending == 0:
+            for storage in state.storages:
+                self.free(storage)
+            state.storages.clear()
+
+    cpdef collect_garbage(self):
+        cdef StateCore state
+        dropped = self._dropped
+        while dropped:
+            state = dropped.popleft()
+            state.deallocated = True
+            if not state.pending:
+                self.release(state)
+
+    cpdef settle_all(self, CommandCore command, error):
+        """A scheduler command is done: its states' writer, readers and pending counts (a
+        deallocated state is freed once nothing queued needs it)."""
+        cdef StateCore state
+        for state in command.writes:
+            state.error = error
+            if state.last_writer is command:
+                state.last_writer = None
+            state.pending -= 1
+            if state.deallocated and not state.pending and state.storages:
+                self.release(state)
+        for state in command.reads:
+            if state.last_reader is command:
+                state.last_reader = None
+            state.pending -= 1
+            if state.deallocated and not state.pending and state.storages:
+                self.release(state)
+
+
+def submit_program(SchedulerCore s, queue, program, plan, tuple inputs):
+    """Queues a program command on `queue` (CQ0) reading `inputs`; returns its output states."""
+    cdef StateCore state
+    cdef CommandCore writer
+    cdef list outputs = []
+    for shape, dtype, layout in plan.output_states:
+        state = StateCore.__new__(_state_type)
+        PyObject_GC_UnTrack(<void*>state)
+        state.shape = shape
+        state.dtype = dtype
+        state.declared = layout
+        state.storages = []
+        outputs.append(state)
+    cdef tuple writes = tuple(outputs)
+    cdef CommandCore command = CommandCore.__new__(_program_type)
+    PyObject_GC_UnTrack(<void*>command)
+    command.deps = _no_deps
+    command.scheduler = s
+    command.reads = inputs
+    command.writes = writes
+    command.program = program
+    command.plan = plan
+    command.converted = _no_deps
+    # `enqueue`, for a program: its outputs are new, so only its inputs' writers order it.
+    cdef list deps = None
+    for state in inputs:
+        writer = state.last_writer
+        if writer is not None and not writer.done and writer.queue is not queue:
+            if deps is None:
+                deps = command.deps = []
+            deps.append(writer)
+    if plan.donated:
+        s._consume(command, queue, deps, program.name)
+    capture = s.capturing
+    if capture is not None:
+        capture.admit(command, queue)
+    # `CommandQueue.push`, inline
+    if queue._closing:
+        queue.push(command)  # raises DeviceClosedError
+    command.queue = queue
+    queue._pending.append(command)
+    wakeup = queue._wakeup
+    if wakeup is not None:
+        wakeup.set()
+        queue._wakeup = None
+    for state in inputs:
+        state.last_reader = command
+        state.pending += 1
+    for state in writes:
+        state.last_writer = command
+        state.pending = 1
+    return writes
+
+
+def submit(device, binary, program_index, inputs):
+    """`tt.submit` when every check passes at a glance: the output tensors, or None to let the
+    checked path say what is wrong (or handle a donation)."""
+    cdef TensorCore tensor
+    cdef StateCore state
+    if device.closed or type(binary) is not _binary_type or type(program_index) is not int:
+        return None
+    programs = binary.programs
+    cdef Py_ssize_t index = program_index
+    if not 0 <= index < len(programs):
+        return None
+    program = programs[index]
+    cdef SchedulerCore s = device._scheduler
+    last = s._last_plan
+    if last is not None and last[0]() is program:
+        plan = last[1]
+    else:
+        plan = s.plan(program)
+    checks = plan.input_checks
+    if plan.donated or len(inputs) != len(checks):
+        return None
+    states = []
+    for t, check in zip(inputs, checks):
+        if type(t) is not _tensor_type:
+            return None
+        tensor = t
+        state = tensor._state
+        shape, dtype, is_float = check
+        if (tensor.device is not device or state.deallocated or tensor.shape != shape
+                or (tensor.dtype is not dtype and not (is_float and tensor.dtype.is_float))):
+            return None
+        states.append(state)
+    cdef list result = []
+    for state in submit_program(s, s.cq0, program, plan, tuple(states)):
+        result.append(wrap(_tensor_type, device, state))
+    return result
+
+
+def wrap(cls, device, StateCore state):
+    """A new handle (of `cls`, `_tensor.Tensor`) to `state` on `device`."""
+    cdef TensorCore tensor = TensorCore.__new__(cls)
+    PyObject_GC_UnTrack(<void*>tensor)  # it refers to no object that could refer back to it
+    tensor.shape = state.shape
+    tensor.dtype = state.dtype
+    tensor.device = device
+    tensor._state = state
+    return tensor
+
+
+def run_program(CommandCore command, banks, double inline_seconds):
+    """Decides, runs, commits and completes a program whose plan runs on the C kernel and
+    whose inputs are ready where it reads them; False (having changed nothing) otherwise."""
+    if type(command) is not _program_type or command.capture is not None:
+        return False
+    cdef CommandCore dep
+    for dep in command.deps:
+        if not dep.done:
+            return False
+    cdef SchedulerCore s = command.scheduler
+    if s._l1 or s.listeners:  # an eviction may be due; a timeline records every command
+        return False
+    cdef StateCore state
+    for state in command.reads:
+        if state.error is not None:
+            return False
+    plan = command.plan
+    bound = plan.bound
+    if bound is None or bound.kernel is None or not plan.pagewise or bound.seconds > inline_seconds:
+        return False
+    cdef list addresses = []
+    cdef StorageCore storage
+    for state, layout in zip(command.reads, plan.input_layouts):
+        for storage in state.storages:
+            if storage.layout is layout:
+                addresses.append(storage.address)
+                break
+        else:
+            return False
+    cdef list outputs = []
+    for state, geometry in zip(command.writes, bound.outputs):
+        layout, space, _, _, _, depth, _ = geometry
+        allocator = space.allocator
+        if allocator.largest_free < depth:  # the general path raises OutOfMemoryError
+            for storage in outputs:
+                s.free(storage)
+            return False
+        storage = s.allocate_geometry(geometry, state)
+        outputs.append(storage)
+        addresses.append(storage.address)
+    space, code, rows, depth = bound.kernel
+    try:
+        _kernel_run(banks[space], code, tuple(addresses), rows, depth)
+    except BaseException:
+        for storage in outputs:
+            s.free(storage)
+        raise
+    # commit
+    for state, storage in zip(command.writes, outputs):
+        state.storages.append(storage)
+    counters = s.counters
+    counters["programs_run"] += 1
+    counters["commands_run"] += 1
+    # complete
+    s.settle_all(command, None)
+    command.reads = ()
+    command.writes = ()
+    command.error = None
+    command.done = True
+    command.deps = _no_deps
+    command.record = None
+    if command._event is not None:
+        command._event.set()
+    return True
