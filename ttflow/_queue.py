@@ -197,11 +197,13 @@ class CommandQueue:
             blocker = command.blocker()
             if blocker is not None:
                 await blocker.wait()
+                deadline = perf_counter() + _YIELD_EVERY  # the loop was free while it waited
                 continue
             if command.batchable and len(pending) > 1:
                 batch = self._ready_batch()
                 if len(batch) > 1:
                     errors = await self._execute_batch(batch)  # may take only the first few
+                    deadline = perf_counter() + _YIELD_EVERY
                     for done, error in zip(batch, errors):
                         pending.popleft()
                         on_complete(done, error)
@@ -233,6 +235,10 @@ class CommandQueue:
                 else:
                     if estimate(record.nbytes, record.kernel_bytes, record.macs) > INLINE_SECONDS:
                         error = await self._run_on_worker(command, record)
+                        # The loop was free while the worker ran: go straight on to the next
+                        # command, whose hand-off would otherwise wait for every task the
+                        # checkpoint lets in (a host loop preparing the next batch, say).
+                        deadline = perf_counter() + _YIELD_EVERY
                     else:
                         try:
                             command.commit(record, run(record, banks))

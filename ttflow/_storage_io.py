@@ -15,6 +15,7 @@ import numpy as np
 from . import kernels
 from ._kernels import _bfp8, _tiles
 from ._ops import to_host_dtype
+from ._errors import LayoutError
 from ._memory import Storage
 from ._types import DataType, TensorLayout
 
@@ -34,7 +35,13 @@ def write_array(banks: Banks, storage: Storage, array: np.ndarray[Any, Any]) -> 
             np.ascontiguousarray(array), banks, buf.address, buf.page_size, buf.aligned_page_size
         )
     elif dtype is DataType.BFLOAT8_B:
-        kernels.pack_bfloat8_b_to_banks(array, banks, buf.address, buf.aligned_page_size)
+        # Packed without the separate read-only scan `kernels.pack_bfloat8_b_to_banks` makes
+        # first: a failed store fails its command, so a half-written buffer is never read as a
+        # value, and the scan would read the whole array once more.
+        if _bfp8.pack_into(array.reshape(storage.dims3), banks, banks.shape[0], banks.shape[1],
+                           buf.address, buf.aligned_page_size, 0):
+            first = int(np.flatnonzero(~np.isfinite(array.reshape(-1)))[0])
+            raise LayoutError(f"BFLOAT8_B has no encoding for NaN or infinity (first at flat index {first})")
     else:
         _tiles.tilize_into(array.reshape(storage.dims3), banks, banks.shape[0], banks.shape[1],
                            buf.address, buf.aligned_page_size, 0)
