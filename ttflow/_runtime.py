@@ -247,7 +247,7 @@ def submit(device: Device, binary: Binary, program_index: int, inputs: Sequence[
     return _submit_checked(device, binary, program_index, inputs)
 
 
-def _check_donation(program: Program, inputs: Sequence[Tensor], index: int) -> None:
+def _check_donation(program: Program, program_index: int, inputs: Sequence[Tensor], index: int) -> None:
     """A donated input must be passed once, and already be in the layout the program declares:
     made in it (wherever eviction moved it since) or holding a copy in it. Its buffer becomes
     the output's as it is, with no conversion."""
@@ -262,7 +262,9 @@ def _check_donation(program: Program, inputs: Sequence[Tensor], index: int) -> N
     if state.declared != layout and state.find(layout) is None:  # its home, or a kept copy
         raise LayoutError(
             f"input {index} of {program.name!r} is donated but is {state.layout}, the program "
-            f"declares {layout}; convert it first (tt.to_layout): a donated buffer is not converted"
+            f"declares {layout}; a donated buffer is not converted: make the tensor in that layout "
+            f"(tt.to_device(array, device, tt.get_layout(binary, {program_index}, {index}))) or "
+            "convert it first (tt.to_layout)"
         )
 
 
@@ -291,6 +293,6 @@ def _submit_checked(device: Device, binary: Binary, program_index: int,
             )
         _check_dtype(tensor, spec.dtype, index)
     for _, index in program.donations:
-        _check_donation(program, inputs, index)
+        _check_donation(program, program_index, inputs, index)
     states = device._scheduler.submit(program, tuple(tensor._state for tensor in inputs))
     return [Tensor._wrap(device, state) for state in states]
