@@ -240,6 +240,10 @@ cdef class SchedulerCore:
 
 def submit_program(SchedulerCore s, queue, program, plan, tuple inputs):
     """Queues a program command on `queue` (CQ0) reading `inputs`; returns its output states."""
+    return _submit_program(s, queue, program, plan, inputs)
+
+
+cdef tuple _submit_program(SchedulerCore s, queue, program, plan, tuple inputs):
     cdef StateCore state
     cdef CommandCore writer
     cdef list outputs = []
@@ -310,28 +314,46 @@ def submit(device, binary, program_index, inputs):
         plan = last[1]
     else:
         plan = s.plan(program)
-    checks = plan.input_checks
-    if plan.donated or len(inputs) != len(checks):
+    cdef tuple checks = plan.input_checks
+    cdef list given
+    if type(inputs) is list:
+        given = inputs
+    elif type(inputs) is tuple:
+        given = list(inputs)
+    else:
         return None
-    states = []
-    for t, check in zip(inputs, checks):
+    if plan.donated:
+        return None
+    cdef Py_ssize_t n = len(checks), k
+    if len(given) != n:
+        return None
+    cdef tuple check
+    cdef list states = [None] * n
+    for k in range(n):
+        t = given[k]
         if type(t) is not _tensor_type:
             return None
         tensor = t
         state = tensor._state
-        shape, dtype, is_float = check
-        if (tensor.device is not device or state.deallocated or tensor.shape != shape
-                or (tensor.dtype is not dtype and not (is_float and tensor.dtype.is_float))):
+        check = checks[k]
+        dtype = check[1]
+        if (tensor.device is not device or state.deallocated or tensor.shape != check[0]
+                or (tensor.dtype is not dtype and not (check[2] and tensor.dtype.is_float))):
             return None
-        states.append(state)
-    cdef list result = []
-    for state in submit_program(s, s.cq0, program, plan, tuple(states)):
-        result.append(wrap(_tensor_type, device, state))
+        states[k] = state
+    cdef tuple outputs = _submit_program(s, s.cq0, program, plan, tuple(states))
+    cdef list result = [None] * len(outputs)
+    for k in range(len(outputs)):
+        result[k] = _wrap(_tensor_type, device, outputs[k])
     return result
 
 
 def wrap(cls, device, StateCore state):
     """A new handle (of `cls`, `_tensor.Tensor`) to `state` on `device`."""
+    return _wrap(cls, device, state)
+
+
+cdef TensorCore _wrap(cls, device, StateCore state):
     cdef TensorCore tensor = TensorCore.__new__(cls)
     PyObject_GC_UnTrack(<void*>tensor)  # it refers to no object that could refer back to it
     tensor.shape = state.shape
