@@ -293,3 +293,29 @@ async def test_a_dropped_binary_is_not_kept_by_the_device() -> None:
             del binary, b
         gc.collect()
         assert sum(ref() is not None for ref in programs) <= 1
+
+
+async def test_a_tiny_program_that_does_not_fit_fails_alone() -> None:
+    # The C fast path allocates a tiny program's output; when it does not fit, the program must
+    # fail with OutOfMemoryError (through the general path) and the device must go on.
+    b = tt.ProgramBuilder("plus_one")
+    b.output(b.add(b.input((32, 32), DRAM_TILE), 1.0), DRAM_TILE)
+    binary = tt.Binary([b.build()])
+    spec = tt.DeviceSpec.small()
+    async with tt.open_device(spec) as device:
+        x = tt.to_device(np.zeros((32, 32), np.float32), device, DRAM_TILE)
+        await x
+        # Fill DRAM with one-tile tensors until nothing more fits.
+        fill = []
+        with pytest.raises(tt.OutOfMemoryError):
+            for _ in range(100_000):
+                fill.append(tt.to_device(np.zeros((32, 32), np.float32), device, DRAM_TILE))
+        used = device.memory_used(DRAM)
+        (y,) = tt.submit(device, binary, 0, [x])
+        with pytest.raises(tt.OutOfMemoryError):
+            await y
+        assert device.memory_used(DRAM) == used
+        del fill[-1]
+        await tt.wait(x)
+        (z,) = tt.submit(device, binary, 0, [x])
+        np.testing.assert_array_equal(await tt.to_host(z), np.ones((32, 32), np.float32))

@@ -149,9 +149,6 @@ class MemorySpaceState:
         address = self.reserve(-(-num_pages // self.num_banks) * aligned)
         return BufferInfo(self.space, address, page_size, aligned, num_pages)
 
-    def raise_out_of_memory(self, depth: int) -> None:
-        raise OutOfMemoryError(self.space, depth, self.allocator.largest_free)
-
     def reserve(self, depth: int) -> int:
         """The address of `depth` bytes in every bank; OutOfMemoryError when no block fits."""
         allocator = self.allocator

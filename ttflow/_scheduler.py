@@ -292,24 +292,9 @@ class ProgramCommand(_Scheduled):
     name = "program"
     __slots__ = ()
 
-    def __init__(self, scheduler: Scheduler, program: Program, plan: Plan,
-                 inputs: tuple[TensorState, ...], outputs: tuple[TensorState, ...]) -> None:
-        # The whole chain of initialisers, flattened: one is made per submit.
-        self.queue = None
-        self.deps = _NO_DEPS
-        self.done = False
-        self.error = None
-        self._event = None
-        self.started = 0.0
-        self.record = None
-        self.capture = None
-        self.scheduler = scheduler
-        self.reads = inputs
-        self.writes = outputs
-        self.program = program
-        self.plan = plan
-        # The input each conversion step is kept on: a list of its own once `_decide` converts.
-        self.converted: list[TensorState] = _NO_DEPS
+    # Made only by `_core._dispatch.submit_program`, which sets its fields (scheduler, reads,
+    # writes, program, plan; `converted`, the inputs each conversion step is kept on, is the
+    # shared empty list until `_decide` converts).
 
     def preamble(self) -> Command | None:
         if not self.scheduler._l1:

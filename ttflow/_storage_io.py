@@ -15,7 +15,6 @@ import numpy as np
 from . import kernels
 from ._kernels import _bfp8, _tiles
 from ._ops import to_host_dtype
-from ._errors import LayoutError
 from ._memory import Storage
 from ._types import DataType, TensorLayout
 
@@ -40,8 +39,7 @@ def write_array(banks: Banks, storage: Storage, array: np.ndarray[Any, Any]) -> 
         # value, and the scan would read the whole array once more.
         if _bfp8.pack_into(array.reshape(storage.dims3), banks, banks.shape[0], banks.shape[1],
                            buf.address, buf.aligned_page_size, 0):
-            first = int(np.flatnonzero(~np.isfinite(array.reshape(-1)))[0])
-            raise LayoutError(f"BFLOAT8_B has no encoding for NaN or infinity (first at flat index {first})")
+            kernels._raise_non_finite(array)
     else:
         _tiles.tilize_into(array.reshape(storage.dims3), banks, banks.shape[0], banks.shape[1],
                            buf.address, buf.aligned_page_size, 0)

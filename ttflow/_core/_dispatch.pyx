@@ -26,6 +26,8 @@ cimport cython
 cdef extern from "Python.h":
     void PyObject_GC_UnTrack(void *op)
 
+from ttflow._errors import OutOfMemoryError
+
 cdef object _storage_type = None
 cdef object _state_type = None
 cdef object _program_type = None
@@ -172,13 +174,7 @@ cdef class SchedulerCore:
         if self._dropped:
             self.collect_garbage()
         layout, space, page_size, aligned, num_pages, depth, dims3 = geometry
-        allocator = space.allocator
-        address = allocator.allocate(depth)
-        if address is None:
-            space.raise_out_of_memory(depth)
-        used = allocator.used_bytes * space.num_banks
-        if used > space.peak_bytes:
-            space.peak_bytes = used
+        address = space.reserve(depth)  # OutOfMemoryError when no block fits; tracks the peak
         cdef StorageCore storage = StorageCore.__new__(_storage_type)
         PyObject_GC_UnTrack(<void*>storage)
         storage.layout = layout
@@ -393,16 +389,15 @@ def run_program(CommandCore command, banks, double inline_seconds):
         else:
             return False
     cdef list outputs = []
-    for state, geometry in zip(command.writes, bound.outputs):
-        layout, space, _, _, _, depth, _ = geometry
-        allocator = space.allocator
-        if allocator.largest_free < depth:  # the general path raises OutOfMemoryError
-            for storage in outputs:
-                s.free(storage)
-            return False
-        storage = s.allocate_geometry(geometry, state)
-        outputs.append(storage)
-        addresses.append(storage.address)
+    try:
+        for state, geometry in zip(command.writes, bound.outputs):
+            storage = s.allocate_geometry(geometry, state)
+            outputs.append(storage)
+            addresses.append(storage.address)
+    except OutOfMemoryError:  # the general path decides again and fails the command with it
+        for storage in outputs:
+            s.free(storage)
+        return False
     space, code, rows, depth = bound.kernel
     try:
         _kernel_run(banks[space], code, tuple(addresses), rows, depth)
