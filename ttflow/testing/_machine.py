@@ -413,6 +413,26 @@ class RuntimeStateMachine(RuleBasedStateMachine):
             and (entry.dtype is spec.dtype or (entry.dtype.is_float and spec.dtype.is_float))
         )
 
+    def _draw_inputs(self, data: st.DataObject, program: Program,
+                     layout_for: Callable[[int, TensorSpec], st.SearchStrategy[Layout]]) -> list[ModelTensor]:
+        """One tracked tensor per program input: an existing one that fits, or a new one in a
+        layout drawn from `layout_for(k, spec)` (in DRAM when L1 has no room now)."""
+        inputs = []
+        for k, spec in enumerate(program.inputs):
+            fits = functools.partial(self._fits, spec=spec)
+            if self.has(fits) and not data.draw(st.booleans(), label=f"fresh input {k}"):
+                inputs.append(self.pick(data, fits, label=f"input {k}"))
+                continue
+            layout = data.draw(layout_for(k, spec), label=f"layout {k}")
+            array = data.draw(arrays(layout.dtype, spec.shape), label=f"array {k}")  # type: ignore[arg-type]
+            entry = self.push(array, layout, label=self._next_label())
+            if entry is None:  # no room in L1 now: DRAM then
+                entry = self.push(array, attrs.evolve(layout, memory=MemorySpace.DRAM),
+                                  label=self._next_label())
+            assert entry is not None
+            inputs.append(entry)
+        return inputs
+
     # -- rules --------------------------------------------------------------------------------
 
     @precondition(lambda self: self.room())
@@ -455,24 +475,13 @@ class RuntimeStateMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def submit(self, data: st.DataObject) -> None:
         chosen = data.draw(st.sampled_from(self.programs), label="program")
-        inputs = []
-        for k, spec in enumerate(chosen.program.inputs):
-            fits = functools.partial(self._fits, spec=spec)
-            if self.has(fits) and not data.draw(st.booleans(), label=f"fresh input {k}"):
-                inputs.append(self.pick(data, fits, label=f"input {k}"))
-                continue
-            # A new tensor for it, in any layout of a dtype the program takes.
+
+        def any_layout(k: int, spec: TensorSpec) -> st.SearchStrategy[Layout]:
+            # Any layout of a dtype the program takes.
             dtypes = [DataType.FLOAT32, DataType.BFLOAT16, DataType.BFLOAT8_B] if spec.dtype.is_float else [spec.dtype]
-            layout = data.draw(layouts(data.draw(st.sampled_from(dtypes), label=f"dtype {k}")),
-                               label=f"layout {k}")
-            array = data.draw(arrays(layout.dtype, spec.shape), label=f"array {k}")  # type: ignore[arg-type]
-            entry = self.push(array, layout, label=self._next_label())
-            if entry is None:  # no room in L1 now: DRAM then
-                entry = self.push(array, attrs.evolve(layout, memory=MemorySpace.DRAM),
-                                  label=self._next_label())
-            assert entry is not None
-            inputs.append(entry)
-        self.run_program(chosen, inputs)
+            return layouts(data.draw(st.sampled_from(dtypes), label=f"dtype {k}"))
+
+        self.run_program(chosen, self._draw_inputs(data, chosen.program, any_layout))
 
     @precondition(lambda self: self.room() and bool(self.donating_programs))
     @rule(data=st.data())
@@ -483,20 +492,9 @@ class RuntimeStateMachine(RuleBasedStateMachine):
         either the donor is not consumed."""
         chosen = data.draw(st.sampled_from(self.donating_programs), label="program")
         program = chosen.program
-        inputs = []
-        for k, spec in enumerate(program.inputs):
-            fits = functools.partial(self._fits, spec=spec)
-            if self.has(fits) and not data.draw(st.booleans(), label=f"fresh input {k}"):
-                inputs.append(self.pick(data, fits, label=f"input {k}"))
-                continue
-            layout = data.draw(st.one_of(st.just(spec.layout), layouts(spec.dtype)), label=f"layout {k}")
-            array = data.draw(arrays(layout.dtype, spec.shape), label=f"array {k}")  # type: ignore[arg-type]
-            entry = self.push(array, layout, label=self._next_label())
-            if entry is None:
-                entry = self.push(array, attrs.evolve(layout, memory=MemorySpace.DRAM),
-                                  label=self._next_label())
-            assert entry is not None
-            inputs.append(entry)
+        # Mostly the declared layout (a donor must be in it), sometimes another one of its dtype.
+        inputs = self._draw_inputs(
+            data, program, lambda k, spec: st.one_of(st.just(spec.layout), layouts(spec.dtype)))
         donors = {i for _, i in program.donations}
         outcome, in_layout = self.call(_submit_recording_layouts, self.device, chosen,
                                        [e.tensor for e in inputs], sorted(donors))
