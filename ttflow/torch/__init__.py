@@ -24,11 +24,8 @@ from ._device import TTTensor as TTTensor
 from ._device import install as _install
 from ._errors import UnsupportedOpError as UnsupportedOpError
 from ._session import session as _session
-from ._compile import CompiledModule as CompiledModule
-from ._compile import compile as compile
-from . import optim as optim
 
-__all__ = ["CompiledModule", "TTTensor", "UnsupportedOpError", "close", "compile", "device", "open_device", "optim"]
+__all__ = ["TTTensor", "UnsupportedOpError", "close", "device", "open_device"]
 
 _install()
 

@@ -1,315 +1,283 @@
-"""The "tt" torch device: PrivateUse1 renamed, and a wrapper tensor around ttflow tensor futures.
+"""The "tt" torch device: PrivateUse1 renamed, and the kernels behind every op on tt tensors.
 
-A `TTTensor` is a torch tensor with no storage of its own: it holds a `ttflow.Tensor` (a future
-on the emulated device) and answers torch's ops in `__torch_dispatch__`. ttflow tensors are
-immutable, so copies and detaches share one ttflow tensor, and the few in-place ops torch needs
-(`copy_`, `zero_`, `add_`, an optimizer step) replace it.
-
-Device shapes: ttflow's programs have no reshape, so a rank-1 torch tensor `(n,)` lives on the
-device as `(1, n)` (and a scalar as `(1, 1)`). Then a bias broadcasts against a batch and its
-gradient, a sum over the batch axis, has the parameter's own device shape.
+tt tensors are ordinary torch tensors (no subclass), with storages from the guard's allocator
+and values in `_storage`'s table, so autograd, views, `nn.Module.to`, `state_dict`, `torch.save`
+and dynamo treat them as they treat CUDA tensors. Every aten op on a tt tensor reaches
+`_kernel` (a fallback for the PrivateUse1 key). It runs the op on the device when it can
+(`_eager`: one small cached program per op and argument shapes, scalars passed as device
+values), and otherwise on the CPU, once warning which op did so.
 """
 
 from __future__ import annotations
 
 import types
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
+from torch.utils._pytree import tree_flatten, tree_map
 
 import ttflow as tt
 
+from . import _storage
 from ._errors import UnsupportedOpError
 from ._guard import load_guard
 from ._session import MAX_DEVICES, session
 
-__all__ = ["TTTensor", "install", "device_shape", "to_tt", "tt_value", "same_device"]
+__all__ = ["TTTensor", "install", "same_device"]
 
 aten = torch.ops.aten
-TILE = tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE)
-_DTYPES = {torch.float32: tt.DataType.FLOAT32, torch.int32: tt.DataType.INT32}
 
 
-def device_shape(shape: Sequence[int]) -> tuple[int, ...]:
-    """The ttflow shape of a torch shape: rank-0 and rank-1 tensors get a leading 1."""
-    shape = tuple(int(d) for d in shape)
-    if len(shape) == 0:
-        return (1, 1)
-    if len(shape) == 1:
-        return (1, shape[0])
-    return shape
+class _TTTensorType(type(torch.Tensor)):  # type: ignore[misc]
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, torch.Tensor) and obj.device.type == "tt"
 
 
-def _tt_dtype(dtype: torch.dtype, what: str) -> tt.DataType:
-    try:
-        return _DTYPES[dtype]
-    except KeyError:
-        raise UnsupportedOpError(
-            f"{what}: the tt device holds float32 and int32 tensors, not {dtype}; "
-            "convert with .float() on the CPU first"
-        ) from None
+class TTTensor(torch.Tensor, metaclass=_TTTensorType):
+    """`isinstance(t, TTTensor)` is true for every tensor on a tt device.
+
+    tt tensors are plain `torch.Tensor`s (as CUDA tensors are); this class exists so that older
+    code that checked for it keeps working.
+    """
 
 
-class TTTensor(torch.Tensor):
-    """A torch tensor on the "tt" device whose value is a ttflow tensor (a future)."""
-
-    _tt: tt.Tensor | None  # None: not written yet (reads as zeros)
-    _dev: tt.Device
-
-    @staticmethod
-    def __new__(cls, value: tt.Tensor | None, shape: Sequence[int], dtype: torch.dtype,
-                device: tt.Device, requires_grad: bool = False) -> TTTensor:
-        index = session.index_of(device)
-        r = torch.Tensor._make_wrapper_subclass(
-            cls, tuple(shape), dtype=dtype, device=torch.device("tt", index or 0),
-            requires_grad=requires_grad,
-        )
-        r._tt = value
-        r._dev = device
-        return r
-
-    __torch_function__ = torch._C._disabled_torch_function_impl
-
-    def __repr__(self, *, tensor_contents: Any = None) -> str:
-        host = repr(self.detach().to("cpu"))
-        suffix = f", device='{self.device}'"
-        if self.grad_fn is not None:
-            suffix += f", grad_fn=<{type(self.grad_fn).__name__}>"
-        elif self.requires_grad:
-            suffix += ", requires_grad=True"
-        return host[:-1] + suffix + ")"
-
-    @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
-        handler = _HANDLERS.get(func)
-        if handler is None:
-            raise UnsupportedOpError(
-                f"torch op {func} is not supported on tt tensors; move the tensor to the CPU "
-                "with .to('cpu'), or run the computation as a module compiled with ttflow.torch.compile"
-            )
-        return handler(*args, **(kwargs or {}))
-
-
-# -- helpers shared with the compiler and the optimizer -------------------------------------------
-
-
-def tt_value(t: TTTensor) -> tt.Tensor:
-    """The tensor's ttflow value, materialising an unwritten tensor as zeros on its device."""
-    t._dev.check_open()
-    if t._tt is None:
-        shape = device_shape(t.shape)
-        t._tt = session.call(tt.empty, shape, _tt_dtype(t.dtype, "empty"), t._dev, TILE)
-    return t._tt
-
-
-def to_tt(t: torch.Tensor, device: tt.Device) -> TTTensor:
-    """A CPU tensor pushed to `device` (queued on its CQ1; returns at once)."""
-    dtype = _tt_dtype(t.dtype, "to('tt')")
-    array = t.detach().contiguous().numpy().reshape(device_shape(t.shape))
-    array = array.copy()  # the copy runs later: the caller may change `t` in the meantime
-    layout = tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, dtype)
-    value = session.call(tt.to_device, array, device, layout)
-    return TTTensor(value, t.shape, t.dtype, device)
-
-
-def to_cpu(t: TTTensor) -> torch.Tensor:
-    """Waits for the tensor and copies it out: the one place the host blocks on the device."""
-    t._dev.check_open()
-    if t._tt is None:
-        return torch.zeros(t.shape, dtype=t.dtype)
-    array = session.call(tt.to_host, t._tt)
-    return torch.from_numpy(np.ascontiguousarray(array).reshape(tuple(t.shape)))
+def is_tt(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type == "tt"
 
 
 def same_device(tensors: Sequence[torch.Tensor], what: str) -> tt.Device:
-    """The one ttflow device all `tensors` live on; a clear error when they are mixed."""
+    """The one ttflow device all `tensors` live on; torch's error when they are mixed."""
     devices = {t.device for t in tensors}
-    if len(devices) != 1 or not all(isinstance(t, TTTensor) for t in tensors):
+    if len(devices) != 1 or not all(is_tt(t) for t in tensors):
         names = ", ".join(sorted(str(d) for d in devices))
-        raise RuntimeError(
-            f"{what}: expected all tensors on one tt device, found {names}; move them with .to()"
+        raise RuntimeError(f"{what}: expected all tensors to be on the same device, but found {names}")
+    return _storage.device_of(tensors[0])
+
+
+# -- the kernels -------------------------------------------------------------------------------------
+
+_warned: set[str] = set()
+
+
+def _warn_cpu(op: Any, reason: str) -> None:
+    name = str(op)
+    if name not in _warned:
+        _warned.add(name)
+        warnings.warn(
+            f"{name} ran on the CPU: {reason}. Its tt inputs were copied to the host and its "
+            "results back (this warning is shown once per op)",
+            UserWarning, stacklevel=4,
         )
-    owners = {id(t._dev): t._dev for t in tensors}  # type: ignore[attr-defined]
-    if len(owners) != 1:
-        raise tt.DeviceClosedError(
-            f"{what}: the tensors come from different openings of {devices.pop()}; one of them "
-            "was closed with ttflow.torch.close() (move tensors to the CPU before closing)"
-        )
-    (device,) = owners.values()
-    device.check_open()
-    return device
 
 
-def _torch_device_to_tt(device: torch.device) -> tt.Device:
-    index = device.index
-    if index is not None and not 0 <= index < MAX_DEVICES:
-        raise ValueError(f"no such tt device: {device}")
-    return session.device(index)
+def _cpu_fallback(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Runs `op` on CPU copies of its tt arguments; writes mutated arguments back, and returns
+    results as new tt tensors (on the device of the first tt argument)."""
+    flat, _ = tree_flatten((args, kwargs))
+    tt_args = [a for a in flat if is_tt(a)]
+    index = tt_args[0].device.index if tt_args else 0
+    copies: dict[int, torch.Tensor] = {}
+
+    def to_host(a: Any) -> Any:
+        if is_tt(a):
+            if id(a) not in copies:
+                copies[id(a)] = _storage.host_value(a)
+            return copies[id(a)]
+        if isinstance(a, torch.device) and a.type == "tt":
+            return torch.device("cpu")
+        return a
+
+    host_args = tree_map(to_host, args)
+    host_kwargs = tree_map(to_host, kwargs)
+    result = op(*host_args, **host_kwargs)
+    # Arguments the op writes (in-place, out=): their new values go back to the device.
+    mutated: dict[int, torch.Tensor] = {}
+    for i, argument in enumerate(op._schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        original = args[i] if i < len(args) else kwargs.get(argument.name)
+        for orig in (original if isinstance(original, (list, tuple)) else [original]):
+            if is_tt(orig):
+                host = copies[id(orig)]
+                if host.shape != orig.shape:  # an out= argument the op resized
+                    orig.resize_(host.shape)
+                _storage.write_host(orig, host)
+                mutated[id(copies[id(orig)])] = orig
+
+    def to_device(r: Any) -> Any:
+        if isinstance(r, torch.Tensor):
+            if id(r) in mutated:
+                return mutated[id(r)]
+            return _from_host(r, index)
+        return r
+
+    return tree_map(to_device, result)
 
 
-# -- the handlers ------------------------------------------------------------------------------------
-
-
-def _empty(size: Sequence[int], *args: Any, dtype: torch.dtype | None = None,
-           device: torch.device | None = None, **kwargs: Any) -> TTTensor:
-    dtype = dtype or torch.get_default_dtype()
-    _tt_dtype(dtype, "empty")
-    target = _torch_device_to_tt(device if device is not None else torch.device("tt"))
-    return TTTensor(None, size, dtype, target)
-
-
-def _empty_strided(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype | None = None,
-                   layout: Any = None, device: torch.device | None = None, pin_memory: Any = None) -> TTTensor:
-    return _empty(size, dtype=dtype, device=device)
+def _from_host(host: torch.Tensor, index: int | None) -> torch.Tensor:
+    if not _storage.on_device(host.dtype):
+        t = _storage.new_tensor(host.shape, host.dtype, index, None)
+        if host.numel():
+            _storage.write_host(t, host)
+        return t
+    device = session.device(index)
+    cell = _storage.upload(host, device) if host.numel() else None
+    return _storage.new_tensor(host.shape, host.dtype, index, cell)
 
 
 def _copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
-    if not isinstance(dst, TTTensor):  # tt -> a CPU tensor
-        with torch.no_grad():
-            dst.copy_(to_cpu(src))  # type: ignore[arg-type]
+    if not is_tt(dst):  # tt -> the CPU: wait and copy out
+        dst.copy_(_storage.host_value(src))
         return dst
-    if isinstance(src, TTTensor) and src._dev is dst._dev and src.dtype == dst.dtype:
-        if tuple(src.shape) != tuple(dst.shape):
-            raise UnsupportedOpError(f"copy_ between tt tensors of shapes {tuple(src.shape)} and {tuple(dst.shape)}")
-        dst._tt = src._tt  # values are immutable: share
+    if not is_tt(src):  # the CPU -> tt: queued, returns at once
+        _storage.write_host(dst, src.to(dst.dtype).expand(dst.shape))
         return dst
-    host = to_cpu(src) if isinstance(src, TTTensor) else src
-    host = host.to(dst.dtype).expand(dst.shape)
-    dst._tt = to_tt(host, dst._dev)._tt
-    return dst
+    if src.device == dst.device and src.dtype == dst.dtype and src.shape == dst.shape:
+        _storage.write(dst, _storage.read(src), _storage.device_shape(dst.shape))
+        return dst
+    return _cpu_fallback(aten.copy_.default, (dst, src), {})
 
 
-def _to_copy(src: TTTensor, *, dtype: torch.dtype | None = None, layout: Any = None,
-             device: torch.device | None = None, pin_memory: Any = None, non_blocking: bool = False,
-             memory_format: Any = None) -> torch.Tensor:
-    dtype = dtype or src.dtype
-    target = torch.device(device) if device is not None else src.device
-    if target.type != "tt":
-        return to_cpu(src).to(device=target, dtype=dtype)
-    dev = _torch_device_to_tt(target)
-    if dev is src._dev and dtype == src.dtype:
-        return TTTensor(src._tt, src.shape, dtype, dev)
-    return to_tt(to_cpu(src).to(dtype), dev)
+def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    return _copy_(dst, src)
 
 
-def _share(src: TTTensor, *args: Any, **kwargs: Any) -> TTTensor:
-    """detach, alias, clone: a new torch tensor over the same immutable ttflow value."""
-    return TTTensor(src._tt, src.shape, src.dtype, src._dev)
+def _local_scalar_dense(t: torch.Tensor) -> Any:
+    return _storage.host_value(t).item()
 
 
-def _new_empty(src: TTTensor, size: Sequence[int], *args: Any, dtype: torch.dtype | None = None, **kwargs: Any) -> TTTensor:
-    return TTTensor(None, size, dtype or src.dtype, src._dev)
+def _set_source_tensor(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    return aten.set_.source_Storage_storage_offset(dst, src.untyped_storage(), src.storage_offset(),
+                                                    src.shape, src.stride())
 
 
-def _like(src: TTTensor, *args: Any, dtype: torch.dtype | None = None, **kwargs: Any) -> TTTensor:
-    return TTTensor(None, src.shape, dtype or src.dtype, src._dev)
+def _set_source_storage(dst: torch.Tensor, storage: Any) -> torch.Tensor:
+    return aten.set_.source_Storage_storage_offset(dst, storage, 0, (storage.nbytes() // dst.element_size(),), (1,))
 
 
-def _zero_(t: TTTensor) -> TTTensor:
-    t._tt = None
-    return t
+def _view(t: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
+    shape = _infer_shape(size, t.numel())
+    computed = _compute_stride(list(t.shape), list(t.stride()), shape)
+    if computed is None:
+        raise RuntimeError(
+            "view size is not compatible with input tensor's size and stride (at least one dimension "
+            "spans across two contiguous subspaces). Use .reshape(...) instead."
+        )
+    return aten.as_strided.default(t, shape, computed, t.storage_offset())
 
 
-def _set_(dst: TTTensor, src: TTTensor) -> TTTensor:
-    if not isinstance(src, TTTensor):
-        raise UnsupportedOpError("aten.set_: a tt tensor can only take the value of another tt tensor")
-    dst._tt, dst._dev = src._tt, src._dev
-    return dst
+def _infer_shape(size: Sequence[int], numel: int) -> list[int]:
+    shape = [int(s) for s in size]
+    if -1 in shape:
+        known = 1
+        for s in shape:
+            if s != -1:
+                known *= s
+        shape[shape.index(-1)] = numel // known if known else 0
+    return shape
 
 
-# -- eager elementwise ops: one small cached program each ------------------------------------------
-
-_EAGER_CACHE: dict[Any, tt.Binary] = {}
-
-
-def run_program(key: Any, build: Callable[[], tt.Program], device: tt.Device,
-                inputs: Sequence[tt.Tensor]) -> list[tt.Tensor]:
-    """Submits a program built once per `key` (shapes and constants) on the loop thread."""
-    binary = _EAGER_CACHE.get(key)
-    if binary is None:
-        binary = _EAGER_CACHE[key] = tt.Binary([build()])
-    return session.call(tt.submit, device, binary, 0, list(inputs))
-
-
-def _elementwise(op: str, *operands: Any, alpha: float = 1, in_place: bool = False) -> TTTensor:
-    tensors = [o for o in operands if isinstance(o, torch.Tensor)]
-    for o in tensors:
-        if not isinstance(o, TTTensor) and o.dim() == 0:
-            raise UnsupportedOpError(f"aten.{op}: pass Python numbers, not CPU scalar tensors, to tt tensors")
-    device = same_device(tensors, f"aten.{op}")
-    if any(t.dtype != torch.float32 for t in tensors):
-        raise UnsupportedOpError(f"aten.{op} on the tt device needs float32 tensors")
-    shape = torch.broadcast_shapes(*(t.shape for t in tensors))
-    spec = tuple(("t", device_shape(o.shape)) if isinstance(o, torch.Tensor) else ("s", float(o)) for o in operands)
-    key = (op, spec, float(alpha), tuple(shape))
-
-    def build() -> tt.Program:
-        b = tt.ProgramBuilder(f"eager_{op}")
-        vals = [b.input(s, TILE) if kind == "t" else s for kind, s in spec]
-        if alpha != 1:
-            vals[1] = b.mul(vals[1], float(alpha)) if not isinstance(vals[1], float) else vals[1] * alpha
-        first = vals[0]
-        if isinstance(first, float):  # scalar - tensor: only the rsub form reaches us
-            raise UnsupportedOpError(f"aten.{op} with a scalar first operand")
-        result = getattr(b, op)(*vals)
-        b.output(result, TILE)
-        return b.build()
-
-    (value,) = run_program(key, build, device, [tt_value(t) for t in tensors])  # type: ignore[arg-type]
-    if tuple(value.shape) != device_shape(shape):
-        raise UnsupportedOpError(f"aten.{op}: broadcasting {tuple(shape)} is not supported on the tt device")
-    if in_place:
-        target = operands[0]
-        if tuple(target.shape) != tuple(shape):
-            raise RuntimeError(f"aten.{op}_: the result shape {tuple(shape)} does not fit {tuple(target.shape)}")
-        target._tt = value
-        return target
-    return TTTensor(value, shape, torch.float32, device)
+def _compute_stride(old_shape: list[int], old_stride: list[int], new_shape: list[int]) -> list[int] | None:
+    """ATen's computeStride (TensorUtils.cpp): the strides of a view of `new_shape`, or None."""
+    numel = 1
+    for s in old_shape:
+        numel *= s
+    if numel == 0:
+        if old_shape == new_shape:
+            return old_stride
+        return _contiguous_strides(new_shape)
+    new_stride = [0] * len(new_shape)
+    view_d = len(new_shape) - 1
+    chunk_base_stride = old_stride[-1] if old_stride else 1
+    tensor_numel = 1
+    view_numel = 1
+    for tensor_d in range(len(old_shape) - 1, -1, -1):
+        tensor_numel *= old_shape[tensor_d]
+        if tensor_d == 0 or (old_shape[tensor_d - 1] != 1
+                             and old_stride[tensor_d - 1] != tensor_numel * chunk_base_stride):
+            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
+                new_stride[view_d] = view_numel * chunk_base_stride
+                view_numel *= new_shape[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if tensor_d > 0:
+                chunk_base_stride = old_stride[tensor_d - 1]
+                tensor_numel = 1
+                view_numel = 1
+    if view_d != -1:
+        return None
+    return new_stride
 
 
-def _binary(op: str, in_place: bool = False) -> Callable[..., TTTensor]:
-    def handler(a: Any, b: Any, *, alpha: float = 1) -> TTTensor:
-        return _elementwise(op, a, b, alpha=alpha, in_place=in_place)
-    return handler
+def _contiguous_strides(shape: Sequence[int]) -> list[int]:
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return strides[::-1]
 
 
-def _unary(op: str) -> Callable[..., TTTensor]:
-    def handler(a: TTTensor) -> TTTensor:
-        return _elementwise(op, a)
-    return handler
+def _alias(t: torch.Tensor) -> torch.Tensor:
+    return aten.as_strided.default(t, t.shape, t.stride(), t.storage_offset())
+
+
+def _unsafe_view(t: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
+    return _view(t, size)
+
+
+def _reshape_alias(t: torch.Tensor, size: Sequence[int], stride: Sequence[int]) -> torch.Tensor:
+    return aten.as_strided.default(t, size, stride, t.storage_offset())
 
 
 _HANDLERS: dict[Any, Callable[..., Any]] = {
     aten.copy_.default: _copy_,
-    aten._to_copy.default: _to_copy,
-    aten.detach.default: _share,
-    aten.alias.default: _share,
-    aten.clone.default: _share,
-    aten.empty_like.default: _like,
-    aten.zeros_like.default: _like,
-    aten.new_empty.default: _new_empty,
-    aten.new_zeros.default: _new_empty,
-    aten.new_empty_strided.default: _new_empty,
-    aten.zero_.default: _zero_,
-    aten.set_.source_Tensor: _set_,
-    aten.add.Tensor: _binary("add"),
-    aten.add_.Tensor: _binary("add", in_place=True),
-    aten.sub.Tensor: _binary("sub"),
-    aten.mul.Tensor: _binary("mul"),
-    aten.relu.default: _unary("relu"),
-    aten.neg.default: _unary("neg"),
-    aten.exp.default: _unary("exp"),
+    aten._copy_from.default: _copy_from,
+    aten._local_scalar_dense.default: _local_scalar_dense,
+    aten.view.default: _view,
+    aten._unsafe_view.default: _unsafe_view,
+    aten._reshape_alias.default: _reshape_alias,
+    aten.alias.default: _alias,
+    aten.set_.source_Tensor: _set_source_tensor,
+    aten.set_.source_Storage: _set_source_storage,
 }
+
+
+def _kernel(keyset: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    handler = _HANDLERS.get(op)
+    if handler is not None:
+        return handler(*args, **kwargs)
+    from . import _eager
+
+    try:
+        return _eager.run(op, args, kwargs)
+    except UnsupportedOpError as exc:
+        _warn_cpu(op, str(exc))
+    return _cpu_fallback(op, args, kwargs)
 
 
 # -- registration --------------------------------------------------------------------------------
 
 
+class _DeviceContext:
+    """`torch.tt.device(d)`: torch enters it around copies to a device (e.g. in torch.load)."""
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
 class _BackendModule(types.ModuleType):
     """`torch.tt`: what torch asks a backend module for."""
+
+    device = _DeviceContext
 
     def is_available(self) -> bool:
         return True
@@ -329,12 +297,19 @@ class _BackendModule(types.ModuleType):
     def manual_seed_all(self, seed: int) -> None:
         pass
 
+    def get_rng_state(self, device: Any = None) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.uint8)
+
+    def set_rng_state(self, state: torch.Tensor, device: Any = None) -> None:
+        pass
+
 
 _library: torch.library.Library | None = None
 
 
 def install() -> None:
-    """Names PrivateUse1 "tt", loads the guard, registers the factory kernels (once)."""
+    """Names PrivateUse1 "tt", loads the guard (allocator and metadata kernels), registers the
+    Python fallback that runs every other op (once)."""
     global _library
     if _library is not None:
         return
@@ -345,7 +320,7 @@ def install() -> None:
     if current != "tt":
         torch.utils.rename_privateuse1_backend("tt")
         torch._register_device_module("tt", _BackendModule("torch.tt"))
-    library = torch.library.Library("aten", "IMPL")
-    library.impl("empty_strided", _empty_strided, "PrivateUse1")
-    library.impl("empty.memory_format", _empty, "PrivateUse1")
+        torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+    library = torch.library.Library("_", "IMPL")
+    library.fallback(_kernel, "PrivateUse1", with_keyset=True)
     _library = library

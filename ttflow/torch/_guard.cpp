@@ -1,12 +1,31 @@
-// What torch needs from a backend before it will make tensors on PrivateUse1 ("tt"): a device
-// guard (tensor creation, autograd's device threads) and the PrivateUse1 hooks (autograd asks
-// them whether the device has a context).
+// What torch needs in C++ from a backend before "tt" (PrivateUse1) tensors behave like CUDA's:
+// a device guard (tensor creation, autograd's device threads), the PrivateUse1 hooks (autograd
+// asks them whether the device has a context), an allocator, and the kernels that only touch
+// metadata (empty, as_strided, set_), which cannot be written in Python.
+//
+// A tt tensor is an ordinary torch tensor whose storage holds no host bytes: the allocator hands
+// out unique, never-dereferenced addresses, and ttflow.torch keeps the storage's value (a
+// ttflow tensor on the emulated device) in a table keyed by that address. Views, in-place ops,
+// state_dict aliasing, torch.save and dynamo then work as they do for CUDA. When torch frees a
+// storage, its address goes on a list that Python drains (`ttflow_take_freed`), so the device
+// value is released without calling into Python from whichever thread freed it.
 //
 // ttflow's device is driven from Python, so the guard only tracks the current device index
 // (per thread, as CUDA's does) and hands out the default stream. Loading the shared library
-// registers both through static initializers; nothing in it is called from Python.
+// registers everything through static initializers.
+#include <ATen/EmptyTensor.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/ops/as_strided_cpu_dispatch.h>
+#include <ATen/ops/set_cpu_dispatch.h>
+#include <ATen/native/Resize.h>
+#include <c10/core/Allocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <vector>
 
 namespace {
 
@@ -67,6 +86,89 @@ struct TTHooks final : public at::PrivateUse1HooksInterface {
   c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex d) const override { return exchangeDevice(d); }
 };
 
+// Addresses start high and step by 4 KiB per allocation: unique while the process lives (2^40
+// allocations), recognisable in a debugger, and never dereferenced (nothing reads tt memory on
+// the host: every kernel that reads a tt tensor is ttflow's).
+std::atomic<uint64_t> next_address{uint64_t{1} << 52};
+std::mutex freed_mutex;
+std::vector<uint64_t> freed;
+std::atomic<uint64_t> live_storages{0};
+
+void release(void* ptr) {
+  std::lock_guard<std::mutex> lock(freed_mutex);
+  freed.push_back(reinterpret_cast<uint64_t>(ptr));
+  live_storages.fetch_sub(1);
+}
+
+struct TTAllocator final : public c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    c10::Device device(kType, current_index);
+    if (nbytes == 0) return {nullptr, device};
+    void* ptr = reinterpret_cast<void*>(next_address.fetch_add(4096));
+    live_storages.fetch_add(1);
+    return {ptr, ptr, &release, device};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  void copy_data(void*, const void*, std::size_t) const override {
+    TORCH_CHECK(false, "tt storages hold no host bytes; ttflow.torch copies them");
+  }
+};
+
+TTAllocator allocator;
+REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &allocator);
+
+at::Tensor empty_tt(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                    std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                    std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
+  TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided, "tt tensors are strided");
+  const c10::DeviceGuard guard(c10::device_or_default(device));
+  constexpr c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
+  return at::detail::empty_generic(size, &allocator, keys, c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided_tt(c10::IntArrayRef size, c10::IntArrayRef stride,
+                            std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
+                            std::optional<c10::Device> device, std::optional<bool> pin_memory) {
+  TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided, "tt tensors are strided");
+  const c10::DeviceGuard guard(c10::device_or_default(device));
+  constexpr c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
+  return at::detail::empty_strided_generic(size, stride, &allocator, keys, c10::dtype_or_default(dtype));
+}
+
+// Metadata only: the CPU kernels never touch the bytes.
+at::Tensor as_strided_tt(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride,
+                         std::optional<int64_t> offset) {
+  return at::cpu::as_strided(self, size, stride, offset);
+}
+
+at::Tensor& set_tt(at::Tensor& self, at::Storage storage, int64_t offset, c10::IntArrayRef size,
+                   c10::IntArrayRef stride) {
+  return at::cpu::set_(self, storage, offset, size, stride);
+}
+
+// A resize that needs more bytes gets a fresh storage (its old value is gone, as after CUDA's
+// resize_ the new elements are uninitialised); one that fits keeps the storage.
+const at::Tensor& resize_tt(const at::Tensor& self, c10::IntArrayRef size,
+                            std::optional<c10::MemoryFormat> memory_format) {
+  auto* impl = self.unsafeGetTensorImpl();
+  int64_t numel = c10::multiply_integers(size);
+  size_t needed = static_cast<size_t>(numel + impl->storage_offset()) * self.dtype().itemsize();
+  if (needed > impl->storage().nbytes()) {
+    impl->set_storage_keep_dtype(c10::Storage(c10::Storage::use_byte_size_t(), needed,
+                                              allocator.allocate(needed), &allocator, true));
+  }
+  impl->set_sizes_contiguous(size);
+  return self;
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", empty_tt);
+  m.impl("empty_strided", empty_strided_tt);
+  m.impl("as_strided", as_strided_tt);
+  m.impl("set_.source_Storage_storage_offset", set_tt);
+  m.impl("resize_", resize_tt);
+}
+
 struct Registrar {
   Registrar() { at::RegisterPrivateUse1HooksInterface(new TTHooks()); }
 };
@@ -76,4 +178,20 @@ Registrar registrar;
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, TTGuardImpl);
 
-extern "C" int ttflow_torch_guard_version() { return 1; }
+extern "C" int ttflow_torch_guard_version() { return 2; }
+
+// Moves up to `capacity` freed storage addresses into `out`; returns how many.
+extern "C" size_t ttflow_take_freed(uint64_t* out, size_t capacity) {
+  std::lock_guard<std::mutex> lock(freed_mutex);
+  size_t n = freed.size() < capacity ? freed.size() : capacity;
+  for (size_t i = 0; i < n; ++i) out[i] = freed[freed.size() - n + i];
+  freed.resize(freed.size() - n);
+  return n;
+}
+
+extern "C" size_t ttflow_freed_count() {
+  std::lock_guard<std::mutex> lock(freed_mutex);
+  return freed.size();
+}
+
+extern "C" uint64_t ttflow_live_storages() { return live_storages.load(); }

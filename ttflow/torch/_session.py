@@ -2,26 +2,115 @@
 
 torch code is synchronous, ttflow's runtime is async and must be driven from its event loop. A
 module-level `Session` owns an anyio blocking portal (an event loop in a background thread) and
-the devices opened on it. Every runtime call goes through `call`, which runs it on the loop
-thread; calls that only queue work (`submit`, `to_device`) return at once, `to_host` waits.
+the devices opened on it.
+
+Work that only queues (`submit`, `to_device`, freeing) goes through `post`: the caller appends a
+call to an ordered inbox and returns at once, and the loop thread runs the inbox in order. A
+burst of eager ops costs the caller no thread hand-off (one `post` wakes the loop, the rest find
+it awake). Calls that need an answer (`to_host`) go through `call`, which runs what is in the
+inbox first, then the call, and waits. Values a posted call produces are `Pending` cells that
+later posted calls read on the loop thread; an error in a posted call is kept in its cells and
+raised by the first `call` that reads them (as CUDA reports an asynchronous error at the next
+synchronising call).
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import anyio
 import anyio.from_thread
 
 import ttflow as tt
 
-__all__ = ["Session", "session"]
+__all__ = ["MAX_DEVICES", "Pending", "Session", "session"]
 
 T = TypeVar("T")
 MAX_DEVICES = 8  # the guard reports this many "tt" devices to torch
+
+
+class Pending:
+    """A value a posted call will produce: set on the loop thread, read by later posted calls."""
+
+    __slots__ = ("value", "error")
+
+    def __init__(self) -> None:
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def get(self) -> Any:
+        """The value (on the loop thread, after its producer ran); re-raises the producer's error."""
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class _Inbox:
+    """Calls posted from torch's threads, run in order on the loop thread by one serving task."""
+
+    def __init__(self) -> None:
+        self._items: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]] = collections.deque()
+        self._lock = threading.Lock()
+        self._awake = False
+        self._wake: Callable[[], None] | None = None
+        self._event: anyio.Event | None = None
+        self.errors: list[BaseException] = []  # errors of posted calls that had no cell to keep them
+
+    def post(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        with self._lock:
+            self._items.append((fn, args))
+            if self._awake:
+                return
+            self._awake = True
+        assert self._wake is not None
+        self._wake()
+
+    def run_queued(self) -> None:
+        """Runs everything posted so far (on the loop thread)."""
+        while True:
+            with self._lock:
+                if not self._items:
+                    self._awake = False
+                    return
+                batch = list(self._items)
+                self._items.clear()
+            for fn, args in batch:
+                try:
+                    fn(*args)
+                except BaseException as exc:  # kept for the next synchronising call
+                    self.errors.append(exc)
+
+    async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        self._wake = _waker(self._set_event)
+        self._event = anyio.Event()
+        task_status.started()
+        while True:
+            await self._event.wait()
+            self._event = anyio.Event()
+            self.run_queued()
+
+    def _set_event(self) -> None:
+        assert self._event is not None
+        self._event.set()
+
+
+def _waker(fn: Callable[[], None]) -> Callable[[], None]:
+    """A thread-safe, non-blocking way to run `fn` soon on the current event loop."""
+    try:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # trio
+        import trio
+
+        token = trio.lowlevel.current_trio_token()
+        return lambda: token.run_sync_soon(fn)
+    return lambda: loop.call_soon_threadsafe(fn)
 
 
 class Session:
@@ -31,14 +120,18 @@ class Session:
         self._lock = threading.RLock()
         self._portal_stack: contextlib.ExitStack | None = None
         self._portal: anyio.from_thread.BlockingPortal | None = None
+        self._inbox: _Inbox | None = None
         self._devices: dict[int, tuple[tt.Device, contextlib.ExitStack]] = {}
         self._atexit = False
 
     def _ensure_portal(self) -> anyio.from_thread.BlockingPortal:
         if self._portal is None:
             stack = contextlib.ExitStack()
-            self._portal = stack.enter_context(anyio.from_thread.start_blocking_portal())
-            self._portal_stack = stack
+            portal = stack.enter_context(anyio.from_thread.start_blocking_portal())
+            inbox = _Inbox()
+            future, _ = portal.start_task(inbox.serve)
+            stack.callback(future.cancel)
+            self._portal, self._portal_stack, self._inbox = portal, stack, inbox
             if not self._atexit:
                 atexit.register(self.close)
                 self._atexit = True
@@ -64,6 +157,9 @@ class Session:
     def device(self, index: int | None) -> tt.Device:
         """The device behind "tt:index"; the default device opens on first use of tt:0."""
         index = 0 if index is None else index
+        entry = self._devices.get(index)
+        if entry is not None:
+            return entry[0]
         with self._lock:
             entry = self._devices.get(index)
             if entry is None:
@@ -81,16 +177,26 @@ class Session:
                 return index
         return None
 
-    def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Runs `fn(*args)` (sync or async) on the event loop thread and returns its result."""
-        portal = self._portal
-        if portal is None:
+    def post(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Queues `fn(*args)` (sync) to run on the loop thread after everything posted before."""
+        inbox = self._inbox
+        if inbox is None:
             raise tt.DeviceClosedError("no tt device is open; ttflow.torch.close() was called")
-        return portal.call(fn, *args)
+        inbox.post(fn, args)
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Runs everything posted, then `fn(*args)` (sync or async) on the loop thread; waits."""
+        portal, inbox = self._portal, self._inbox
+        if portal is None or inbox is None:
+            raise tt.DeviceClosedError("no tt device is open; ttflow.torch.close() was called")
+        return portal.call(_after_inbox, inbox, fn, args)[0]
 
     def close(self) -> None:
         """Closes every device (draining its queued work), then stops the event loop thread."""
         with self._lock:
+            if self._portal is not None and self._inbox is not None:
+                with contextlib.suppress(Exception):
+                    self._portal.call(_after_inbox, self._inbox, _nothing, ())
             devices, self._devices = self._devices, {}
             errors = []
             for _, stack in devices.values():
@@ -99,10 +205,26 @@ class Session:
                 except Exception as exc:  # close the rest anyway
                     errors.append(exc)
             if self._portal_stack is not None:
-                stack, self._portal_stack, self._portal = self._portal_stack, None, None
+                stack, self._portal_stack, self._portal, self._inbox = self._portal_stack, None, None, None
                 stack.close()
             if errors:
                 raise errors[0]
+
+
+def _nothing() -> None:
+    return None
+
+
+async def _after_inbox(inbox: _Inbox, fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any]:
+    inbox.run_queued()
+    if inbox.errors:
+        error, inbox.errors[:] = inbox.errors[0], []
+        raise error
+    result = fn(*args)
+    if hasattr(result, "__await__"):
+        result = await result
+    # In a tuple: the portal would await an awaitable result (a ttflow Tensor is one).
+    return (result,)
 
 
 session = Session()

@@ -1,0 +1,395 @@
+"""The value behind each tt storage: one table, keyed by the storage's (never dereferenced) address.
+
+A tt tensor is a plain torch tensor whose storage the C++ allocator made (see `_guard.cpp`). Its
+elements live on the emulated device as one ttflow tensor per storage, the storage's `Slot`:
+`value` is a `Pending` cell whose ttflow tensor holds all `numel` elements of the storage in
+order, shaped `shape` (a device shape: rank >= 2). So a tensor that covers its whole storage in
+order (the common case: every op output, every parameter) reads the slot's value directly, and
+a reshape of it is a device reshape; a transposed view is a device permute; anything else (a
+slice, a strided view, an offset) goes through the host, as the element order requires.
+
+Every device call is posted to the session's loop thread, in order (see `_session`). When torch
+frees a storage, its address is drained from the guard's freed list on the next table access,
+and the ttflow tensor is deallocated on the loop thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import torch
+
+import ttflow as tt
+
+from ._errors import UnsupportedOpError
+from ._guard import load_guard
+from ._session import Pending, session
+
+__all__ = [
+    "Slot", "TILE", "device_dtype", "device_of", "device_shape", "host_value", "live_slots",
+    "new_tensor", "post_program", "read", "run_program", "to_cpu", "write", "write_host",
+]
+
+_DEVICE_DTYPES = {
+    torch.float32: tt.DataType.FLOAT32, torch.bfloat16: tt.DataType.BFLOAT16,
+    torch.int64: tt.DataType.INT32, torch.int32: tt.DataType.INT32, torch.int16: tt.DataType.INT32,
+    torch.int8: tt.DataType.INT32, torch.uint8: tt.DataType.INT32, torch.bool: tt.DataType.INT32,
+}
+
+
+def TILE(dtype: tt.DataType) -> tt.Layout:  # noqa: N802 - reads as the layout's name
+    """Where tt storages live: DRAM, tiles, the device dtype."""
+    return _LAYOUTS[dtype]
+
+
+_LAYOUTS = {d: tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, d) for d in set(_DEVICE_DTYPES.values())}
+
+
+def device_shape(shape: Sequence[int]) -> tuple[int, ...]:
+    """The ttflow shape of a torch shape: rank-0 and rank-1 tensors get leading 1s."""
+    shape = tuple(int(d) for d in shape)
+    if len(shape) == 0:
+        return (1, 1)
+    if len(shape) == 1:
+        return (1, shape[0])
+    return shape
+
+
+def device_dtype(dtype: torch.dtype) -> tt.DataType:
+    """The ttflow dtype a torch dtype lives in: floats as themselves, integers and bools as INT32."""
+    try:
+        return _DEVICE_DTYPES[dtype]
+    except KeyError:
+        raise UnsupportedOpError(
+            f"the tt device holds float32, bfloat16, integer and bool tensors, not {dtype}; "
+            "convert on the CPU first (e.g. .float())"
+        ) from None
+
+
+def on_device(dtype: torch.dtype) -> bool:
+    """Whether tensors of `dtype` keep their values on the device (others stay on the host)."""
+    return dtype in _DEVICE_DTYPES
+
+
+class Slot:
+    """The device value of one tt storage (see the module docstring).
+
+    A storage of a dtype the device has no type for (float64, float16, complex: the device has
+    none) keeps its elements on the host instead, in `host`, so that everything torch does with
+    tt tensors (printing converts to float64) works; ops on it run on the CPU, with the warning
+    each CPU op gives once.
+    """
+
+    __slots__ = ("value", "shape", "dtype", "device", "host")
+
+    def __init__(self, value: Pending | None, shape: tuple[int, ...], dtype: torch.dtype,
+                 device: tt.Device) -> None:
+        self.value = value  # None: never written; reads as zeros
+        self.shape = shape
+        self.dtype = dtype
+        self.device = device
+        self.host: torch.Tensor | None = None  # the elements, flat, for a dtype the device lacks
+
+
+_slots: dict[int, Slot] = {}
+_freed_buffer = (ctypes.c_uint64 * 4096)()
+_take_freed: Any = None
+_freed_count: Any = None
+
+
+def _drain_freed() -> None:
+    global _take_freed, _freed_count
+    if _take_freed is None:
+        library = ctypes.CDLL(str(load_guard()))
+        _take_freed, _freed_count = library.ttflow_take_freed, library.ttflow_freed_count
+        _take_freed.restype = _freed_count.restype = ctypes.c_size_t
+        _take_freed.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    if not _freed_count():
+        return
+    dropped = []
+    while True:
+        n = _take_freed(_freed_buffer, len(_freed_buffer))
+        for address in _freed_buffer[:n]:
+            slot = _slots.pop(address, None)
+            if slot is not None and slot.value is not None and not slot.device.closed:
+                dropped.append(slot.value)
+        if n < len(_freed_buffer):
+            break
+    if dropped:
+        session.post(_deallocate, dropped)
+
+
+def _deallocate(cells: list[Pending]) -> None:
+    for cell in cells:
+        if cell.error is None and cell.value is not None:
+            tt.deallocate(cell.value)
+
+
+def live_slots() -> int:
+    """How many tt storages hold a device value (for tests: nothing leaks)."""
+    _drain_freed()
+    return len(_slots)
+
+
+def _address(t: torch.Tensor) -> int:
+    return int(t.untyped_storage().data_ptr())
+
+
+def device_of(t: torch.Tensor) -> tt.Device:
+    """The open ttflow device behind a tt tensor."""
+    device = session.device(t.device.index)
+    device.check_open()
+    return device
+
+
+def _slot(t: torch.Tensor) -> Slot:
+    _drain_freed()
+    address = _address(t)
+    slot = _slots.get(address)
+    if slot is None or slot.device.closed:
+        device = device_of(t)
+        numel = t.untyped_storage().nbytes() // t.element_size()
+        slot = _slots[address] = Slot(None, device_shape((numel,)), t.dtype, device)
+    return slot
+
+
+def new_tensor(shape: Sequence[int], dtype: torch.dtype, device_index: int | None,
+               value: Pending | None, value_shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    """A fresh contiguous tt tensor whose storage holds `value` (a device tensor of `value_shape`,
+    by default `device_shape(shape)`)."""
+    t = torch.empty(tuple(shape), dtype=dtype, device=torch.device("tt", device_index or 0))
+    if t.numel():
+        _drain_freed()
+        _slots[_address(t)] = Slot(value, value_shape or device_shape(shape), dtype, session.device(device_index))
+    return t
+
+
+# -- device programs ---------------------------------------------------------------------------------
+
+_PROGRAMS: dict[Hashable, tt.Binary] = {}
+
+
+def run_program(key: Hashable, build: Callable[[], tt.Program], device: tt.Device,
+                inputs: Sequence[Pending]) -> list[Pending]:
+    """Posts a run of the program built once per `key`; its outputs as cells."""
+    binary = _PROGRAMS.get(key)
+    if binary is None:
+        binary = _PROGRAMS[key] = tt.Binary([build()])
+    return post_program(device, binary, 0, inputs, len(binary.programs[0].outputs))
+
+
+def post_program(device: tt.Device, binary: tt.Binary, index: int, inputs: Sequence[Pending],
+                 outputs: int) -> list[Pending]:
+    cells = [Pending() for _ in range(outputs)]
+    session.post(_submit, device, binary, index, list(inputs), cells)
+    return cells
+
+
+def _submit(device: tt.Device, binary: tt.Binary, index: int, inputs: list[Pending],
+            cells: list[Pending]) -> None:
+    try:
+        values = tt.submit(device, binary, index, [c.get() for c in inputs])
+    except BaseException as exc:
+        for cell in cells:
+            cell.error = exc
+        return
+    for cell, value in zip(cells, values):
+        cell.value = value
+
+
+def _reshape(device: tt.Device, cell: Pending, dtype: tt.DataType, shape: tuple[int, ...],
+             target: tuple[int, ...]) -> Pending:
+    if shape == target:
+        return cell
+
+    def build() -> tt.Program:
+        b = tt.ProgramBuilder("reshape")
+        b.output(b.reshape(b.input(shape, _LAYOUTS[dtype]), target), _LAYOUTS[dtype])
+        return b.build()
+
+    return run_program(("reshape", dtype, shape, target), build, device, [cell])[0]
+
+
+def _permute(device: tt.Device, cell: Pending, dtype: tt.DataType, shape: tuple[int, ...],
+             axes: tuple[int, ...]) -> Pending:
+    def build() -> tt.Program:
+        b = tt.ProgramBuilder("permute")
+        b.output(b.permute(b.input(shape, _LAYOUTS[dtype]), axes), _LAYOUTS[dtype])
+        return b.build()
+
+    return run_program(("permute", dtype, shape, axes), build, device, [cell])[0]
+
+
+def _zeros(slot: Slot) -> Pending:
+    cell = Pending()
+    session.post(_empty, cell, slot.shape, device_dtype(slot.dtype), slot.device)
+    slot.value = cell
+    return cell
+
+
+def _empty(cell: Pending, shape: tuple[int, ...], dtype: tt.DataType, device: tt.Device) -> None:
+    try:
+        cell.value = tt.empty(shape, dtype, device, _LAYOUTS[dtype])
+    except BaseException as exc:
+        cell.error = exc
+
+
+def _order(t: torch.Tensor) -> tuple[int, ...] | None:
+    """The dims of `t` from outermost to innermost in memory, if `t` covers its storage densely
+    from offset 0 (a permutation of a contiguous tensor); else None."""
+    if t.storage_offset() != 0 or t.numel() * t.element_size() != t.untyped_storage().nbytes():
+        return None
+    dims = sorted(range(t.dim()), key=lambda d: (-t.stride(d), d))
+    expected = 1
+    for d in reversed(dims):
+        if t.shape[d] != 1 and t.stride(d) != expected:
+            return None
+        expected *= t.shape[d]
+    return tuple(dims)
+
+
+def read(t: torch.Tensor) -> Pending:
+    """A cell holding `t`'s elements on the device, shaped `device_shape(t.shape)`, in `t`'s device
+    dtype; posts a reshape, a permute or a host round trip when the view needs one."""
+    if t.dtype != (slot := _slot(t)).dtype:
+        _retype(slot, t.dtype)
+    if not on_device(t.dtype):
+        raise UnsupportedOpError(f"the tt device has no {t.dtype} type (such tensors stay on the host)")
+    cell = slot.value if slot.value is not None else _zeros(slot)
+    dtype = device_dtype(t.dtype)
+    order = _order(t)
+    if order is None:
+        return _upload(host_value(t), slot.device)
+    if order == tuple(range(t.dim())):
+        return _reshape(slot.device, cell, dtype, slot.shape, device_shape(t.shape))
+    # A permuted view (e.g. `.T`): the storage holds the tensor with dims in `order`.
+    stored = tuple(t.shape[d] for d in order)
+    cell = _reshape(slot.device, cell, dtype, slot.shape, device_shape(stored))
+    axes = tuple(order.index(d) for d in range(t.dim()))
+    if len(stored) < 2:
+        return cell
+    return _permute(slot.device, cell, dtype, stored, axes)
+
+
+def write(t: torch.Tensor, value: Pending, shape: tuple[int, ...]) -> None:
+    """Makes `value` (a device tensor of `shape`, holding `t`'s elements in `t`'s logical order)
+    the content of `t`: the storage's new value when `t` covers it in order, else through the host."""
+    slot = _slot(t)
+    order = _order(t)
+    if order == tuple(range(t.dim())) and t.dtype == slot.dtype:
+        slot.value, slot.shape = value, shape
+        return
+    array = session.call(_fetch, value)
+    write_host(t, torch_from_host(array, t.dtype).reshape(t.shape))
+
+
+def write_host(t: torch.Tensor, source: torch.Tensor) -> None:
+    """Writes a CPU tensor's values into the tt tensor `t` (any view), through the host."""
+    slot = _slot(t)
+    if t.dtype != slot.dtype:
+        _retype(slot, t.dtype)
+    if not on_device(slot.dtype):
+        storage = _storage_on_host(slot)
+        torch.as_strided(storage, t.shape, t.stride(), t.storage_offset()).copy_(source)
+        slot.host = storage
+        return
+    if _order(t) == tuple(range(t.dim())) and t.dtype == slot.dtype:
+        flat = source.to(t.dtype).reshape(device_shape(t.shape))
+        slot.value, slot.shape = _upload(flat, slot.device), device_shape(t.shape)
+        return
+    storage = _storage_on_host(slot)
+    view = torch.as_strided(storage, t.shape, t.stride(), t.storage_offset())
+    view.copy_(source)
+    slot.value, slot.shape = _upload(storage.reshape(device_shape(storage.shape)), slot.device), device_shape(storage.shape)
+
+
+def _storage_on_host(slot: Slot) -> torch.Tensor:
+    numel = math.prod(slot.shape)
+    if slot.host is not None:
+        return slot.host
+    if slot.value is None:
+        return torch.zeros(numel, dtype=slot.dtype)
+    return torch_from_host(session.call(_fetch, slot.value), slot.dtype).reshape(numel)
+
+
+def _retype(slot: Slot, dtype: torch.dtype) -> None:
+    """The storage's bytes, reinterpreted as `dtype` from now on (as torch.load does: it fills a
+    byte storage, then views it as the tensor's dtype)."""
+    flat = _host_storage_as(slot, dtype).clone()
+    slot.dtype, slot.host, slot.value = dtype, None, None
+    slot.shape = device_shape(flat.shape)
+    if on_device(dtype):
+        slot.value = _upload(flat.reshape(slot.shape), slot.device)
+    else:
+        slot.host = flat
+
+
+def _host_storage_as(slot: Slot, dtype: torch.dtype) -> torch.Tensor:
+    storage = _storage_on_host(slot)
+    if dtype == slot.dtype:
+        return storage
+    return storage.view(torch.uint8).view(dtype)
+
+
+def host_value(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s elements copied to a new CPU tensor (waits for the device)."""
+    slot = _slot(t)
+    storage = _host_storage_as(slot, t.dtype)
+    return torch.as_strided(storage, t.shape, t.stride(), t.storage_offset()).clone()
+
+
+def to_cpu(t: torch.Tensor) -> torch.Tensor:
+    """Waits for `t` and returns its value as a CPU tensor."""
+    return host_value(t)
+
+
+async def _fetch(cell: Pending) -> np.ndarray[Any, Any]:
+    return await tt.to_host(cell.get())
+
+
+def _upload(host: torch.Tensor, device: tt.Device) -> Pending:
+    array = host_array(host)
+    if array.ndim < 2:
+        array = array.reshape(device_shape(array.shape))
+    cell = Pending()
+    session.post(_to_device, cell, array, device, _LAYOUTS[device_dtype(host.dtype)])
+    return cell
+
+
+def upload(host: torch.Tensor, device: tt.Device) -> Pending:
+    """Posts a copy of a CPU tensor to the device; its value shaped `device_shape(host.shape)`."""
+    return _upload(host, device)
+
+
+def _to_device(cell: Pending, array: np.ndarray[Any, Any], device: tt.Device, layout: tt.Layout) -> None:
+    try:
+        cell.value = tt.to_device(array, device, layout)
+    except BaseException as exc:
+        cell.error = exc
+
+
+def host_array(t: torch.Tensor) -> np.ndarray[Any, Any]:
+    """A CPU tensor as a numpy array of its device dtype (a copy: the upload runs later)."""
+    t = t.detach().contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
+    if t.dtype == torch.float32:
+        return t.numpy().copy()
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        device_dtype(t.dtype)  # raises: the device has no such type
+    if t.dtype == torch.int64 and t.numel() and (int(t.max()) > 2**31 - 1 or int(t.min()) < -(2**31)):
+        raise UnsupportedOpError("an int64 tensor with values outside int32's range cannot live on the tt device")
+    return t.to(torch.int32).numpy().copy()
+
+
+def torch_from_host(array: np.ndarray[Any, Any], dtype: torch.dtype) -> torch.Tensor:
+    """A device array read back, as a CPU tensor of the torch dtype it stands for."""
+    array = np.ascontiguousarray(array)
+    if array.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16).to(dtype)
+    return torch.from_numpy(array).to(dtype)
