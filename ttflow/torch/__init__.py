@@ -24,10 +24,14 @@ from ._device import TTTensor as TTTensor
 from ._device import install as _install
 from ._errors import UnsupportedOpError as UnsupportedOpError
 from ._session import session as _session
+from ._compile import backend as backend
+from ._compile import compile as compile
+from ._compile import register as _register_backend
 
-__all__ = ["TTTensor", "UnsupportedOpError", "close", "device", "open_device"]
+__all__ = ["TTTensor", "UnsupportedOpError", "backend", "close", "compile", "device", "open_device"]
 
 _install()
+_register_backend()
 
 
 def open_device(spec: _tt.DeviceSpec | None = None, index: int | None = None) -> _torch.device:

@@ -181,6 +181,8 @@ def _infer_shape(size: Sequence[int], numel: int) -> list[int]:
 
 def _compute_stride(old_shape: list[int], old_stride: list[int], new_shape: list[int]) -> list[int] | None:
     """ATen's computeStride (TensorUtils.cpp): the strides of a view of `new_shape`, or None."""
+    if not old_shape:  # a 0-d tensor: every view of its one element is contiguous
+        return [1] * len(new_shape)
     numel = 1
     for s in old_shape:
         numel *= s

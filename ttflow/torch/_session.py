@@ -35,7 +35,11 @@ MAX_DEVICES = 8  # the guard reports this many "tt" devices to torch
 
 
 class Pending:
-    """A value a posted call will produce: set on the loop thread, read by later posted calls."""
+    """A value a posted call will produce: set on the loop thread, read by later posted calls.
+
+    A ttflow tensor is released only on the loop thread (its release changes the scheduler's
+    state): a cell dropped on another thread hands its value to the loop thread to drop.
+    """
 
     __slots__ = ("value", "error")
 
@@ -43,11 +47,27 @@ class Pending:
         self.value: Any = None
         self.error: BaseException | None = None
 
+    def __del__(self) -> None:
+        value = self.value
+        if value is not None and threading.get_ident() != _loop_thread[0]:
+            self.value = None
+            try:
+                session.post(_drop, value)
+            except Exception:  # the session is closed: the device went with it
+                pass
+
     def get(self) -> Any:
         """The value (on the loop thread, after its producer ran); re-raises the producer's error."""
         if self.error is not None:
             raise self.error
         return self.value
+
+
+_loop_thread = [0]  # the ident of the event loop thread
+
+
+def _drop(value: Any) -> None:
+    """Runs on the loop thread; the value's last reference goes with the posted call."""
 
 
 class _Inbox:
@@ -87,6 +107,7 @@ class _Inbox:
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         self._wake = _waker(self._set_event)
+        _loop_thread[0] = threading.get_ident()
         self._event = anyio.Event()
         task_status.started()
         while True:

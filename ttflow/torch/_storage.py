@@ -8,9 +8,10 @@ order (the common case: every op output, every parameter) reads the slot's value
 a reshape of it is a device reshape; a transposed view is a device permute; anything else (a
 slice, a strided view, an offset) goes through the host, as the element order requires.
 
-Every device call is posted to the session's loop thread, in order (see `_session`). When torch
-frees a storage, its address is drained from the guard's freed list on the next table access,
-and the ttflow tensor is deallocated on the loop thread.
+Every device call is posted to the session's loop thread, in order (see `_session`). Slots may
+share one cell (a copy between tt tensors shares the immutable value). When torch frees a
+storage, its address is drained from the guard's freed list on the next table access and its
+slot dropped; a cell no slot holds any more releases its ttflow tensor on the loop thread.
 """
 
 from __future__ import annotations
@@ -111,23 +112,12 @@ def _drain_freed() -> None:
         _take_freed.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     if not _freed_count():
         return
-    dropped = []
-    while True:
+    while True:  # the values go with their slots (see Pending: released on the loop thread)
         n = _take_freed(_freed_buffer, len(_freed_buffer))
         for address in _freed_buffer[:n]:
-            slot = _slots.pop(address, None)
-            if slot is not None and slot.value is not None and not slot.device.closed:
-                dropped.append(slot.value)
+            _slots.pop(address, None)
         if n < len(_freed_buffer):
             break
-    if dropped:
-        session.post(_deallocate, dropped)
-
-
-def _deallocate(cells: list[Pending]) -> None:
-    for cell in cells:
-        if cell.error is None and cell.value is not None:
-            tt.deallocate(cell.value)
 
 
 def live_slots() -> int:

@@ -1,0 +1,171 @@
+"""The tt torch device as a PyTorch user meets it: tensors, views, autograd, checkpoints.
+
+Every value is compared with the same computation on CPU torch.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import io
+import warnings
+
+import pytest
+
+torch = pytest.importorskip(
+    "torch", reason="the PyTorch front-end is optional: pip install torch==2.13.0 (CPU wheel) to test it"
+)
+ttt = pytest.importorskip("ttflow.torch")
+
+from torch import nn  # noqa: E402
+
+import ttflow as tt  # noqa: E402
+from ttflow.torch import _storage  # noqa: E402
+from ttflow.torch._session import session  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:aten.*ran on the CPU")
+
+
+@pytest.fixture
+def fresh():
+    """A newly opened default device; everything closed afterwards."""
+    ttt.close()
+    ttt.open_device()
+    yield ttt.device()
+    ttt.close()
+
+
+VIEWS = {
+    "T": lambda a: a.T,
+    "slice": lambda a: a[1:, ::2],
+    "select": lambda a: a[:, 1],
+    "expand": lambda a: a[:1].expand(3, 4),
+    "view": lambda a: a.view(2, 6),
+    "flatten": lambda a: a.flatten(),
+    "unsqueeze": lambda a: a.unsqueeze(1),
+    "permute3": lambda a: a.view(3, 2, 2).permute(2, 0, 1),
+    "offset_transpose": lambda a: a[1:].T,
+}
+
+
+@pytest.mark.parametrize("name", sorted(VIEWS))
+def test_views_read_like_cpu(fresh, name):
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    view = VIEWS[name]
+    assert torch.equal(view(x.to("tt")).cpu(), view(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.int32, torch.bool,
+                                   torch.float64, torch.float16, torch.uint8])
+def test_round_trip_keeps_value_and_dtype(fresh, dtype):
+    x = torch.randn(5, 7) * 50
+    x = (x > 0) if dtype == torch.bool else x.to(dtype)
+    back = x.to("tt").to("cpu")
+    assert back.dtype == dtype and torch.equal(back, x)
+
+
+def test_writes_through_a_view_reach_the_base(fresh):
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    t = x.to("tt")
+    t[:, 1] = 5
+    t.T[0].mul_(0)  # the first column, through a transposed view
+    x[:, 1] = 5
+    x.T[0].mul_(0)
+    assert torch.equal(t.cpu(), x)
+
+
+def test_in_place_ops_are_seen_by_every_alias(fresh):
+    model = nn.Linear(4, 3).to("tt")
+    state = model.state_dict()
+    assert state["weight"].data_ptr() == model.weight.data_ptr()  # state_dict aliases, as torch's does
+    expected = model.weight.detach().cpu() * 0.5
+    with torch.no_grad():
+        model.weight.mul_(0.5)
+    assert torch.equal(state["weight"].cpu(), expected)
+
+
+def test_eager_autograd_matches_cpu(fresh):
+    torch.manual_seed(0)
+    cpu = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 2))
+    tt_model = copy.deepcopy(cpu).to("tt")
+    x = torch.randn(4, 6)
+    xt = x.to("tt").requires_grad_()
+    x.requires_grad_()
+    cpu(x).pow(2).sum().backward()
+    tt_model(xt).pow(2).sum().backward()
+    for (name, p), q in zip(cpu.named_parameters(), tt_model.parameters()):
+        assert q.grad is not None and q.grad.device.type == "tt", name
+        torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(xt.grad.cpu(), x.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_save_load_and_deepcopy_like_cuda(fresh):
+    model = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2)).to("tt")
+    expected = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer)  # back on tt:0, as a CUDA checkpoint comes back on cuda:0
+    assert {v.device.type for v in loaded.values()} == {"tt"}
+    assert all(torch.equal(loaded[k].cpu(), expected[k]) for k in expected)
+    buffer.seek(0)
+    on_cpu = torch.load(buffer, map_location="cpu")
+    assert {v.device.type for v in on_cpu.values()} == {"cpu"}
+    assert all(torch.equal(on_cpu[k], expected[k]) for k in expected)
+    clone = copy.deepcopy(model)
+    assert clone[0].weight.device.type == "tt" and clone[0].weight.data_ptr() != model[0].weight.data_ptr()
+    with torch.no_grad():
+        model[0].weight.zero_()
+    assert torch.equal(clone[0].weight.cpu(), expected["0.weight"])  # a copy, not an alias
+    fresh_model = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2)).to("tt")
+    buffer.seek(0)
+    fresh_model.load_state_dict(torch.load(buffer))
+    assert torch.equal(fresh_model[1].bias.cpu(), expected["1.bias"])
+
+
+def test_inference_mode_then_to_cpu(fresh):
+    model = nn.Linear(4, 2)
+    x = torch.randn(3, 4)
+    with torch.inference_mode():
+        out = copy.deepcopy(model).to("tt")(x.to("tt"))
+    torch.testing.assert_close(out.to("cpu"), model(x).detach())
+
+
+def test_printing_shows_the_value_and_the_device(fresh):
+    text = repr(torch.tensor([[1.5, 2.0]]).to("tt"))
+    assert "1.5000" in text and "device='tt:0'" in text
+
+
+def test_mixing_devices_is_torchs_error(fresh):
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.ones(2, 2).to("tt") + torch.ones(2, 2)
+
+
+def _dram_used(device):
+    return session.call(device.memory_used, tt.MemorySpace.DRAM)  # on the loop thread, after the inbox
+
+
+def test_dropped_tensors_free_their_device_memory(fresh):
+    keep = torch.randn(64, 64).to("tt")  # a held tensor's memory stays held
+    gc.collect()
+    slots, used = _storage.live_slots(), _dram_used(fresh)
+    for _ in range(20):
+        a = torch.randn(64, 64).to("tt")
+        b = (a * 2 + 1).T
+        b.cpu()
+        del a, b
+    gc.collect()
+    assert _storage.live_slots() == slots
+    assert _dram_used(fresh) == used
+    torch.testing.assert_close(keep.cpu() * 2, (keep * 2).cpu())
+
+
+def test_an_op_with_no_device_lowering_warns_once_and_runs_on_the_cpu(fresh):
+    x = torch.tensor([[0.5, -1.0]])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r1 = torch.sin(x.to("tt"))
+        r2 = torch.sin(x.to("tt") * 2)
+    assert torch.equal(r1.cpu(), torch.sin(x)) and torch.equal(r2.cpu(), torch.sin(x * 2))
+    cpu_warnings = [w for w in caught if "sin" in str(w.message) and "ran on the CPU" in str(w.message)]
+    assert len(cpu_warnings) == 1
