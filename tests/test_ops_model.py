@@ -818,7 +818,7 @@ def test_every_op_saves_loads_and_runs_on_the_host(tmp_path: Path, dtype: tt.Dat
     program, arrays, refs = every_op(dtype)
     path = tmp_path / "every.ttb"
     tt.Binary([program]).save(path)
-    assert struct.unpack_from("<I", path.read_bytes(), 8) == (2,)
+    assert struct.unpack_from("<I", path.read_bytes(), 8) == (3,)  # the newest version
     (loaded,) = tt.Binary.load(path).programs
     assert loaded.same_as(program)
     results = run_on_host(loaded, arrays)
@@ -916,7 +916,7 @@ def test_edited_attrs_load_or_raise_binary_format_error(tmp_path: Path, data: st
     else:
         step[2] = data.draw(json_values, label="scalar")
     payload = json.dumps(doc).encode()
-    path.write_bytes(struct.pack("<8sIQI", b"TTFLOWB\0", 2, len(payload), zlib.crc32(payload)) + payload)
+    path.write_bytes(struct.pack("<8sIQI", b"TTFLOWB\0", 3, len(payload), zlib.crc32(payload)) + payload)
     try:
         tt.Binary.load(path)
     except tt.BinaryFormatError:

@@ -11,6 +11,10 @@ builder's canonical arguments (full-length slice bounds, non-negative axes, (hei
 pairs), tuples written as JSON lists. Version 1 files (only the first seventeen ops) still load;
 a version-1 file that names a newer op is malformed. Version 2 also stores each program's
 donations (`"donations"`: [output index, input index] pairs, see `ProgramBuilder.output`).
+Version 3 adds the ops of its table in `docs/ops.md` (div, log, erf, abs, full, broadcast_to,
+rand, gather, embedding_grad and the convolution and pooling gradients), with no other change:
+versions 1 and 2 still load, and a version-2 file that names a version-3 op is malformed. A
+`full` of an infinite value writes JSON's `Infinity` (Python's json reads it back).
 """
 
 from __future__ import annotations
@@ -32,10 +36,15 @@ from ._types import DataType, Layout, MemorySpace, TensorLayout, check_shape
 __all__ = ["Binary", "get_layout"]
 
 _MAGIC = b"TTFLOWB\0"
-_VERSION = 2
-_READS = (1, 2)  # the versions `load` reads
+_VERSION = 3
+_READS = (1, 2, 3)  # the versions `load` reads
 _V1_OPS = frozenset({"add", "sub", "mul", "gt", "matmul", "relu", "neg", "gelu", "exp", "sqrt",
                      "reciprocal", "softmax", "sum", "max", "transpose", "reshape", "typecast"})
+_V2_OPS = _V1_OPS | {
+    "eq", "ne", "lt", "le", "ge", "maximum", "minimum", "embedding", "update_cache", "where",
+    "layer_norm", "rms_norm", "conv2d", "concat", "arange", "slice", "permute", "argmax", "mean",
+    "rsqrt", "tanh", "sigmoid", "silu", "pow", "max_pool2d", "avg_pool2d"}
+_OPS_OF_VERSION = {1: _V1_OPS, 2: _V2_OPS}  # the older versions' ops; the newest holds every op
 _HEADER = struct.Struct("<8sIQI")  # magic, version, payload length, crc32 of payload
 
 
@@ -233,8 +242,8 @@ def _program_from_json(j: Any, version: int = _VERSION) -> Program:
         op, inputs, scalar, step_attrs, output = _expect(raw, list, f"step {index}")
         if not isinstance(op, str) or op not in OPS or op.startswith("_") or not hasattr(b, op):
             raise BinaryFormatError(f"step {index}: unknown op {op!r:.40}")
-        if version == 1 and op not in _V1_OPS:
-            raise BinaryFormatError(f"step {index}: {op} is not an op of format version 1")
+        if version in _OPS_OF_VERSION and op not in _OPS_OF_VERSION[version]:
+            raise BinaryFormatError(f"step {index}: {op} is not an op of format version {version}")
         ids = [_expect(i, int, f"step {index} input") for i in _expect(inputs, list, f"step {index} inputs")]
         if not all(0 <= i < len(built) for i in ids):
             raise BinaryFormatError(f"step {index} ({op}) reads a value that is not defined before it")

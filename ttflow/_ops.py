@@ -108,7 +108,7 @@ def erf(x: Array) -> Array:
     """erf in float64 by Cody's rational approximations (vectorised)."""
     x = np.asarray(x, np.float64)
     y = np.abs(x)
-    out = np.empty_like(y)
+    out = np.full_like(y, np.nan)  # NaN is in none of the three ranges: it stays NaN
     small = y <= 0.5
     mid = (y > 0.5) & (y <= 4.0)
     big = y > 4.0
@@ -333,6 +333,14 @@ def _update_cache(arrays: list[Array], scalar: float | None) -> Array:
     return out
 
 
+# -- the ops of format version 3 ------------------------------------------------------------
+
+
+def _erf(arrays: list[Array], scalar: float | None) -> Array:
+    x = arrays[0]
+    return erf(x).astype(x.dtype)
+
+
 OPS: dict[str, OpDef] = {
     op.name: op
     for op in (
@@ -381,6 +389,11 @@ OPS: dict[str, OpDef] = {
               float_only=True),
         OpDef("max_pool2d", 1, _max_pool2d),
         OpDef("avg_pool2d", 1, _avg_pool2d, float_only=True),
+        # Format version 3.
+        OpDef("div", 2, _binary(np.divide), float_only=True),
+        OpDef("log", 1, _unary(np.log), float_only=True),
+        OpDef("erf", 1, _erf, float_only=True),
+        OpDef("abs", 1, _unary(np.abs)),
     )
 }
 

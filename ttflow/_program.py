@@ -792,6 +792,32 @@ class ProgramBuilder:
             raise ShapeError(f"update_cache: the index must have shape (1,), got {index.shape}")
         return self._emit("update_cache", [cache, value, index], cache.shape, cache.dtype)
 
+    # -- the ops of format version 3 -----------------------------------------------------------
+
+    def div(self, a: Value, other: Value | float) -> Value:
+        """a / other, true division (torch.div, np.divide); `other` a value (numpy
+        broadcasting) or a Python scalar. Floats only: inf for x / 0, NaN for 0 / 0."""
+        self._check_open()
+        a = self._value("div", a)
+        b_dtype = other.dtype if isinstance(other, Value) else a.dtype
+        if not (a.dtype.is_float and b_dtype.is_float):
+            raise LayoutError(
+                f"div needs float operands, got {a.dtype.name} and {b_dtype.name}; typecast them first"
+            )
+        return self._binary("div", a, other)
+
+    def log(self, x: Value) -> Value:
+        """Natural logarithm (floats only; -inf at 0, NaN below 0)."""
+        return self._unary("log", x)
+
+    def erf(self, x: Value) -> Value:
+        """The error function (floats only; torch.erf)."""
+        return self._unary("erf", x)
+
+    def abs(self, x: Value) -> Value:
+        """|x| (any dtype; INT32's -2**31 stays -2**31, as two's complement wraps)."""
+        return self._unary("abs", x)
+
 
 def _slice_text(bounds: list[tuple[int, int, int]]) -> str:
     return ", ".join(f"{a}:{e}:{s}" for a, e, s in bounds)

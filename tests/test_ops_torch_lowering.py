@@ -1,0 +1,211 @@
+"""The ops of format version 3 (what a PyTorch front-end lowering core-ATen graphs needs) against
+references written here: float64 numpy, `math.erf`, a pure-Python Philox4x32-10 and CPU PyTorch
+autograd for the gradients (permuted between NHWC and NCHW), never `ttflow._ops`.
+
+As in `test_ops_model`: each op on hypothesis-drawn shapes and dtypes through `run_on_host`, the
+builder's refusals, and one program holding every new op saved, loaded and run on the emulated
+device (asyncio and trio), whose results must equal the host's bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from test_ops_model import BF8, BF16, F32, FLOATS, I32, U32, WIDTH, check, exact, host, make, rounded, seeds, shapes, tile
+
+import ttflow as tt
+from ttflow._program import Value, run_on_host
+
+Array = np.ndarray[Any, Any]
+float_dtypes = st.sampled_from(FLOATS)
+
+
+def torch_module() -> Any:
+    return pytest.importorskip("torch")
+
+
+# -- group 1: div, log, erf, abs -------------------------------------------------------------------
+
+
+@given(st.data(), st.sampled_from(FLOATS), st.sampled_from(FLOATS), st.booleans(), seeds)
+def test_div_is_true_division_with_broadcasting(data: st.DataObject, da: tt.DataType, db: tt.DataType,
+                                                scalar: bool, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    sa, sb = data.draw(hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=1, max_dims=3, max_side=6)).input_shapes
+    a = make(rng, sa, da, 5.0)
+    c = (rng.uniform(0.25, 4.0, sb) * rng.choice([-1.0, 1.0], sb)).astype(np.float32)  # never 0
+    if scalar:
+        s = data.draw(st.sampled_from([3.0, -0.5, 7, 1e-3]), label="scalar")
+        out, got = host(lambda b, x: b.div(x, s), (a, da))
+        want, dtype = rounded(a, da) / float(s), da
+    else:
+        out, got = host(lambda b, x, y: b.div(x, y), (a, da), (c, db))
+        want, dtype = rounded(a, da) / rounded(c, db), max((da, db), key=WIDTH.__getitem__)
+    assert out.dtype is dtype and out.shape == want.shape
+    check(got, want, dtype, rtol=2e-7 if dtype is F32 else 2e-6, atol=0.0 if dtype is F32 else 1e-6)
+
+
+def test_div_edge_values_are_ieee() -> None:
+    a = np.array([1.0, -1.0, 0.0, np.inf, 6.0, np.nan], np.float32)
+    c = np.array([0.0, 0.0, 0.0, 2.0, -3.0, 1.0], np.float32)
+    with np.errstate(all="raise"):  # no warning escapes the op
+        _, got = host(lambda b, x, y: b.div(x, y), (a, F32), (c, F32))
+    np.testing.assert_array_equal(got[[0, 1, 3, 4]], [np.inf, -np.inf, np.inf, -2.0])
+    assert np.isnan(got[2]) and np.isnan(got[5])
+
+
+UNARY3: dict[str, Callable[[Array], Array]] = {
+    "log": lambda x: np.log(x),
+    "erf": lambda x: np.vectorize(math.erf)(x),
+    "abs": np.abs,
+}
+
+
+@given(st.sampled_from(sorted(UNARY3)), shapes(1, 3), float_dtypes, seeds)
+def test_unary_float_ops_of_version_3(op: str, shape: tuple[int, ...], dtype: tt.DataType, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    x = make(rng, shape, dtype, scale=4.0)
+    if op == "log":
+        x = np.abs(x) + np.float32(0.125)
+    out, got = host(lambda b, v: getattr(b, op)(v), (x, dtype))
+    assert out.dtype is dtype
+    want = UNARY3[op](rounded(x, dtype))
+    if op == "abs":
+        exact(got, want, dtype)
+    else:
+        check(got, want, dtype, rtol=4e-7 if dtype is F32 else 2e-6, atol=1e-7)
+
+
+def test_abs_of_integers_wraps_like_torch() -> None:
+    x = np.array([-(2**31), -5, 0, 7, 2**31 - 1], np.int32)
+    out, got = host(lambda b, v: b.abs(v), (x, I32))
+    assert out.dtype is I32
+    np.testing.assert_array_equal(got, [-(2**31), 5, 0, 7, 2**31 - 1])
+    torch = torch_module()
+    np.testing.assert_array_equal(got, torch.abs(torch.from_numpy(x)).numpy())
+    u = np.array([0, 3, 2**32 - 1], np.uint32)
+    np.testing.assert_array_equal(host(lambda b, v: b.abs(v), (u, U32))[1], u)
+
+
+def test_log_and_erf_edge_values() -> None:
+    x = np.array([0.0, -0.0, -1.0, np.inf, -np.inf, np.nan, 1.0, 6.0, -6.0, 1e-30], np.float32)
+    with np.errstate(all="raise"):
+        _, lg = host(lambda b, v: b.log(v), (x, F32))
+        _, ef = host(lambda b, v: b.erf(v), (x, F32))
+    np.testing.assert_array_equal(lg[[0, 1, 3, 6]], [-np.inf, -np.inf, np.inf, 0.0])
+    assert np.isnan(lg[[2, 4, 5]]).all()
+    np.testing.assert_array_equal(ef[[0, 3, 4, 7, 8]], [0.0, 1.0, -1.0, 1.0, -1.0])
+    assert np.isnan(ef[5]) and np.signbit(ef[1])
+    np.testing.assert_allclose(ef[9], 2 / math.sqrt(math.pi) * 1e-30, rtol=1e-6)
+
+
+# -- build-time errors ---------------------------------------------------------------------------
+
+
+def bad_calls() -> list[tuple[str, type[Exception], str, Callable[..., Any]]]:
+    """(id, error, message pattern, call(b, x, i, t, like)): x (4, 5) FLOAT32, i (3,) INT32,
+    t (1, 6, 6, 4) FLOAT32, like(shape) another FLOAT32 input."""
+    return [
+        ("div int", tt.LayoutError, r"div needs float operands, got INT32 and INT32", lambda b, x, i, t, like: b.div(i, i)),
+        ("div int scalar", tt.LayoutError, r"div needs float operands, got INT32", lambda b, x, i, t, like: b.div(i, 0.5)),
+        ("div mixed", tt.LayoutError, r"div needs float operands, got FLOAT32 and INT32", lambda b, x, i, t, like: b.div(x, i)),
+        ("div shapes", tt.ShapeError, r"div: shapes \(4, 5\) and \(3,\) do not broadcast",
+         lambda b, x, i, t, like: b.div(x, like((3,)))),
+        ("div nan", tt.ProgramError, r"div: a NaN operand", lambda b, x, i, t, like: b.div(x, math.nan)),
+        ("div bool", tt.ProgramError, r"div: a boolean operand", lambda b, x, i, t, like: b.div(x, True)),
+        ("div not a value", tt.ProgramError, r"div: expected a Value", lambda b, x, i, t, like: b.div(x, "2")),
+        ("log int", tt.LayoutError, r"log needs a float", lambda b, x, i, t, like: b.log(i)),
+        ("erf int", tt.LayoutError, r"erf needs a float", lambda b, x, i, t, like: b.erf(i)),
+    ]
+
+
+@pytest.mark.parametrize("case", bad_calls(), ids=lambda c: c[0])
+def test_bad_input_fails_at_build_time(case: tuple[str, type[Exception], str, Callable[..., Any]]) -> None:
+    _, error, pattern, call = case
+    b = tt.ProgramBuilder("bad")
+    x, i, t = b.input((4, 5)), b.input((3,), tile(I32)), b.input((1, 6, 6, 4))
+    like = {s: b.input(s) for s in ((3,),)}
+    with pytest.raises(error, match=pattern):
+        call(b, x, i, t, like.__getitem__)
+
+
+# -- one program of every new op: binary round trip, host and device ------------------------------------
+
+
+def every_new_op(dtype: tt.DataType) -> tuple[tt.Program, list[Array], list[Callable[[list[Array]], tuple[Array, str]]]]:
+    """A program using every op of version 3 on `dtype` inputs, its inputs, and for each output
+    a reference on the rounded inputs: (expected, "exact" or "close")."""
+    rng = np.random.default_rng(5)
+    b = tt.ProgramBuilder(f"every new op {dtype.name}")
+    specs = [((2, 5, 33), dtype), ((5, 33), dtype)]
+    arrays = [make(rng, s, d) for s, d in specs]
+    arrays[1] = np.abs(arrays[1]) + np.float32(0.5)  # a divisor and a log argument
+    x, pos = (b.input(s, tile(d)) for s, d in specs)
+    R = Callable[[list[Array]], tuple[Array, str]]
+    refs: list[R] = []
+
+    def out(value: Value, ref: R) -> None:
+        b.output(value)
+        refs.append(ref)
+
+    out(b.div(x, pos), lambda r: (r[0] / r[1], "close"))
+    out(b.div(x, 3.0), lambda r: (r[0] / 3.0, "close"))
+    out(b.log(pos), lambda r: (np.log(r[1]), "close"))
+    out(b.erf(x), lambda r: (UNARY3["erf"](r[0]), "close"))
+    out(b.abs(x), lambda r: (np.abs(r[0]), "exact"))
+    return b.build(), arrays, refs
+
+
+def check_results(program: tt.Program, arrays: list[Array], refs: list[Any], results: list[Array]) -> None:
+    inputs = [rounded(a, spec.dtype) for a, spec in zip(arrays, program.inputs)]
+    for k, (ref, got, spec) in enumerate(zip(refs, results, program.output_specs)):
+        want, how = ref(inputs)
+        got = np.asarray(got)
+        assert got.shape == want.shape, k
+        if how == "exact":
+            exact(got, want, spec.dtype)
+        else:
+            check(got, want, spec.dtype, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_every_new_op_saves_loads_and_runs_on_the_host(tmp_path: Path, dtype: tt.DataType) -> None:
+    program, arrays, refs = every_new_op(dtype)
+    path = tmp_path / "every.ttb"
+    tt.Binary([program]).save(path)
+    assert struct.unpack_from("<I", path.read_bytes(), 8) == (3,)
+    (loaded,) = tt.Binary.load(path).programs
+    assert loaded.same_as(program)
+    check_results(loaded, arrays, refs, run_on_host(loaded, arrays))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dtype", [F32, BF16])
+async def test_every_new_op_on_the_device(dtype: tt.DataType) -> None:
+    program, arrays, refs = every_new_op(dtype)
+    async with tt.open_device(tt.DeviceSpec.small()) as device:
+        outs = tt.submit(device, tt.Binary([program]), 0, [tt.to_device(a, device) for a in arrays])
+        results = [await tt.to_host(t) for t in outs]
+    for got, want in zip(results, run_on_host(program, arrays)):  # the device runs the host's reference
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+    check_results(program, arrays, refs, results)
+
+
+def test_a_version_2_file_cannot_hold_a_version_3_op(tmp_path: Path) -> None:
+    program, _, _ = every_new_op(F32)
+    path = tmp_path / "p.ttb"
+    tt.Binary([program]).save(path)
+    raw = path.read_bytes()
+    path.write_bytes(raw[:8] + struct.pack("<I", 2) + raw[12:])
+    with pytest.raises(tt.BinaryFormatError, match="div is not an op of format version 2"):
+        tt.Binary.load(path)

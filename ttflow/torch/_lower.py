@@ -1,0 +1,1336 @@
+"""Lowering a core-ATen fx graph from AOTAutograd to one ttflow program.
+
+`torch.compile` hands a backend the forward and the backward graph of a function as fx graphs
+of core-ATen ops (after the decompositions the backend asks for: `DECOMPOSITIONS`), with static
+shapes. `lower` turns one such graph into one ttflow program, deciding everything once: which
+program inputs (one per graph placeholder, then one INT32 seed per random op), which ops, which
+outputs; the caller then only moves tensors and submits.
+
+Conventions (the caller's contract, `InputSpec` and `OutputSpec` restate them per tensor):
+
+- every program input and output is `DRAM TILE` in `device_dtype(torch dtype)` with shape
+  `device_shape(torch shape)`: rank 0 becomes (1, 1), rank 1 (n,) becomes (1, n); integers
+  and bools are INT32 (a bool is 1 or 0, int64 values wrap to 32 bits);
+- inside the program a value has its torch shape (rank 0 as (1,)), so each ATen op maps onto
+  ttflow's numpy-like op with the same axes; inputs and outputs are reshaped at the edges;
+- after each node the value is checked against the node's `meta["val"]`: its shape must be the
+  torch shape (a lowering that disagrees is a bug, reported at once), and its dtype is made the
+  torch dtype's device dtype (a comparison's 1/0 float becomes INT32, as torch gives a bool);
+- composite float lowerings (log_softmax, tanh-GELU, layer norm statistics, multi-axis means
+  of bfloat16) compute in FLOAT32 and round once, as PyTorch's fused CPU kernels do;
+- only nodes a graph output depends on are lowered.
+
+`docs/torch-lowering.md` is the table of ATen ops and what each becomes.
+
+This module imports nothing else from `ttflow.torch` (whose `__init__` installs a torch device),
+so it can be loaded by path; `UnsupportedOpError` is defined here for that reason.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import torch
+
+import ttflow as tt
+
+__all__ = [
+    "DECOMPOSITIONS", "InputSpec", "Lowered", "OutputSpec", "UnsupportedOpError",
+    "device_dtype", "device_shape", "lower",
+]
+
+aten = torch.ops.aten
+_F32 = tt.DataType.FLOAT32
+_I32 = tt.DataType.INT32
+
+
+class UnsupportedOpError(tt.ProgramError, NotImplementedError):
+    """A torch op, dtype or argument the tt device cannot run; the message names the ATen op
+    and, when the graph recorded it, the line of user code that called it.
+
+    A `ttflow.ProgramError` and a `NotImplementedError`, so either catches it."""
+
+
+# -- the device's view of torch tensors --------------------------------------------------------------
+
+_DTYPES = {
+    torch.float32: tt.DataType.FLOAT32, torch.bfloat16: tt.DataType.BFLOAT16,
+    torch.int64: _I32, torch.int32: _I32, torch.int16: _I32, torch.int8: _I32, torch.uint8: _I32,
+    torch.bool: _I32,
+}
+
+
+def device_dtype(dtype: torch.dtype) -> tt.DataType:
+    """The device dtype a torch dtype lives in: float32 and bfloat16 as themselves, every
+    integer type and bool as INT32 (bool as 1/0; int64 wraps to 32 bits)."""
+    try:
+        return _DTYPES[dtype]
+    except (KeyError, TypeError):
+        raise UnsupportedOpError(
+            f"{dtype} has no tt device dtype (float32, bfloat16, integers and bool do); "
+            "convert the tensor first, e.g. .float()"
+        ) from None
+
+
+def device_shape(shape: Sequence[int]) -> tuple[int, ...]:
+    """The device shape of a torch shape: rank 0 -> (1, 1), rank 1 (n,) -> (1, n), else the same
+    (a tile needs two dims)."""
+    dims = _static(shape, "a tensor")
+    if len(dims) == 0:
+        return (1, 1)
+    if len(dims) == 1:
+        return (1, dims[0])
+    return dims
+
+
+def _static(shape: Sequence[Any], what: str) -> tuple[int, ...]:
+    dims = []
+    for d in shape:
+        if not isinstance(d, int):
+            try:
+                d = int(d)  # a SymInt with a hint would pass here; a static graph has plain ints
+            except Exception:
+                raise UnsupportedOpError(
+                    f"{what} has a symbolic shape {tuple(shape)}; tt programs have static shapes "
+                    "(torch.compile(..., dynamic=False))"
+                ) from None
+            if not isinstance(d, int):
+                raise UnsupportedOpError(f"{what} has a symbolic shape {tuple(shape)}")
+        dims.append(d)
+    return tuple(dims)
+
+
+def _layout(dtype: tt.DataType) -> tt.Layout:
+    return tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, dtype)
+
+
+@attrs.frozen
+class InputSpec:
+    """One program input: a graph placeholder's torch shape and dtype, and how it lives on the
+    device (`layout` is DRAM TILE in `device_dtype`)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device_shape: tuple[int, ...]
+    device_dtype: tt.DataType
+
+    @property
+    def layout(self) -> tt.Layout:
+        return _layout(self.device_dtype)
+
+
+@attrs.frozen
+class OutputSpec:
+    """One graph output. `kind` "program": the program's output `index`; "input": the graph
+    returns its input `index` unchanged (nothing is emitted); "none": the graph returns None
+    (`index` is -1). `shape` and `dtype` are torch's (for "none": () and None)."""
+
+    kind: str = attrs.field(validator=attrs.validators.in_(("program", "input", "none")))
+    index: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype | None
+
+    @property
+    def device_shape(self) -> tuple[int, ...]:
+        return device_shape(self.shape)
+
+
+@attrs.frozen
+class Lowered:
+    """A lowered graph: one program (index 0 of `binary`), its inputs (one per placeholder, in
+    order, then `seeds` trailing (1, 1) INT32 seeds the caller draws per call, one per random
+    op), and what each graph output is."""
+
+    binary: tt.Binary
+    inputs: tuple[InputSpec, ...]
+    seeds: int
+    outputs: tuple[OutputSpec, ...]
+
+    @property
+    def seed_layout(self) -> tt.Layout:
+        return _layout(_I32)
+
+
+# -- decompositions ----------------------------------------------------------------------------------
+
+
+def _sdpa_cpu_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                       value: torch.Tensor, out: torch.Tensor, logsumexp: torch.Tensor,
+                       dropout_p: float, is_causal: bool, attn_mask: torch.Tensor | None = None,
+                       scale: float | None = None) -> tuple[torch.Tensor, ...]:
+    """The math form of `_scaled_dot_product_flash_attention_for_cpu_backward`.
+
+    torch's core decomposition of the forward op (kept in DECOMPOSITIONS) returns the attention
+    probabilities P [..., L, S] where the kernel returns logsumexp [..., L], and autograd saves
+    that for the backward; with the real kernel's logsumexp, P is recomputed from it."""
+    torch._check(dropout_p == 0.0, lambda: "SDPA backward: dropout needs the math path")
+    torch._check(query.size(1) == key.size(1), lambda: "SDPA backward: grouped-query attention is not supported")
+    scale = 1.0 / math.sqrt(query.size(-1)) if scale is None else scale
+    opmath = torch.float32
+    q, k, v, g = (t.to(opmath) for t in (query, key, value, grad_out))
+    if logsumexp.dim() == query.dim():
+        p = logsumexp.to(opmath)
+    else:
+        s = torch.matmul(q, k.transpose(-2, -1)) * scale
+        if is_causal:
+            keep = torch.ones(s.size(-2), s.size(-1), dtype=torch.bool, device=s.device).tril()
+            s = s.masked_fill(~keep, float("-inf"))
+        if attn_mask is not None:
+            s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else s + attn_mask
+        p = torch.exp(s - logsumexp.to(opmath).unsqueeze(-1))
+    dv = torch.matmul(p.transpose(-2, -1), g)
+    dp = torch.matmul(g, v.transpose(-2, -1))
+    ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+    dq = torch.matmul(ds, k) * scale
+    dk = torch.matmul(ds.transpose(-2, -1), q) * scale
+    return dq.to(query.dtype), dk.to(key.dtype), dv.to(value.dtype)
+
+
+def _decompositions() -> dict[Any, Callable[..., Any]]:
+    from torch._decomp import core_aten_decompositions, get_decompositions
+
+    table = dict(core_aten_decompositions())
+    # Ops torch can decompose but core ATen keeps; their pieces all lower.
+    table.update(get_decompositions([
+        aten.hardtanh, aten.leaky_relu, aten.hardsigmoid, aten.hardswish, aten.logical_and,
+        aten.logical_or, aten.logical_xor, aten.amin, aten.sign,
+    ]))
+    table[aten._scaled_dot_product_flash_attention_for_cpu_backward.default] = _sdpa_cpu_backward
+    # Lowered directly: a decomposition would lose the pattern (dropout's mask is one rand op,
+    # max-pool's backward reads the forward input rather than indices).
+    for op in (aten.native_dropout.default, aten.max_pool2d_with_indices_backward.default,
+               aten.embedding.default, aten.gelu.default):
+        table.pop(op, None)
+    return table
+
+
+DECOMPOSITIONS: dict[Any, Callable[..., Any]] = _decompositions()
+"""What to pass as `aot_autograd(decompositions=...)`: torch's core-ATen decompositions, a few
+more, and the math form of CPU SDPA's backward (see docs/torch-lowering.md)."""
+
+
+# -- the lowering ------------------------------------------------------------------------------------
+
+
+@attrs.define
+class _T:
+    """A lowered torch value: the program value (shape `_ishape(shape)`) and torch's view of it."""
+
+    v: Any
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def _ishape(shape: Sequence[int]) -> tuple[int, ...]:
+    """The in-program shape of a torch shape: itself, rank 0 as (1,)."""
+    dims = tuple(int(d) for d in shape)
+    return dims or (1,)
+
+
+def _meta_tensor(t: _T | float | int | bool) -> Any:
+    if isinstance(t, _T):
+        return torch.empty(t.shape, dtype=t.dtype, device="meta")
+    return t
+
+
+_LOWERINGS: dict[Any, Callable[..., Any]] = {}
+_SEEDED: dict[Any, Callable[[torch.fx.Node], bool]] = {}
+"""Random ops: whether a node draws random numbers (and so takes a seed input)."""
+
+
+def _always(node: torch.fx.Node) -> bool:
+    return True
+
+
+def _register(*ops: Any, seeded: Callable[[torch.fx.Node], bool] | None = None
+              ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for op in ops:
+            _LOWERINGS[op] = fn
+            if seeded is not None:
+                _SEEDED[op] = seeded
+        return fn
+
+    return deco
+
+
+def _user_line(node: torch.fx.Node) -> str:
+    """The innermost user-code frame of a node's stack trace, as ' (at file:line: code)'."""
+    trace = node.meta.get("stack_trace") or ""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', trace)
+    if not frames:
+        return ""
+    path, line, fn, code = frames[-1]
+    return f" (at {path}:{line} in {fn}: {code.strip()})"
+
+
+def _op_name(target: Any) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        return f"aten.{target.__name__}" if target.namespace == "aten" else str(target)
+    return getattr(target, "__name__", str(target))
+
+
+class _Lowering:
+    """The state of one `lower` call: the builder, the value of each node, the seeds."""
+
+    def __init__(self, name: str) -> None:
+        self.b = tt.ProgramBuilder(name)
+        self.seeds: list[Any] = []
+        self.next_seed = 0
+        self.zeros: set[int] = set()  # ids of values known to be all zeros (full(..., 0))
+        self.node: torch.fx.Node | None = None
+
+    # -- errors ----------------------------------------------------------------------------
+
+    def unsupported(self, why: str) -> UnsupportedOpError:
+        node = self.node
+        assert node is not None
+        return UnsupportedOpError(f"{_op_name(node.target)}: {why}{_user_line(node)}")
+
+    # -- dtype and shape plumbing -------------------------------------------------------------
+
+    def cast(self, t: _T | Any, dtype: torch.dtype) -> Any:
+        """The value of `t` in torch dtype `dtype`'s device dtype (bool: 1 where nonzero)."""
+        v = t.v if isinstance(t, _T) else t
+        target = device_dtype(dtype)
+        if dtype == torch.bool and not (isinstance(t, _T) and t.dtype == torch.bool):
+            v = self.b.ne(v, 0)
+        if v.dtype is not target:
+            v = self.b.typecast(v, target)
+        return v
+
+    def f32(self, t: _T) -> Any:
+        return self.cast(t, torch.float32)
+
+    def bool01(self, t: _T) -> Any:
+        """1/0 INT32 (nonzero is true)."""
+        return self.cast(t, torch.bool)
+
+    def fit(self, v: Any, shape: Sequence[int]) -> Any:
+        """`v` reshaped to the in-program shape of torch shape `shape` (same element count)."""
+        target = _ishape(shape)
+        return v if v.shape == target else self.b.reshape(v, target)
+
+    def operand(self, x: _T | float | int | bool, dtype: torch.dtype) -> Any:
+        """A binary op's operand in `dtype`: a program value, or a Python number."""
+        if isinstance(x, _T):
+            return self.cast(x, dtype)
+        if isinstance(x, bool):
+            return int(x)
+        if isinstance(x, (int, float)):
+            if dtype.is_floating_point:
+                return float(x)
+            return int(x)
+        raise self.unsupported(f"operand {x!r:.40} is neither a tensor nor a number")
+
+    def full(self, shape: Sequence[int], value: float | int | bool, dtype: torch.dtype) -> Any:
+        if isinstance(value, float) and math.isnan(value):
+            raise self.unsupported("a NaN constant cannot be made on the device")
+        ddtype = device_dtype(dtype)
+        number = int(value) if (isinstance(value, bool) or not ddtype.is_float) else float(value)
+        v = self.b.full(_ishape(shape), number, ddtype)
+        if number == 0:
+            self.zeros.add(v.id)
+        return v
+
+    def seed(self) -> Any:
+        s = self.seeds[self.next_seed]
+        self.next_seed += 1
+        return s
+
+    def rand(self, shape: Sequence[int]) -> Any:
+        """Uniform [0, 1) FLOAT32 of the in-program shape, from the next seed input."""
+        return self.b.rand(_ishape(shape), self.seed())
+
+    def nchw_to_nhwc(self, v: Any) -> Any:
+        return self.b.permute(v, (0, 2, 3, 1))
+
+    def nhwc_to_nchw(self, v: Any) -> Any:
+        return self.b.permute(v, (0, 3, 1, 2))
+
+
+def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor], name: str) -> Lowered:
+    """Lowers one AOTAutograd graph (forward or backward, core ATen under DECOMPOSITIONS, static
+    shapes) to one ttflow program named `name`.
+
+    `example_inputs` are the graph's inputs (real or fake tensors: only shape and dtype are
+    read), one per placeholder. Raises `UnsupportedOpError` naming the first ATen op (and its
+    user code line) that has no lowering, a ttflow `ShapeError`/`LayoutError`/`ProgramError`
+    (with a note naming the node) where an op's arguments do not fit the device op."""
+    if not isinstance(gm, torch.fx.GraphModule):
+        raise tt.ProgramError(f"lower takes a torch.fx.GraphModule, got {type(gm).__name__}")
+    graph = gm.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    examples = list(example_inputs)
+    if len(examples) != len(placeholders):
+        raise tt.ProgramError(
+            f"{name}: the graph has {len(placeholders)} inputs, {len(examples)} example inputs were given"
+        )
+    L = _Lowering(name)
+    env: dict[torch.fx.Node, Any] = {}
+
+    # Inputs first (the builder wants every input before the first op): placeholders, then seeds.
+    specs: list[InputSpec] = []
+    for index, (node, example) in enumerate(zip(placeholders, examples)):
+        meta = node.meta.get("val", example)
+        if not isinstance(example, torch.Tensor) or not isinstance(meta, torch.Tensor):
+            raise UnsupportedOpError(
+                f"{name}: input {index} ({node.name}) is {type(example).__name__}, not a tensor; "
+                "tt programs take tensors with static shapes"
+            )
+        shape = _static(example.shape, f"input {index} ({node.name})")
+        if shape != _static(meta.shape, node.name) or example.dtype != meta.dtype:
+            raise tt.ProgramError(
+                f"{name}: example input {index} is {shape} {example.dtype}, the graph's placeholder "
+                f"{node.name} is {tuple(meta.shape)} {meta.dtype}"
+            )
+        if 0 in shape:
+            raise tt.ShapeError(f"{name}: input {index} ({node.name}) of shape {shape} is empty; "
+                                "the device holds no empty tensors")
+        spec = InputSpec(shape, example.dtype, device_shape(shape), device_dtype(example.dtype))
+        specs.append(spec)
+        env[node] = L.b.input(spec.device_shape, spec.layout)
+    output_node = next(n for n in graph.nodes if n.op == "output")
+    results = output_node.args[0]
+    flat = list(results) if isinstance(results, (tuple, list)) else [results]
+    live = _live_nodes(graph, flat)
+    seeds = sum(1 for n in live if n.op == "call_function" and _SEEDED.get(n.target, bool)(n))
+    L.seeds = [L.b.input((1, 1), _layout(_I32)) for _ in range(seeds)]
+    for node, spec in zip(placeholders, specs):
+        env[node] = _T(L.fit(env[node], spec.shape), spec.shape, spec.dtype)
+
+    for node in graph.nodes:
+        if node.op in ("placeholder", "output") or node not in live:
+            continue
+        L.node = node
+        env[node] = _lower_node(L, node, env)
+
+    outputs: list[OutputSpec] = []
+    emitted = 0
+    for index, out in enumerate(flat):
+        if out is None:
+            outputs.append(OutputSpec("none", -1, (), None))
+            continue
+        if not isinstance(out, torch.fx.Node):
+            raise UnsupportedOpError(f"{name}: output {index} is {out!r:.40}, not a tensor or None")
+        if out.op == "placeholder":
+            spec = specs[placeholders.index(out)]
+            outputs.append(OutputSpec("input", placeholders.index(out), spec.shape, spec.dtype))
+            continue
+        t = env[out]
+        if not isinstance(t, _T):
+            raise UnsupportedOpError(f"{name}: output {index} ({out.name}) is not a tensor")
+        L.b.output(L.b.reshape(t.v, device_shape(t.shape)) if t.v.shape != device_shape(t.shape) else t.v,
+                   _layout(device_dtype(t.dtype)))
+        outputs.append(OutputSpec("program", emitted, t.shape, t.dtype))
+        emitted += 1
+    if emitted == 0:
+        # A graph whose outputs are all None or inputs: the program still needs an output
+        # (a (1, 1) zero no OutputSpec refers to).
+        L.b.output(L.b.full((1, 1), 0.0, _F32), _layout(_F32))
+    return Lowered(tt.Binary([L.b.build()]), tuple(specs), seeds, tuple(outputs))
+
+
+def _live_nodes(graph: torch.fx.Graph, outputs: Sequence[Any]) -> set[torch.fx.Node]:
+    live: set[torch.fx.Node] = set()
+    stack = [o for o in outputs if isinstance(o, torch.fx.Node)]
+    while stack:
+        node = stack.pop()
+        if node in live:
+            continue
+        live.add(node)
+        stack.extend(node.all_input_nodes)
+    return live
+
+
+def _lower_node(L: _Lowering, node: torch.fx.Node, env: dict[torch.fx.Node, Any]) -> Any:
+    if node.op == "get_attr":
+        return _constant(L, node, getattr(node.graph.owning_module, node.target))  # type: ignore[arg-type]
+    if node.op != "call_function":
+        raise UnsupportedOpError(f"{node.op} {node.target} has no tt lowering{_user_line(node)}")
+    if node.target is operator.getitem:
+        parts, index = env[node.args[0]], node.args[1]
+        part = parts[index]
+        if part is None:
+            raise L.unsupported(f"output {index} of {node.args[0].name} was not lowered")  # pragma: no cover
+        return part
+    fn = _LOWERINGS.get(node.target)
+    if fn is None:
+        raise UnsupportedOpError(f"{_op_name(node.target)} has no tt lowering{_user_line(node)}")
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n])
+    try:
+        result = fn(L, node, *args, **kwargs)
+    except UnsupportedOpError:
+        raise
+    except AttributeError as exc:
+        if exc.obj is not L.b:
+            raise
+        raise L.unsupported(f"needs ttflow's op {exc.name!r}, which this ttflow does not have") from exc
+    except tt.TTFlowError as exc:
+        exc.add_note(f"while lowering {node.name} = {_op_name(node.target)}{_user_line(node)}")
+        raise
+    return _wrap(L, node, node.meta.get("val"), result)
+
+
+def _wrap(L: _Lowering, node: torch.fx.Node, meta: Any, result: Any) -> Any:
+    """Checks a lowering's result against the node's fake value and gives it the torch dtype's
+    device dtype; tuples element by element (None where an output is not used)."""
+    if isinstance(meta, (tuple, list)):
+        return tuple(None if r is None else _wrap(L, node, m, r) for m, r in zip(meta, result))
+    if not isinstance(meta, torch.Tensor):
+        raise L.unsupported(f"gives {type(meta).__name__}, not a tensor")
+    shape = _static(meta.shape, node.name)
+    if 0 in shape:
+        raise L.unsupported(f"gives an empty tensor {shape}; the device holds no empty tensors")
+    v = result.v if isinstance(result, _T) else result
+    if v.shape != _ishape(shape):
+        raise tt.ProgramError(
+            f"internal error: lowering {node.name} = {_op_name(node.target)} gave shape {v.shape}, "
+            f"torch's is {shape}"
+        )
+    # A lowering whose torch result is a bool gives 1/0 (a comparison's in its operands' dtype).
+    if v.dtype is not device_dtype(meta.dtype):
+        v = L.b.typecast(v, device_dtype(meta.dtype))
+    return _T(v, shape, meta.dtype)
+
+
+def _constant(L: _Lowering, node: torch.fx.Node, value: Any) -> _T:
+    """A small tensor constant held by the graph module, built from `full`s."""
+    L.node = node
+    if not isinstance(value, torch.Tensor):
+        raise L.unsupported(f"get_attr {node.target} is not a tensor")
+    t = value.detach().to("cpu")
+    if t.numel() > 1024:
+        raise L.unsupported(f"a constant tensor of {t.numel()} elements; pass it as an input")
+    flat = t.reshape(-1).tolist()
+    if len(set(flat)) == 1:
+        v = L.full(t.shape, flat[0], t.dtype)
+    else:
+        v = L.b.reshape(L.b.concat([L.full((1,), x, t.dtype) for x in flat], 0), _ishape(t.shape))
+    return _wrap(L, node, node.meta.get("val", t), v)
+
+
+def _dim(d: int, rank: int) -> int:
+    return d % rank if rank else 0
+
+
+def _dims(dims: Any, rank: int) -> list[int]:
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return list(range(rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    return sorted({_dim(d, rank) for d in dims})
+
+
+def _out(node: torch.fx.Node) -> Any:
+    return node.meta["val"]
+
+
+def _used(node: torch.fx.Node) -> set[int]:
+    """Which elements of a multi-output node's tuple are read (by getitem)."""
+    return {u.args[1] for u in node.users if u.target is operator.getitem}
+
+
+# -- no-ops and casts --------------------------------------------------------------------------------
+
+
+@_register(aten.alias.default, aten.clone.default, aten.detach.default, aten.lift_fresh_copy.default,
+           aten.contiguous.default, aten.lift_fresh.default)
+def _identity(L: _Lowering, node: torch.fx.Node, x: _T, *args: Any, **kwargs: Any) -> Any:
+    return x.v
+
+
+@_register(aten._to_copy.default)
+def _to_copy(L: _Lowering, node: torch.fx.Node, x: _T, **kwargs: Any) -> Any:
+    return L.cast(x, _out(node).dtype)
+
+
+@_register(aten.copy.default)
+def _copy(L: _Lowering, node: torch.fx.Node, dst: _T, src: _T, non_blocking: bool = False) -> Any:
+    v = L.cast(src, dst.dtype)
+    return v if v.shape == _ishape(dst.shape) else L.b.broadcast_to(v, _ishape(dst.shape))
+
+
+# -- elementwise -------------------------------------------------------------------------------------
+
+
+def _unary(op: str, float_only: bool = True) -> Callable[..., Any]:
+    def lower(L: _Lowering, node: torch.fx.Node, x: _T) -> Any:
+        dtype = _out(node).dtype
+        v = L.cast(x, dtype) if (float_only or dtype != torch.bool) else x.v
+        return getattr(L.b, op)(v)
+
+    lower.__name__ = f"_{op}"
+    return lower
+
+
+for _op, _name, _float in [
+    (aten.exp.default, "exp", True), (aten.sqrt.default, "sqrt", True),
+    (aten.rsqrt.default, "rsqrt", True), (aten.reciprocal.default, "reciprocal", True),
+    (aten.tanh.default, "tanh", True), (aten.sigmoid.default, "sigmoid", True),
+    (aten.erf.default, "erf", True), (aten.log.default, "log", True),
+    (aten.silu.default, "silu", True), (aten.relu.default, "relu", False),
+    (aten.neg.default, "neg", False), (aten.abs.default, "abs", False),
+]:
+    _register(_op)(_unary(_name, _float))
+
+
+@_register(aten.gelu.default)
+def _gelu(L: _Lowering, node: torch.fx.Node, x: _T, approximate: str = "none") -> Any:
+    if approximate == "none":
+        return L.b.gelu(L.cast(x, _out(node).dtype))
+    # 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), in float32 then rounded once.
+    b, v = L.b, L.f32(x)
+    inner = b.mul(b.add(v, b.mul(b.mul(b.mul(v, v), v), 0.044715)), math.sqrt(2.0 / math.pi))
+    return b.mul(b.mul(v, 0.5), b.add(b.tanh(inner), 1.0))
+
+
+@_register(aten.sign.default)
+def _sign(L: _Lowering, node: torch.fx.Node, x: _T) -> Any:
+    b, v = L.b, L.cast(x, _out(node).dtype)
+    return b.sub(b.gt(v, 0), b.lt(v, 0))
+
+
+@_register(aten.logical_not.default)
+def _logical_not(L: _Lowering, node: torch.fx.Node, x: _T) -> Any:
+    return L.b.eq(L.bool01(x), 0)
+
+
+@_register(aten.bitwise_not.default)
+def _bitwise_not(L: _Lowering, node: torch.fx.Node, x: _T) -> Any:
+    if x.dtype == torch.bool:
+        return L.b.eq(x.v, 0)
+    return L.b.sub(L.b.neg(x.v), 1)  # two's complement: ~x == -x - 1
+
+
+@_register(aten.pow.Tensor_Scalar)
+def _pow(L: _Lowering, node: torch.fx.Node, x: _T, p: float) -> Any:
+    dtype = _out(node).dtype
+    if p == 1:
+        return L.cast(x, dtype)
+    if p == 2:
+        v = L.cast(x, dtype)
+        return L.b.mul(v, v)
+    if dtype.is_floating_point:
+        return L.b.pow(L.cast(x, dtype), float(p))
+    return L.b.pow(L.f32(x), float(p))  # integers: exact in float32 while small; cast back after
+
+
+@_register(aten.pow.Scalar)
+def _pow_scalar(L: _Lowering, node: torch.fx.Node, base: float, x: _T) -> Any:
+    if not base > 0:
+        raise L.unsupported(f"a base of {base!r}: only a positive base lowers (as exp(x * log(base)))")
+    return L.b.exp(L.b.mul(L.f32(x), math.log(base)))
+
+
+@_register(aten.pow.Tensor_Tensor)
+def _pow_tensor(L: _Lowering, node: torch.fx.Node, x: _T, p: _T) -> Any:
+    b = L.b
+    return b.exp(b.mul(L.f32(p), b.log(L.f32(x))))  # NaN for a negative base, as numpy's float pow
+
+
+def _promote(a: Any, b: Any) -> torch.dtype:
+    """torch's result dtype of a binary op on these operands (tensors or numbers)."""
+    return torch.result_type(_meta_tensor(a), _meta_tensor(b))
+
+
+_MIRROR = {"lt": "gt", "gt": "lt", "le": "ge", "ge": "le", "eq": "eq", "ne": "ne"}
+
+
+def _compare(op: str) -> Callable[..., Any]:
+    def lower(L: _Lowering, node: torch.fx.Node, a: Any, other: Any) -> Any:
+        dtype = _promote(a, other)
+        if not isinstance(a, _T):
+            return getattr(L.b, _MIRROR[op])(L.operand(other, dtype), L.operand(a, dtype))
+        return getattr(L.b, op)(L.operand(a, dtype), L.operand(other, dtype))
+
+    return lower
+
+
+for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
+    _register(getattr(aten, _name).Tensor, getattr(aten, _name).Scalar)(_compare(_name))
+
+
+@_register(aten.add.Tensor, aten.add.Scalar)
+def _add(L: _Lowering, node: torch.fx.Node, a: Any, other: Any, alpha: float = 1) -> Any:
+    dtype, b = _out(node).dtype, L.b
+    x, y = L.operand(a, dtype), L.operand(other, dtype)
+    if alpha != 1:
+        y = y * alpha if not isinstance(other, _T) else b.mul(y, alpha)
+    if dtype == torch.bool:
+        return b.ne(b.add(x, y), 0)
+    if not isinstance(a, _T):
+        return b.add(y, x)
+    return b.add(x, y)
+
+
+@_register(aten.sub.Tensor, aten.sub.Scalar)
+def _sub(L: _Lowering, node: torch.fx.Node, a: Any, other: Any, alpha: float = 1) -> Any:
+    dtype, b = _out(node).dtype, L.b
+    x, y = L.operand(a, dtype), L.operand(other, dtype)
+    if alpha != 1:
+        y = y * alpha if not isinstance(other, _T) else b.mul(y, alpha)
+    if not isinstance(a, _T):
+        return b.add(b.neg(y), x)
+    return b.sub(x, y)
+
+
+@_register(aten.mul.Tensor, aten.mul.Scalar)
+def _mul(L: _Lowering, node: torch.fx.Node, a: Any, other: Any) -> Any:
+    dtype = _out(node).dtype
+    x, y = L.operand(a, dtype), L.operand(other, dtype)
+    return L.b.mul(y, x) if not isinstance(a, _T) else L.b.mul(x, y)
+
+
+@_register(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)
+def _div(L: _Lowering, node: torch.fx.Node, a: Any, other: Any, rounding_mode: str | None = None) -> Any:
+    b, dtype = L.b, _out(node).dtype
+    compute = dtype if dtype.is_floating_point else torch.float32
+    x, y = L.operand(a, compute), L.operand(other, compute)
+    if not isinstance(a, _T):
+        q = b.mul(b.reciprocal(y), x) if x != 1 else b.reciprocal(y)
+    else:
+        q = b.div(x, y)
+    if rounding_mode is None:
+        return q
+    if rounding_mode not in ("trunc", "floor"):
+        raise L.unsupported(f"rounding_mode={rounding_mode!r}")
+    # Round through INT32 (exact for |q| < 2**31): typecast truncates toward zero.
+    q = q if q.dtype is _F32 else b.typecast(q, _F32)
+    t = b.typecast(b.typecast(q, _I32), _F32)
+    if rounding_mode == "floor":
+        t = b.sub(t, b.gt(t, q))  # one less where truncation went up (negative non-integers)
+    return t
+
+
+def _minmax(op: str) -> Callable[..., Any]:
+    def lower(L: _Lowering, node: torch.fx.Node, a: _T, other: _T) -> Any:
+        dtype = _out(node).dtype
+        return getattr(L.b, op)(L.cast(a, dtype), L.cast(other, dtype))
+
+    return lower
+
+
+_register(aten.maximum.default)(_minmax("maximum"))
+_register(aten.minimum.default)(_minmax("minimum"))
+
+
+@_register(aten.clamp.default, aten.clamp.Tensor)
+def _clamp(L: _Lowering, node: torch.fx.Node, x: _T, lo: Any = None, hi: Any = None) -> Any:
+    dtype = _out(node).dtype
+    v = L.cast(x, dtype)
+    if lo is not None:
+        v = L.b.maximum(v, L.operand(lo, dtype))
+    if hi is not None:
+        v = L.b.minimum(v, L.operand(hi, dtype))
+    return v
+
+
+@_register(aten.clamp_min.default, aten.clamp_min.Tensor)
+def _clamp_min(L: _Lowering, node: torch.fx.Node, x: _T, lo: Any) -> Any:
+    return _clamp(L, node, x, lo, None)
+
+
+@_register(aten.clamp_max.default, aten.clamp_max.Tensor)
+def _clamp_max(L: _Lowering, node: torch.fx.Node, x: _T, hi: Any) -> Any:
+    return _clamp(L, node, x, None, hi)
+
+
+def _logical(op: str) -> Callable[..., Any]:
+    def lower(L: _Lowering, node: torch.fx.Node, a: _T, other: Any) -> Any:
+        if not isinstance(other, _T):
+            other = _T(L.full((), other, torch.bool), (), torch.bool)
+        x, y = L.bool01(a), L.bool01(other)
+        if op == "and":
+            return L.b.mul(x, y)
+        if op == "or":
+            return L.b.maximum(x, y)
+        return L.b.ne(x, y)
+
+    return lower
+
+
+for _name, _kind in (("and", "and"), ("or", "or"), ("xor", "xor")):
+    _register(getattr(aten, f"logical_{_name}").default)(_logical(_kind))
+
+
+def _bitwise(op: str) -> Callable[..., Any]:
+    logical = _logical(op)
+
+    def lower(L: _Lowering, node: torch.fx.Node, a: _T, other: Any) -> Any:
+        if _out(node).dtype != torch.bool:
+            raise L.unsupported("bitwise ops lower on bool tensors only")
+        return logical(L, node, a, other)
+
+    return lower
+
+
+for _name in ("and", "or", "xor"):
+    _register(getattr(aten, f"bitwise_{_name}").Tensor, getattr(aten, f"bitwise_{_name}").Scalar)(_bitwise(_name))
+
+
+@_register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def _where(L: _Lowering, node: torch.fx.Node, cond: _T, a: Any, other: Any) -> Any:
+    dtype = _out(node).dtype
+    x, y = L.operand(a, dtype), L.operand(other, dtype)
+    if not isinstance(a, _T) and not isinstance(other, _T):
+        x = L.full((), x, dtype)
+    return L.b.where(cond.v, x, y)
+
+
+# -- constants and random values ---------------------------------------------------------------------
+
+
+@_register(aten.full.default)
+def _full(L: _Lowering, node: torch.fx.Node, size: Any, value: Any, **kwargs: Any) -> Any:
+    meta = _out(node)
+    return L.full(meta.shape, value, meta.dtype)
+
+
+@_register(aten.full_like.default)
+def _full_like(L: _Lowering, node: torch.fx.Node, x: _T, value: Any, **kwargs: Any) -> Any:
+    meta = _out(node)
+    return L.full(meta.shape, value, meta.dtype)
+
+
+@_register(aten.scalar_tensor.default)
+def _scalar_tensor(L: _Lowering, node: torch.fx.Node, value: Any, **kwargs: Any) -> Any:
+    return L.full((), value, _out(node).dtype)
+
+
+@_register(aten.empty.memory_format, aten.empty_like.default, aten.zeros_like.default,
+           aten.new_empty.default, aten.empty_strided.default)
+def _empty(L: _Lowering, node: torch.fx.Node, *args: Any, **kwargs: Any) -> Any:
+    meta = _out(node)
+    return L.full(meta.shape, 0, meta.dtype)  # uninitialised in torch: zeros here
+
+
+@_register(aten.arange.start_step, aten.arange.start, aten.arange.default)
+def _arange(L: _Lowering, node: torch.fx.Node, *args: Any, **kwargs: Any) -> Any:
+    numbers = [a for a in args if isinstance(a, (int, float))]
+    if node.target is aten.arange.default:
+        start, end, step = 0, numbers[0], 1
+    else:
+        start, end = numbers[0], numbers[1]
+        step = numbers[2] if len(numbers) > 2 else 1
+    dtype = _out(node).dtype
+    return L.b.arange(start, end, step, device_dtype(dtype))
+
+
+def _dropout_draws(node: torch.fx.Node) -> bool:
+    p = node.args[1]
+    train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train", True)
+    return train is not False and 0 < p < 1
+
+
+@_register(aten.native_dropout.default, seeded=_dropout_draws)
+def _native_dropout(L: _Lowering, node: torch.fx.Node, x: _T, p: float, train: bool | None) -> Any:
+    """Dropout from one `rand`: keep where rand < 1 - p, scale the kept by 1 / (1 - p)."""
+    b = L.b
+    if not _dropout_draws(node):
+        if train is not False and p >= 1:
+            return L.full(x.shape, 0, x.dtype), L.full(x.shape, 0, torch.bool)
+        return x.v, L.full(x.shape, 1, torch.bool)
+    keep = b.lt(L.rand(x.shape), 1.0 - p)  # 1.0 / 0.0, FLOAT32
+    out = b.where(keep, b.mul(L.f32(x), 1.0 / (1.0 - p)), 0.0)
+    return out, keep
+
+
+@_register(aten.rand.default, seeded=_always)
+def _rand(L: _Lowering, node: torch.fx.Node, size: Any, **kwargs: Any) -> Any:
+    return L.rand(_out(node).shape)
+
+
+@_register(aten.rand_like.default, seeded=_always)
+def _rand_like(L: _Lowering, node: torch.fx.Node, x: _T, **kwargs: Any) -> Any:
+    return L.rand(_out(node).shape)
+
+
+@_register(aten.bernoulli.p, seeded=_always)
+def _bernoulli(L: _Lowering, node: torch.fx.Node, x: _T, p: float = 0.5, **kwargs: Any) -> Any:
+    return L.b.lt(L.rand(x.shape), float(p))
+
+
+# -- shapes ------------------------------------------------------------------------------------------
+
+
+@_register(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.unsqueeze.default,
+           aten.squeeze.dims, aten.squeeze.dim, aten.squeeze.default, aten.view_copy.default,
+           aten.flatten.using_ints)
+def _reshape(L: _Lowering, node: torch.fx.Node, x: _T, *args: Any) -> Any:
+    return L.fit(x.v, _out(node).shape)
+
+
+@_register(aten.permute.default)
+def _permute(L: _Lowering, node: torch.fx.Node, x: _T, dims: Sequence[int]) -> Any:
+    rank = len(x.shape)
+    perm = tuple(_dim(d, rank) for d in dims)
+    if rank < 2 or perm == tuple(range(rank)):
+        return x.v
+    return L.b.permute(x.v, perm)
+
+
+@_register(aten.t.default, aten.transpose.int)
+def _transpose(L: _Lowering, node: torch.fx.Node, x: _T, d0: int = 0, d1: int = 1) -> Any:
+    rank = len(x.shape)
+    if rank < 2:
+        return x.v
+    perm = list(range(rank))
+    i, j = _dim(d0, rank), _dim(d1, rank)
+    perm[i], perm[j] = perm[j], perm[i]
+    return L.b.permute(x.v, perm) if i != j else x.v
+
+
+@_register(aten.expand.default, aten.expand_copy.default)
+def _expand(L: _Lowering, node: torch.fx.Node, x: _T, size: Any, implicit: bool = False) -> Any:
+    target = _ishape(_out(node).shape)
+    return x.v if x.v.shape == target else L.b.broadcast_to(x.v, target)
+
+
+@_register(aten.select.int)
+def _select(L: _Lowering, node: torch.fx.Node, x: _T, dim: int, index: int) -> Any:
+    rank = len(x.shape)
+    d = _dim(dim, rank)
+    i = index % x.shape[d]
+    v = L.b.slice(x.v, [None] * d + [i], [None] * d + [i + 1])
+    return L.fit(v, _out(node).shape)
+
+
+@_register(aten.slice.Tensor)
+def _slice(L: _Lowering, node: torch.fx.Node, x: _T, dim: int = 0, start: int | None = None,
+           end: int | None = None, step: int = 1) -> Any:
+    d = _dim(dim, len(x.shape))
+    if _static(_out(node).shape, node.name) == x.shape:
+        return x.v
+    return L.b.slice(x.v, [None] * d + [start], [None] * d + [end], [1] * d + [step])
+
+
+@_register(aten.cat.default, aten.concat.default)
+def _cat(L: _Lowering, node: torch.fx.Node, tensors: Sequence[_T], dim: int = 0) -> Any:
+    meta = _out(node)
+    parts = [t for t in tensors if 0 not in t.shape]
+    d = _dim(dim, len(meta.shape))
+    vs = [L.cast(t, meta.dtype) for t in parts]
+    return vs[0] if len(vs) == 1 else L.b.concat(vs, d)
+
+
+def _split(L: _Lowering, node: torch.fx.Node, x: _T, sizes: Sequence[int], dim: int) -> tuple[Any, ...]:
+    d = _dim(dim, len(x.shape))
+    used, out, start = _used(node), [], 0
+    for i, n in enumerate(sizes):
+        out.append(L.b.slice(x.v, [None] * d + [start], [None] * d + [start + n]) if i in used else None)
+        start += n
+    return tuple(out)
+
+
+@_register(aten.split_with_sizes.default)
+def _split_with_sizes(L: _Lowering, node: torch.fx.Node, x: _T, sizes: Sequence[int], dim: int = 0) -> Any:
+    return _split(L, node, x, sizes, dim)
+
+
+@_register(aten.split.Tensor)
+def _split_tensor(L: _Lowering, node: torch.fx.Node, x: _T, size: int, dim: int = 0) -> Any:
+    return _split(L, node, x, [m.shape[_dim(dim, len(x.shape))] for m in _out(node)], dim)
+
+
+@_register(aten.unbind.int)
+def _unbind(L: _Lowering, node: torch.fx.Node, x: _T, dim: int = 0) -> Any:
+    d = _dim(dim, len(x.shape))
+    parts = _split(L, node, x, [1] * x.shape[d], d)
+    return tuple(None if p is None else L.fit(p, m.shape) for p, m in zip(parts, _out(node)))
+
+
+# -- reductions --------------------------------------------------------------------------------------
+
+
+def _reduce(L: _Lowering, node: torch.fx.Node, op: str, v: Any, axes: Sequence[int]) -> Any:
+    for axis in axes:
+        v = getattr(L.b, op)(v, axis)
+    meta = _out(node)
+    return L.fit(v, (meta[0] if isinstance(meta, tuple) else meta).shape)
+
+
+def _reduce_input(L: _Lowering, node: torch.fx.Node, x: _T, axes: Sequence[int]) -> Any:
+    """x in the result's dtype; bfloat16 reduced over several axes in float32 (one rounding)."""
+    dtype = _out(node).dtype
+    if dtype == torch.bfloat16 and len(axes) > 1:
+        return L.f32(x)
+    if dtype == torch.bool:
+        return L.bool01(x)
+    return L.cast(x, dtype)
+
+
+@_register(aten.sum.dim_IntList, aten.sum.default)
+def _sum(L: _Lowering, node: torch.fx.Node, x: _T, dims: Any = None, keepdim: bool = False, **kwargs: Any) -> Any:
+    axes = _dims(dims, len(x.shape)) if x.shape else []
+    return _reduce(L, node, "sum", _reduce_input(L, node, x, axes), axes)
+
+
+@_register(aten.mean.dim, aten.mean.default)
+def _mean(L: _Lowering, node: torch.fx.Node, x: _T, dims: Any = None, keepdim: bool = False, **kwargs: Any) -> Any:
+    axes = _dims(dims, len(x.shape)) if x.shape else []
+    return _reduce(L, node, "mean", _reduce_input(L, node, x, axes), axes)
+
+
+@_register(aten.amax.default, aten.max.default)
+def _amax(L: _Lowering, node: torch.fx.Node, x: _T, dims: Any = None, keepdim: bool = False) -> Any:
+    axes = _dims(dims, len(x.shape)) if x.shape else []
+    return _reduce(L, node, "max", x.v, axes)
+
+
+@_register(aten.amin.default, aten.min.default)
+def _amin(L: _Lowering, node: torch.fx.Node, x: _T, dims: Any = None, keepdim: bool = False) -> Any:
+    axes = _dims(dims, len(x.shape)) if x.shape else []
+    return L.b.neg(_reduce(L, node, "max", L.b.neg(x.v), axes))
+
+
+@_register(aten.any.dim, aten.any.dims, aten.any.default)
+def _any(L: _Lowering, node: torch.fx.Node, x: _T, dims: Any = None, keepdim: bool = False) -> Any:
+    axes = _dims(dims, len(x.shape)) if x.shape else []
+    return _reduce(L, node, "max", L.bool01(x), axes)
+
+
+@_register(aten.all.dim, aten.all.dims, aten.all.default)
+def _all(L: _Lowering, node: torch.fx.Node, x: _T, dims: Any = None, keepdim: bool = False) -> Any:
+    axes = _dims(dims, len(x.shape)) if x.shape else []
+    return L.b.eq(_reduce(L, node, "max", L.b.eq(L.bool01(x), 0), axes), 0)
+
+
+def _arg(L: _Lowering, node: torch.fx.Node, v: Any, shape: tuple[int, ...], dim: int | None) -> Any:
+    if dim is None:
+        v, axis = L.b.reshape(v, (math.prod(shape) or 1,)), 0
+    else:
+        axis = _dim(dim, len(shape)) if shape else 0
+    return L.fit(L.b.argmax(v, axis), _out(node).shape)
+
+
+@_register(aten.argmax.default)
+def _argmax(L: _Lowering, node: torch.fx.Node, x: _T, dim: int | None = None, keepdim: bool = False) -> Any:
+    return _arg(L, node, x.v, x.shape, dim)
+
+
+@_register(aten.argmin.default)
+def _argmin(L: _Lowering, node: torch.fx.Node, x: _T, dim: int | None = None, keepdim: bool = False) -> Any:
+    return _arg(L, node, L.b.neg(x.v), x.shape, dim)
+
+
+@_register(aten.max.dim, aten.min.dim)
+def _max_dim(L: _Lowering, node: torch.fx.Node, x: _T, dim: int, keepdim: bool = False) -> Any:
+    v = x.v if node.target is aten.max.dim else L.b.neg(x.v)
+    axis = _dim(dim, len(x.shape)) if x.shape else 0
+    used, meta = _used(node), _out(node)
+    values = indices = None
+    if 0 in used:
+        values = L.fit(L.b.max(v, axis), meta[0].shape)
+        values = values if node.target is aten.max.dim else L.b.neg(values)
+    if 1 in used:
+        indices = L.fit(L.b.argmax(v, axis), meta[1].shape)
+    return values, indices
+
+
+# -- matrix products ---------------------------------------------------------------------------------
+
+
+@_register(aten.mm.default, aten.bmm.default, aten.matmul.default)
+def _mm(L: _Lowering, node: torch.fx.Node, a: _T, b: _T) -> Any:
+    if len(a.shape) < 2 or len(b.shape) < 2:
+        raise L.unsupported("a rank-1 operand (mv or dot); reshape it to a matrix")
+    dtype = _out(node).dtype
+    return L.b.matmul(L.cast(a, dtype), L.cast(b, dtype))
+
+
+@_register(aten.addmm.default, aten.baddbmm.default)
+def _addmm(L: _Lowering, node: torch.fx.Node, bias: _T, a: _T, b: _T, beta: float = 1,
+           alpha: float = 1) -> Any:
+    dtype, bb = _out(node).dtype, L.b
+    # bfloat16: the product stays float32 until the bias is added, then rounds once (as torch).
+    compute = torch.float32 if dtype == torch.bfloat16 else dtype
+    prod = bb.matmul(L.cast(a, compute), L.cast(b, dtype))
+    if alpha != 1:
+        prod = bb.mul(prod, alpha)
+    if beta == 0:
+        return prod
+    c = L.cast(bias, dtype)
+    if beta != 1:
+        c = bb.mul(c, beta)
+    return bb.add(prod, c)
+
+
+# -- softmax, norms ----------------------------------------------------------------------------------
+
+
+@_register(aten._softmax.default)
+def _softmax(L: _Lowering, node: torch.fx.Node, x: _T, dim: int, half_to_float: bool = False) -> Any:
+    return L.b.softmax(L.cast(x, _out(node).dtype), _dim(dim, len(x.shape)) if x.shape else 0)
+
+
+@_register(aten._log_softmax.default)
+def _log_softmax(L: _Lowering, node: torch.fx.Node, x: _T, dim: int, half_to_float: bool = False) -> Any:
+    b, axis = L.b, _dim(dim, len(x.shape)) if x.shape else 0
+    v = L.f32(x)
+    shifted = b.sub(v, b.max(v, axis))
+    return b.sub(shifted, b.log(b.sum(b.exp(shifted), axis)))
+
+
+@_register(aten.native_layer_norm.default)
+def _native_layer_norm(L: _Lowering, node: torch.fx.Node, x: _T, normalized_shape: Sequence[int],
+                       weight: _T | None, bias: _T | None, eps: float) -> Any:
+    b, k = L.b, len(normalized_shape)
+    lead, inner = x.shape[: len(x.shape) - k], math.prod(normalized_shape)
+    v = x.v if k == 1 else b.reshape(x.v, (*lead, inner) if lead else (inner,))
+    w = None if weight is None else L.fit(weight.v, (inner,))
+    bb = None if bias is None else L.fit(bias.v, (inner,))
+    used, meta = _used(node), _out(node)
+    out = mean = rstd = None
+    if 0 in used:
+        out = L.fit(b.layer_norm(v, w, bb, eps), x.shape)
+    if 1 in used or 2 in used:
+        v32 = v if v.dtype is _F32 else b.typecast(v, _F32)
+        m = b.mean(v32, -1)
+        centred = b.sub(v32, m)
+        r = b.rsqrt(b.add(b.mean(b.mul(centred, centred), -1), float(eps)))
+        mean, rstd = L.fit(m, meta[1].shape), L.fit(r, meta[2].shape)
+    return out, mean, rstd
+
+
+# -- indexing ----------------------------------------------------------------------------------------
+
+
+@_register(aten.embedding.default)
+def _embedding(L: _Lowering, node: torch.fx.Node, weight: _T, ids: _T, *args: Any) -> Any:
+    if len(weight.shape) != 2:
+        raise L.unsupported(f"an embedding table of shape {weight.shape}; it must be [rows, dim]")
+    return L.b.embedding(ids.v, weight.v)
+
+
+def _gather_table(L: _Lowering, x: _T, dim: int) -> tuple[Any, tuple[int, ...], list[int]]:
+    """x with `dim` moved first and the rest flattened: ([n, rest] table, other dims, perm)."""
+    rank = len(x.shape)
+    d = _dim(dim, rank)
+    perm = [d] + [i for i in range(rank) if i != d]
+    v = x.v if d == 0 else L.b.permute(x.v, perm)
+    others = tuple(x.shape[i] for i in perm[1:])
+    return L.b.reshape(v, (x.shape[d], math.prod(others))), others, perm
+
+
+@_register(aten.index_select.default)
+def _index_select(L: _Lowering, node: torch.fx.Node, x: _T, dim: int, index: _T) -> Any:
+    if not x.shape:
+        return x.v
+    table, others, perm = _gather_table(L, x, dim)
+    rows = L.b.embedding(L.fit(index.v, (math.prod(index.shape) or 1,)), table)
+    v = L.b.reshape(rows, (rows.shape[0], *others))
+    if perm != list(range(len(perm))):
+        v = L.b.permute(v, [perm.index(i) for i in range(len(perm))])
+    return v
+
+
+@_register(aten.index.Tensor)
+def _index(L: _Lowering, node: torch.fx.Node, x: _T, indices: Sequence[_T | None]) -> Any:
+    if len(indices) != 1 or indices[0] is None or indices[0].dtype == torch.bool:
+        raise L.unsupported("only x[int_tensor] (one integer index tensor, on dim 0) lowers")
+    ids = indices[0]
+    table, others, _ = _gather_table(L, x, 0)
+    rows = L.b.embedding(ids.v, table)
+    return L.fit(rows, _out(node).shape)
+
+
+@_register(aten.gather.default)
+def _gather(L: _Lowering, node: torch.fx.Node, x: _T, dim: int, index: _T, sparse_grad: bool = False) -> Any:
+    rank = len(x.shape)
+    d = _dim(dim, rank) if rank else 0
+    v = x.v
+    if any(i < n for k, (i, n) in enumerate(zip(index.shape, x.shape)) if k != d):
+        # torch reads only the index's extent in the other dims; take_along_axis wants them equal.
+        ends = [None if k == d else index.shape[k] for k in range(rank)]
+        v = L.b.slice(v, [0] * rank, ends)
+    return L.b.gather(v, index.v, d)
+
+
+def _one_hot(L: _Lowering, shape: tuple[int, ...], d: int, index: Any) -> list[Any]:
+    """For each position j along `index`'s dim d: 1 where the target position equals index[..., j, ...]."""
+    b = L.b
+    iota = b.reshape(b.arange(0, shape[d], 1, _I32), tuple(shape[d] if k == d else 1 for k in range(len(shape))))
+    masks = []
+    for j in range(index.shape[d]):
+        idx = index if index.shape[d] == 1 else b.slice(index, [None] * d + [j], [None] * d + [j + 1])
+        masks.append(b.eq(idx, iota))
+    return masks
+
+
+@_register(aten.scatter.value, aten.scatter.src, aten.scatter_add.default)
+def _scatter(L: _Lowering, node: torch.fx.Node, x: _T, dim: int, index: _T, src: Any) -> Any:
+    """Scatter by one-hot masks (an `arange` compared with the index), one `where` per index
+    position along `dim`: right for the small index extents of one-hot targets and scatters."""
+    rank = len(x.shape)
+    d = _dim(dim, rank) if rank else 0
+    if any(i != n for k, (i, n) in enumerate(zip(index.shape, x.shape)) if k != d):
+        raise L.unsupported(f"an index of shape {index.shape} into {x.shape}: other dims must match")
+    if index.shape[d] > 64:
+        raise L.unsupported(f"{index.shape[d]} index positions along dim {d} (64 at most)")
+    dtype = _out(node).dtype
+    b, v = L.b, L.cast(x, dtype)
+    for j, mask in enumerate(_one_hot(L, x.shape, d, L.fit(index.v, index.shape))):
+        if isinstance(src, _T):
+            s = L.cast(src, dtype)
+            if src.shape[d] != 1:
+                s = b.slice(s, [None] * d + [j], [None] * d + [j + 1])
+            if s.shape != index.shape:
+                s = b.slice(s, [0] * rank, list(index.shape))
+        else:
+            s = L.operand(src, dtype)
+        if node.target is aten.scatter_add.default:
+            v = b.add(v, b.where(mask, s, 0))
+        else:
+            v = b.where(mask, s, v)
+    return v
+
+
+@_register(aten.index_put.default)
+def _index_put(L: _Lowering, node: torch.fx.Node, x: _T, indices: Sequence[_T | None], values: _T,
+               accumulate: bool = False) -> Any:
+    """`x.index_put_([ids], values, accumulate=True)` on a [rows, dim] x (embedding's backward):
+    `embedding_grad`, added to x unless x is a constant zero."""
+    if not accumulate or len(indices) != 1 or indices[0] is None or len(x.shape) != 2:
+        raise L.unsupported(
+            "only index_put(x [rows, dim], [ids], values, accumulate=True) lowers (embedding's backward)"
+        )
+    ids = indices[0]
+    grad = L.cast(values, x.dtype)
+    target = ids.shape + (x.shape[1],)
+    if grad.shape != target:
+        grad = L.b.broadcast_to(grad, target)
+    g = L.b.embedding_grad(ids.v, grad, x.shape[0])
+    return g if x.v.id in L.zeros else L.b.add(x.v, g)
+
+
+# -- convolution and pooling (NCHW in torch, NHWC on the device) --------------------------------------
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    if isinstance(v, (list, tuple)):
+        return (int(v[0]), int(v[-1])) if len(v) else (1, 1)
+    return int(v), int(v)
+
+
+@_register(aten.convolution.default)
+def _convolution(L: _Lowering, node: torch.fx.Node, x: _T, w: _T, bias: _T | None, stride: Sequence[int],
+                 padding: Sequence[int], dilation: Sequence[int], transposed: bool,
+                 output_padding: Sequence[int], groups: int) -> Any:
+    if transposed:
+        raise L.unsupported("transposed convolution")
+    if len(x.shape) != 4:
+        raise L.unsupported(f"a {len(x.shape) - 2}-d convolution (input {x.shape}); conv2d on NCHW lowers")
+    dtype = _out(node).dtype
+    y = L.b.conv2d(L.nchw_to_nhwc(L.cast(x, dtype)), L.cast(w, dtype),
+                   None if bias is None else L.cast(bias, dtype),
+                   stride=_pair(stride), padding=_pair(padding), dilation=_pair(dilation), groups=groups)
+    return L.nhwc_to_nchw(y)
+
+
+@_register(aten.convolution_backward.default)
+def _convolution_backward(L: _Lowering, node: torch.fx.Node, grad: _T, x: _T, w: _T, bias_sizes: Any,
+                          stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
+                          transposed: bool, output_padding: Sequence[int], groups: int,
+                          output_mask: Sequence[bool]) -> Any:
+    if transposed or groups != 1 or len(x.shape) != 4:
+        raise L.unsupported("only the backward of a 2-d, non-transposed, groups=1 convolution lowers")
+    b, used = L.b, _used(node)
+    s, p, d = _pair(stride), _pair(padding), _pair(dilation)
+    g = L.nchw_to_nhwc(grad.v)
+    gi = gw = gb = None
+    if 0 in used and output_mask[0]:
+        n, c, h, wd = x.shape
+        gi = L.nhwc_to_nchw(b.conv2d_input_grad(g, w.v, (n, h, wd, c), s, p, d))
+    if 1 in used and output_mask[1]:
+        gw = b.conv2d_weight_grad(L.nchw_to_nhwc(x.v), g, w.shape, s, p, d)
+    if 2 in used and output_mask[2]:
+        v = grad.v
+        for axis in (0, 2, 3):
+            v = b.sum(v, axis)
+        gb = b.reshape(v, (grad.shape[1],))
+    return gi, gw, gb
+
+
+def _pool_args(L: _Lowering, kernel: Any, stride: Any, padding: Any) -> tuple[tuple[int, int], ...]:
+    k = _pair(kernel)
+    s = k if stride is None or (isinstance(stride, (list, tuple)) and len(stride) == 0) else _pair(stride)
+    return k, s, _pair(padding)
+
+
+def _as_batched(L: _Lowering, x: _T) -> Any:
+    if len(x.shape) == 4:
+        return x.v
+    if len(x.shape) == 3:
+        return L.b.reshape(x.v, (1, *x.shape))
+    raise L.unsupported(f"pooling an input of shape {x.shape}; 2-d pooling takes [N, C, H, W]")
+
+
+def _check_pool(L: _Lowering, node: torch.fx.Node, x: _T, k: tuple[int, int], s: tuple[int, int],
+                p: tuple[int, int], ceil_mode: bool, dilation: Any = 1) -> None:
+    if _pair(dilation) != (1, 1):
+        raise L.unsupported("dilated pooling")
+    if ceil_mode:
+        floor = tuple((n + 2 * pp - kk) // ss + 1 for n, kk, ss, pp in zip(x.shape[-2:], k, s, p))
+        if floor != tuple(_out(node)[0].shape[-2:] if isinstance(_out(node), tuple) else _out(node).shape[-2:]):
+            raise L.unsupported("ceil_mode=True where it changes the output size")
+
+
+@_register(aten.max_pool2d_with_indices.default)
+def _max_pool2d_with_indices(L: _Lowering, node: torch.fx.Node, x: _T, kernel_size: Any, stride: Any = None,
+                             padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> Any:
+    """Values by `max_pool2d`. The indices are a placeholder (-1 everywhere): the backward
+    lowering reads the forward input instead (max_pool2d_with_indices_backward below)."""
+    k, s, p = _pool_args(L, kernel_size, stride, padding)
+    _check_pool(L, node, x, k, s, p, ceil_mode, dilation)
+    used, meta = _used(node), _out(node)
+    values = indices = None
+    if 0 in used:
+        y = L.nhwc_to_nchw(L.b.max_pool2d(L.nchw_to_nhwc(_as_batched(L, x)), k, s, p))
+        values = L.fit(y, meta[0].shape)
+    if 1 in used:
+        indices = L.full(meta[1].shape, -1, torch.int64)
+    return values, indices
+
+
+@_register(aten.max_pool2d_with_indices_backward.default)
+def _max_pool2d_backward(L: _Lowering, node: torch.fx.Node, grad: _T, x: _T, kernel_size: Any, stride: Any,
+                         padding: Any, dilation: Any, ceil_mode: bool, indices: _T) -> Any:
+    k, s, p = _pool_args(L, kernel_size, stride, padding)
+    _check_pool(L, node, x, k, s, p, False, dilation)
+    g = L.nchw_to_nhwc(_as_batched(L, grad))
+    xi = L.nchw_to_nhwc(_as_batched(L, x))
+    return L.fit(L.nhwc_to_nchw(L.b.max_pool2d_backward(xi, g, k, s, p)), x.shape)
+
+
+def _check_avg(L: _Lowering, p: tuple[int, int], count_include_pad: bool, divisor_override: Any) -> None:
+    if divisor_override is not None:
+        raise L.unsupported("divisor_override")
+    if not count_include_pad and p != (0, 0):
+        raise L.unsupported("count_include_pad=False with padding")
+
+
+@_register(aten.avg_pool2d.default)
+def _avg_pool2d(L: _Lowering, node: torch.fx.Node, x: _T, kernel_size: Any, stride: Any = None, padding: Any = 0,
+                ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: Any = None) -> Any:
+    k, s, p = _pool_args(L, kernel_size, stride, padding)
+    _check_pool(L, node, x, k, s, p, ceil_mode)
+    _check_avg(L, p, count_include_pad, divisor_override)
+    y = L.nhwc_to_nchw(L.b.avg_pool2d(L.nchw_to_nhwc(_as_batched(L, x)), k, s, p))
+    return L.fit(y, _out(node).shape)
+
+
+@_register(aten.avg_pool2d_backward.default)
+def _avg_pool2d_backward(L: _Lowering, node: torch.fx.Node, grad: _T, x: _T, kernel_size: Any, stride: Any,
+                         padding: Any, ceil_mode: bool, count_include_pad: bool, divisor_override: Any) -> Any:
+    k, s, p = _pool_args(L, kernel_size, stride, padding)
+    _check_avg(L, p, count_include_pad, divisor_override)
+    xs = (1, *x.shape) if len(x.shape) == 3 else x.shape
+    n, c, h, w = xs
+    g = L.nchw_to_nhwc(_as_batched(L, grad))
+    return L.fit(L.nhwc_to_nchw(L.b.avg_pool2d_backward(g, (n, h, w, c), k, s, p)), x.shape)
