@@ -86,7 +86,15 @@ def _compiler(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Any]
             from functorch.compile import make_boxed_func
 
             return make_boxed_func(gm)  # a CPU graph runs on the CPU
-        return _program_runner(gm, example_inputs, f"{kind}_{id(gm):x}")
+        try:
+            return _program_runner(gm, example_inputs, f"{kind}_{id(gm):x}")
+        except NotImplementedError as exc:  # UnsupportedOpError, from the lowering
+            # As a graph break would: the graph runs op by op (each on the device where it can).
+            warnings.warn(f"ttflow.torch: a {kind} graph runs eagerly, op by op: {exc}",
+                          UserWarning, stacklevel=2)
+            from functorch.compile import make_boxed_func
+
+            return make_boxed_func(gm)
 
     return compile_graph
 

@@ -73,7 +73,7 @@ def _functional_of(op: Any) -> Any:
     if op in _functional:
         return _functional[op]
     found = None
-    names = [a.name for a in op._schema.arguments if not a.is_out]
+    names = [(a.name, str(a.type)) for a in op._schema.arguments if not a.is_out]
     if any(a.is_out for a in op._schema.arguments):
         packet = op.overloadpacket
         for overload in packet.overloads():
@@ -81,7 +81,7 @@ def _functional_of(op: Any) -> Any:
             schema = candidate._schema
             if any(a.is_out for a in schema.arguments) or schema.is_mutable:
                 continue
-            if [a.name for a in schema.arguments] == names:
+            if [(a.name, str(a.type)) for a in schema.arguments] == names:
                 found = candidate
                 break
     _functional[op] = found
@@ -150,6 +150,8 @@ def _run_functional(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> A
                 break
         if form is not None:
             lifted = [float(bound.get(name, _default(schema, name))) for name in form[0]]
+    if form is None:  # a Python float where the schema takes a Tensor (`x * 0.9`): a 0-d input
+        args, kwargs = _lift_tensor_floats(schema, args, kwargs, lifted)
     flat, spec = tree_flatten((args, kwargs))
     tensors: list[torch.Tensor] = []
     structure: list[Any] = []
@@ -165,10 +167,8 @@ def _run_functional(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> A
                 raise UnsupportedOpError(f"the tt device has no {item.dtype} type")
             structure.append(("t", len(tensors)))
             tensors.append(item)
-        elif isinstance(item, float) and form is None and any(
-                a.type.kind() == "TensorType" for a in schema.arguments):
-            structure.append(("s", len(lifted)))  # a Python float in a Tensor position
-            lifted.append(item)
+        elif isinstance(item, _Lifted):
+            structure.append(("s", item.index))
         else:
             structure.append(("c", item))
     if device_index is None:
@@ -218,6 +218,29 @@ def _run_functional(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> A
     return tuple(returned)
 
 
+class _Lifted:
+    """Marks a Python float passed as a 0-d device input (its index among the lifted scalars)."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def _lift_tensor_floats(schema: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                        lifted: list[float]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def lift(argument: Any, value: Any) -> Any:
+        if isinstance(value, float) and argument.type.kind() == "TensorType":
+            lifted.append(value)
+            return _Lifted(len(lifted) - 1)
+        return value
+
+    new_args = tuple(lift(a, v) for a, v in zip(schema.arguments, args))
+    by_name = {a.name: a for a in schema.arguments}
+    new_kwargs = {k: lift(by_name[k], v) if k in by_name else v for k, v in kwargs.items()}
+    return new_args, new_kwargs
+
+
 def _hashable(value: Any) -> Hashable:
     if isinstance(value, list):
         return tuple(_hashable(v) for v in value)
@@ -246,10 +269,7 @@ def _trace(op: Any, spec: Any, structure: Sequence[Any], metas: Sequence[tuple[t
            n_lifted: int, form: Any, bound: dict[str, Any] | None) -> _Plan:
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    try:
-        from . import _lower
-    except ImportError as exc:  # TEMP until the lowering lands
-        raise UnsupportedOpError(f"{op}: no lowering") from exc
+    from . import _lower
 
     n_tensors = len(metas)
 
@@ -279,7 +299,10 @@ def _trace(op: Any, spec: Any, structure: Sequence[Any], metas: Sequence[tuple[t
     except Exception as exc:
         raise UnsupportedOpError(f"{op}: cannot trace it for the device ({type(exc).__name__}: {exc})") from exc
     mutations = _strip_input_copies(gm)
-    lowered = _lower.lower(gm, examples, f"eager_{op._schema.name.split('::')[-1]}")
+    try:
+        lowered = _lower.lower(gm, examples, f"eager_{op._schema.name.split('::')[-1]}")
+    except NotImplementedError as exc:  # the lowering's UnsupportedOpError
+        raise UnsupportedOpError(str(exc)) from None
     return _Plan(lowered.binary, lowered.outputs, mutations, lowered.seeds)
 
 
