@@ -1,7 +1,8 @@
 """PyTorch on the tt device: an MNIST-shaped MLP trained with the torch 2.x conventions.
 
-The loss and the data stay on the CPU; the forward, the backward and the SGD step run as
-ttflow programs on the emulated device, and the weights stay there until training ends. The
+The loss and the data stay on the CPU; the forward and the backward run as ttflow programs on
+the emulated device, torch's own SGD updates the tt parameters in place, and the weights stay
+there until training ends. The
 data are synthetic (a fixed random teacher labels random "images"), so the example needs no
 download. Needs `pip install ".[torch]"` from a ttflow checkout (torch==2.13.0) and a C++ compiler once.
 """
@@ -45,10 +46,10 @@ def main(steps: int = 60, batch: int = 64, lr: float = 0.05, verbose: bool = Tru
     batches = synthetic_batches(steps, batch)
     framework_model = MNISTLinear()
 
-    tt_model = ttt.compile(framework_model)  # forward and backward device programs
+    tt_model = torch.compile(framework_model, backend="tt")  # forward and backward device programs
     tt_model.to("tt")  # parameters pushed once, resident
     loss = torch.nn.L1Loss()  # stays on the CPU
-    optimizer = ttt.optim.SGD(tt_model.parameters(), lr=lr, momentum=0.9)  # steps on the device
+    optimizer = torch.optim.SGD(tt_model.parameters(), lr=lr, momentum=0.9)  # torch's own, on tt tensors
     losses = []
     begin = time.perf_counter()
     for x, y in batches:

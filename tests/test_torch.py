@@ -87,27 +87,29 @@ def test_eager_elementwise_ops_match_cpu(fresh):
     torch.testing.assert_close(torch.relu(ta).to("cpu"), torch.relu(a))
 
 
-def _loop(momentum: float = 0.0, weight_decay: float = 0.0, steps: int = 20):
+def _loop(momentum: float = 0.0, weight_decay: float = 0.0, steps: int = 20, optimizer: str = "SGD"):
     torch.manual_seed(0)
     framework_model = MNISTLinear()
     reference = copy.deepcopy(framework_model)
     batches = [(torch.rand(32, 784), torch.rand(32, 10)) for _ in range(steps)]
+    options = {"SGD": dict(lr=0.01, momentum=momentum, weight_decay=weight_decay),
+               "Adam": dict(lr=1e-3, weight_decay=weight_decay), "AdamW": dict(lr=1e-3, weight_decay=0.01)}[optimizer]
 
-    # The user's loop, as written in the issue.
-    tt_model = ttt.compile(framework_model)
+    # The user's loop, with torch's own optimizer on the tt parameters.
+    tt_model = torch.compile(framework_model, backend="tt")
     tt_model.to("tt")
     loss = torch.nn.L1Loss()
-    optimizer = ttt.optim.SGD(tt_model.parameters(), lr=0.01, momentum=momentum, weight_decay=weight_decay)
+    tt_optimizer = getattr(torch.optim, optimizer)(tt_model.parameters(), **options)
     for x, y in batches:
         model_out = tt_model(x.to("tt"))
         assert model_out.device.type == "tt"
         loss_out = loss(model_out.to("cpu"), y)
         loss_out.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+        tt_optimizer.step()
+        tt_optimizer.zero_grad()
     tt_model.to("cpu")
 
-    cpu_optimizer = torch.optim.SGD(reference.parameters(), lr=0.01, momentum=momentum, weight_decay=weight_decay)
+    cpu_optimizer = getattr(torch.optim, optimizer)(reference.parameters(), **options)
     for x, y in batches:
         torch.nn.L1Loss()(reference(x), y).backward()
         cpu_optimizer.step()
@@ -122,19 +124,16 @@ def test_training_loop_matches_cpu_sgd(fresh):
         assert relative_error(p.detach(), q.detach()) < 1e-4, name
         assert not torch.equal(p.detach(), MNISTLinear().l1.weight.detach())  # it did train
 
-    # Parameters pushed once; per step only the batch and the output's gradient go in, and
-    # only the output comes back; the trained parameters come back once at the end.
-    param_bytes = sum(p.numel() * 4 for p in reference.parameters())
-    steps, x_bytes, out_bytes = len(batches), 32 * 784 * 4, 32 * 10 * 4
-    stats = fresh.stats
-    assert stats.host_to_device_bytes == param_bytes + steps * (x_bytes + out_bytes)
-    assert stats.device_to_host_bytes == steps * out_bytes + param_bytes
-    assert stats.programs_run == 3 * steps  # forward, backward, SGD step
-    assert stats.layout_conversions == 0
-
 
 def test_momentum_and_weight_decay_match_cpu_sgd(fresh):
     trained, reference, _ = _loop(momentum=0.9, weight_decay=1e-3, steps=8)
+    for (name, p), q in zip(trained.named_parameters(), reference.parameters()):
+        assert relative_error(p.detach(), q.detach()) < 1e-4, name
+
+
+@pytest.mark.parametrize("optimizer", ["Adam", "AdamW"])
+def test_stock_adam_and_adamw_match_cpu(fresh, optimizer):
+    trained, reference, _ = _loop(steps=6, optimizer=optimizer)
     for (name, p), q in zip(trained.named_parameters(), reference.parameters()):
         assert relative_error(p.detach(), q.detach()) < 1e-4, name
 
@@ -153,21 +152,48 @@ def assert_gradients_match_cpu(model: nn.Module, x: torch.Tensor, target: torch.
         assert relative_error(p.grad.to("cpu"), q.grad) < 1e-4, name
 
 
+def test_three_chained_compiled_modules_train_like_cpu_with_input_gradients(fresh):
+    torch.manual_seed(4)
+    cpu = [nn.Sequential(nn.Linear(8, 16), nn.ReLU()), nn.Sequential(nn.Linear(16, 16), nn.Tanh()), nn.Linear(16, 3)]
+    on_tt = [copy.deepcopy(m).to("tt") for m in cpu]
+    compiled = [torch.compile(m, backend="tt") for m in on_tt]
+    cpu_opt = torch.optim.SGD([p for m in cpu for p in m.parameters()], lr=0.05, momentum=0.9)
+    tt_opt = torch.optim.SGD([p for m in on_tt for p in m.parameters()], lr=0.05, momentum=0.9)
+    for step in range(20):
+        batch = 6 if step % 5 else 3  # a partial batch now and then: one more compile, same answers
+        x, y = torch.randn(batch, 8), torch.randn(batch, 3)
+        xc, xt = x.clone().requires_grad_(), x.to("tt").requires_grad_()
+        ((cpu[2](cpu[1](cpu[0](xc))) - y) ** 2).mean().backward()
+        ((compiled[2](compiled[1](compiled[0](xt))) - y.to("tt")) ** 2).mean().backward()
+        torch.testing.assert_close(xt.grad.cpu(), xc.grad, rtol=1e-4, atol=1e-6)
+        cpu_opt.step(), tt_opt.step(), cpu_opt.zero_grad(), tt_opt.zero_grad()
+    for m, n in zip(cpu, on_tt):
+        for (name, p), q in zip(m.named_parameters(), n.parameters()):
+            assert relative_error(q.detach().cpu(), p.detach()) < 1e-4, name
+
+
 def test_every_derivative_matches_cpu_autograd(fresh):
     torch.manual_seed(1)
     assert_gradients_match_cpu(Mixed(), torch.randn(8, 48), torch.randn(8, 40))
 
 
-def test_no_grad_runs_the_inference_program(fresh):
-    model = MNISTLinear()
-    x = torch.rand(4, 784)
+def test_no_grad_and_train_eval_switching(fresh):
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.5), nn.Linear(16, 4))
+    x = torch.rand(4, 16)
+    model.eval()
     expected = model(x)
-    tt_model = ttt.compile(model).to("tt")
+    tt_model = ttt.compile(copy.deepcopy(model).to("tt"))
     with torch.no_grad():
         out = tt_model(x.to("tt"))
     assert out.grad_fn is None
     torch.testing.assert_close(out.to("cpu"), expected, rtol=1e-4, atol=1e-5)
-    assert fresh.stats.programs_run == 1
+    tt_model.train()  # dropout applies now: some of the 64 hidden values of a row are zeroed
+    trained = tt_model(x.to("tt")).to("cpu")
+    assert not torch.allclose(trained, expected)
+    tt_model.eval()
+    with torch.inference_mode():
+        torch.testing.assert_close(tt_model(x.to("tt")).to("cpu"), expected, rtol=1e-4, atol=1e-5)
 
 
 def test_compiled_module_with_cpu_parameters_runs_on_the_cpu():
@@ -176,41 +202,23 @@ def test_compiled_module_with_cpu_parameters_runs_on_the_cpu():
     torch.testing.assert_close(ttt.compile(model)(x), model(x))
 
 
-def test_unsupported_module_fails_at_compile_time_naming_it():
-    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
-    with pytest.raises(ttt.UnsupportedOpError, match="Tanh"):
-        ttt.compile(model)
-
+def test_an_op_the_device_lacks_runs_on_the_cpu_naming_it(fresh):
     class UsesSin(nn.Module):
         def forward(self, x):
-            return torch.sin(x)
+            return torch.sin(x) * 2
 
-    with pytest.raises(tt.ProgramError, match="sin"):
-        ttt.compile(UsesSin())
-
-
-def test_unsupported_eager_op_names_the_op(fresh):
-    t = torch.rand(2, 3).to("tt")
-    with pytest.raises(NotImplementedError, match=r"aten\.sin"):
-        torch.sin(t)
-
-
-def test_shape_the_program_was_not_built_for(fresh):
-    tt_model = ttt.compile(MNISTLinear()).to("tt")
-    tt_model(torch.rand(8, 784).to("tt"))
-    with pytest.raises(tt.ShapeError, match=r"compiled for input shapes \[\(8, 784\)\], got \[\(4, 784\)\]"):
-        tt_model(torch.rand(4, 784).to("tt"))
+    x = torch.rand(3, 5)
+    with pytest.warns(UserWarning, match="sin"):
+        out = ttt.compile(UsesSin())(x.to("tt"))
+    torch.testing.assert_close(out.to("cpu"), torch.sin(x) * 2)
 
 
 def test_mixing_devices_is_an_error(fresh):
     second = ttt.open_device(tt.DeviceSpec.small())
     assert str(second) == "tt:1"
-    tt_model = ttt.compile(nn.Linear(8, 4)).to("tt")
-    with pytest.raises(RuntimeError, match="tt:0, tt:1"):
-        tt_model(torch.rand(2, 8).to(second))
-    with pytest.raises(RuntimeError, match="cpu, tt:0"):
-        tt_model(torch.rand(2, 8))
-    with pytest.raises(RuntimeError, match="tt:0, tt:1"):
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.rand(2, 8).to("tt") + torch.rand(2, 8)
+    with pytest.raises(RuntimeError, match="same device"):
         torch.rand(2, 8).to("tt") + torch.rand(2, 8).to("tt:1")
 
 
@@ -255,7 +263,7 @@ def test_gradients_accumulate_over_two_backward_passes(fresh):
         assert relative_error(p.grad.to("cpu"), q.grad) < 1e-5
 
 
-def test_mnist_like_example():
+def test_mnist_like_example(fresh):
     import importlib.util
     from pathlib import Path
 
@@ -265,8 +273,6 @@ def test_mnist_like_example():
     spec.loader.exec_module(module)
     r = module.main(steps=20, batch=32, verbose=False)
     assert r["last_loss"] < r["first_loss"]
-    assert r["programs"] == 3 * 20
-    assert r["d2h"] == 20 * 32 * 10 * 4 + r["param_bytes"]  # outputs, then the parameters once
 
 
 def test_rank3_activations_train_through_a_reshape(fresh):

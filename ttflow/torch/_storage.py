@@ -141,7 +141,12 @@ def _slot(t: torch.Tensor) -> Slot:
     _drain_freed()
     address = _address(t)
     slot = _slots.get(address)
-    if slot is None or slot.device.closed:
+    if slot is not None and slot.device.closed:
+        raise tt.DeviceClosedError(
+            f"this {t.device} tensor's device was closed (ttflow.torch.close()); its value went "
+            "with it: move tensors to the CPU before closing"
+        )
+    if slot is None:
         device = device_of(t)
         numel = t.untyped_storage().nbytes() // t.element_size()
         slot = _slots[address] = Slot(None, device_shape((numel,)), t.dtype, device)
