@@ -12,8 +12,9 @@ torch = pytest.importorskip(
 )
 ttt = pytest.importorskip("ttflow.torch")
 
-import ttflow as tt  # noqa: E402
-from torch import nn  # noqa: E402
+from torch import nn
+
+import ttflow as tt
 
 
 class MNISTLinear(nn.Module):
@@ -92,8 +93,8 @@ def _loop(momentum: float = 0.0, weight_decay: float = 0.0, steps: int = 20, opt
     framework_model = MNISTLinear()
     reference = copy.deepcopy(framework_model)
     batches = [(torch.rand(32, 784), torch.rand(32, 10)) for _ in range(steps)]
-    options = {"SGD": dict(lr=0.01, momentum=momentum, weight_decay=weight_decay),
-               "Adam": dict(lr=1e-3, weight_decay=weight_decay), "AdamW": dict(lr=1e-3, weight_decay=0.01)}[optimizer]
+    options = {"SGD": {"lr": 0.01, "momentum": momentum, "weight_decay": weight_decay},
+               "Adam": {"lr": 1e-3, "weight_decay": weight_decay}, "AdamW": {"lr": 1e-3, "weight_decay": 0.01}}[optimizer]
 
     # The user's loop, with torch's own optimizer on the tt parameters.
     tt_model = torch.compile(framework_model, backend="tt")
@@ -118,7 +119,7 @@ def _loop(momentum: float = 0.0, weight_decay: float = 0.0, steps: int = 20, opt
 
 
 def test_training_loop_matches_cpu_sgd(fresh):
-    trained, reference, batches = _loop()
+    trained, reference, _batches = _loop()
     for (name, p), q in zip(trained.named_parameters(), reference.parameters()):
         assert p.device.type == "cpu"
         assert relative_error(p.detach(), q.detach()) < 1e-4, name

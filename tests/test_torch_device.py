@@ -17,11 +17,11 @@ torch = pytest.importorskip(
 )
 ttt = pytest.importorskip("ttflow.torch")
 
-from torch import nn  # noqa: E402
+from torch import nn
 
-import ttflow as tt  # noqa: E402
-from ttflow.torch import _storage  # noqa: E402
-from ttflow.torch._session import session  # noqa: E402
+import ttflow as tt
+from ttflow.torch import _storage
+from ttflow.torch._session import session
 
 pytestmark = pytest.mark.filterwarnings("ignore:aten.*ran on the CPU")
 

@@ -12,7 +12,7 @@ C++ device guard torch needs for it. Install with `pip install ".[torch]"` from 
 from __future__ import annotations
 
 try:
-    import torch as _torch  # noqa: F401
+    import torch as _torch
 except ImportError as exc:  # pragma: no cover - exercised without torch
     raise ImportError(
         "ttflow.torch needs PyTorch: pip install '.[torch]' in a ttflow checkout (it pins the tested CPU release torch==2.13.0)"
@@ -20,13 +20,13 @@ except ImportError as exc:  # pragma: no cover - exercised without torch
 
 import ttflow as _tt
 
+from ._compile import backend as backend
+from ._compile import compile as compile
+from ._compile import register as _register_backend
 from ._device import TTTensor as TTTensor
 from ._device import install as _install
 from ._errors import UnsupportedOpError as UnsupportedOpError
 from ._session import session as _session
-from ._compile import backend as backend
-from ._compile import compile as compile
-from ._compile import register as _register_backend
 
 __all__ = ["TTTensor", "UnsupportedOpError", "backend", "close", "compile", "device", "open_device"]
 

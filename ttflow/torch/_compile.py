@@ -27,7 +27,7 @@ from torch import nn
 from . import _storage
 from ._session import Pending
 
-__all__ = ["backend", "compile", "MAX_SHAPES"]
+__all__ = ["MAX_SHAPES", "backend", "compile"]
 
 MAX_SHAPES = 8  # concrete shapes kept per graph with symbolic sizes
 

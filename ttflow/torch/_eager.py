@@ -51,7 +51,7 @@ _SCALAR_FORMS: dict[Any, tuple[tuple[str, ...], Callable[..., torch.Tensor]]] = 
 class _Plan:
     """One traced and lowered op: what to read, what the program makes, where results go."""
 
-    __slots__ = ("binary", "outputs", "mutations", "n_outputs", "seeds")
+    __slots__ = ("binary", "mutations", "n_outputs", "outputs", "seeds")
 
     def __init__(self, binary: tt.Binary, outputs: Sequence[Any], mutations: Sequence[tuple[int, int]],
                  seeds: int) -> None:
@@ -121,7 +121,7 @@ def run(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     results = _run_functional(functional, args, kwargs)
     if not outs:
         return results
-    flat, spec = tree_flatten(results)
+    flat, _spec = tree_flatten(results)
     for out, value in zip(outs, flat):
         if out.shape != value.shape:
             out.resize_(value.shape)

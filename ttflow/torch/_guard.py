@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-import torch.utils.cpp_extension as cpp_extension
+from torch.utils import cpp_extension
 
 __all__ = ["build", "cache_dir", "load_guard"]
 

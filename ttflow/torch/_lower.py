@@ -232,7 +232,7 @@ def _ishape(shape: Sequence[int]) -> tuple[int, ...]:
     return dims or (1,)
 
 
-def _meta_tensor(t: _T | float | int | bool) -> Any:
+def _meta_tensor(t: _T | float | bool) -> Any:
     if isinstance(t, _T):
         return torch.empty(t.shape, dtype=t.dtype, device="meta")
     return t
@@ -316,7 +316,7 @@ class _Lowering:
         target = _ishape(shape)
         return v if v.shape == target else self.b.reshape(v, target)
 
-    def operand(self, x: _T | float | int | bool, dtype: torch.dtype) -> Any:
+    def operand(self, x: _T | float | bool, dtype: torch.dtype) -> Any:
         """A binary op's operand in `dtype`: a program value, or a Python number."""
         if isinstance(x, _T):
             return self.cast(x, dtype)
@@ -328,7 +328,7 @@ class _Lowering:
             return int(x)
         raise self.unsupported(f"operand {x!r:.40} is neither a tensor nor a number")
 
-    def full(self, shape: Sequence[int], value: float | int | bool, dtype: torch.dtype) -> Any:
+    def full(self, shape: Sequence[int], value: float | bool, dtype: torch.dtype) -> Any:
         if isinstance(value, float) and math.isnan(value):
             raise self.unsupported("a NaN constant cannot be made on the device")
         ddtype = device_dtype(dtype)
@@ -1135,7 +1135,7 @@ def _index(L: _Lowering, node: torch.fx.Node, x: _T, indices: Sequence[_T | None
     if len(indices) != 1 or indices[0] is None or indices[0].dtype == torch.bool:
         raise L.unsupported("only x[int_tensor] (one integer index tensor, on dim 0) lowers")
     ids = indices[0]
-    table, others, _ = _gather_table(L, x, 0)
+    table, _others, _ = _gather_table(L, x, 0)
     rows = L.b.embedding(ids.v, table)
     return L.fit(rows, _out(node).shape)
 

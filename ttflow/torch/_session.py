@@ -41,7 +41,7 @@ class Pending:
     state): a cell dropped on another thread hands its value to the loop thread to drop.
     """
 
-    __slots__ = ("value", "error")
+    __slots__ = ("error", "value")
 
     def __init__(self) -> None:
         self.value: Any = None
@@ -53,7 +53,7 @@ class Pending:
             self.value = None
             try:
                 session.post(_drop, value)
-            except Exception:  # the session is closed: the device went with it
+            except Exception:  # noqa: BLE001, S110  # the session is closed: the device went with it
                 pass
 
     def get(self) -> Any:
@@ -102,7 +102,7 @@ class _Inbox:
             for fn, args in batch:
                 try:
                     fn(*args)
-                except BaseException as exc:  # kept for the next synchronising call
+                except BaseException as exc:  # kept for the next synchronising call  # noqa: BLE001
                     self.errors.append(exc)
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -223,7 +223,7 @@ class Session:
             for _, stack in devices.values():
                 try:
                     stack.close()
-                except Exception as exc:  # close the rest anyway
+                except Exception as exc:  # close the rest anyway  # noqa: BLE001
                     errors.append(exc)
             if self._portal_stack is not None:
                 stack, self._portal_stack, self._portal, self._inbox = self._portal_stack, None, None, None

@@ -32,8 +32,20 @@ from ._guard import load_guard
 from ._session import Pending, session
 
 __all__ = [
-    "Slot", "TILE", "device_dtype", "device_of", "device_shape", "host_value", "live_slots",
-    "new_tensor", "post_program", "read", "run_program", "to_cpu", "write", "write_host",
+    "TILE",
+    "Slot",
+    "device_dtype",
+    "device_of",
+    "device_shape",
+    "host_value",
+    "live_slots",
+    "new_tensor",
+    "post_program",
+    "read",
+    "run_program",
+    "to_cpu",
+    "write",
+    "write_host",
 ]
 
 _DEVICE_DTYPES = {
@@ -43,7 +55,7 @@ _DEVICE_DTYPES = {
 }
 
 
-def TILE(dtype: tt.DataType) -> tt.Layout:  # noqa: N802 - reads as the layout's name
+def TILE(dtype: tt.DataType) -> tt.Layout:
     """Where tt storages live: DRAM, tiles, the device dtype."""
     return _LAYOUTS[dtype]
 
@@ -86,7 +98,7 @@ class Slot:
     each CPU op gives once.
     """
 
-    __slots__ = ("value", "shape", "dtype", "device", "host")
+    __slots__ = ("device", "dtype", "host", "shape", "value")
 
     def __init__(self, value: Pending | None, shape: tuple[int, ...], dtype: torch.dtype,
                  device: tt.Device) -> None:
@@ -189,7 +201,7 @@ def _submit(device: tt.Device, binary: tt.Binary, index: int, inputs: list[Pendi
             cells: list[Pending]) -> None:
     try:
         values = tt.submit(device, binary, index, [c.get() for c in inputs])
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - kept for the call that waits
         for cell in cells:
             cell.error = exc
         return
@@ -230,7 +242,7 @@ def _zeros(slot: Slot) -> Pending:
 def _empty(cell: Pending, shape: tuple[int, ...], dtype: tt.DataType, device: tt.Device) -> None:
     try:
         cell.value = tt.empty(shape, dtype, device, _LAYOUTS[dtype])
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - kept for the call that waits
         cell.error = exc
 
 
@@ -364,7 +376,7 @@ def upload(host: torch.Tensor, device: tt.Device) -> Pending:
 def _to_device(cell: Pending, array: np.ndarray[Any, Any], device: tt.Device, layout: tt.Layout) -> None:
     try:
         cell.value = tt.to_device(array, device, layout)
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - kept for the call that waits
         cell.error = exc
 
 
