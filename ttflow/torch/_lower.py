@@ -128,12 +128,17 @@ class InputSpec:
 class OutputSpec:
     """One graph output. `kind` "program": the program's output `index`; "input": the graph
     returns its input `index` unchanged (nothing is emitted); "none": the graph returns None
-    (`index` is -1). `shape` and `dtype` are torch's (for "none": () and None)."""
+    (`index` is -1). `shape` and `dtype` are torch's (for "none": () and None).
+
+    `placeholder`: the program gives a stand-in, not torch's value: max-pool indices are -1
+    everywhere, because the lowered backward reads the pooled input instead of them. Such an
+    output may be handed to the backward program, never to the user."""
 
     kind: str = attrs.field(validator=attrs.validators.in_(("program", "input", "none")))
     index: int
     shape: tuple[int, ...]
     dtype: torch.dtype | None
+    placeholder: bool = False
 
     @property
     def device_shape(self) -> tuple[int, ...]:
@@ -198,7 +203,7 @@ def _decompositions() -> dict[Any, Callable[..., Any]]:
     # Ops torch can decompose but core ATen keeps; their pieces all lower.
     table.update(get_decompositions([
         aten.hardtanh, aten.leaky_relu, aten.hardsigmoid, aten.hardswish, aten.logical_and,
-        aten.logical_or, aten.logical_xor, aten.amin, aten.sign,
+        aten.logical_or, aten.logical_xor, aten.amin,
     ]))
     table[aten._scaled_dot_product_flash_attention_for_cpu_backward.default] = _sdpa_cpu_backward
     # Lowered directly: a decomposition would lose the pattern (dropout's mask is one rand op,
@@ -283,6 +288,7 @@ class _Lowering:
         self.seeds: list[Any] = []
         self.next_seed = 0
         self.zeros: set[int] = set()  # ids of values known to be all zeros (full(..., 0))
+        self.placeholders: set[int] = set()  # ids of values that stand in for torch's (OutputSpec)
         self.node: torch.fx.Node | None = None
 
     # -- errors ----------------------------------------------------------------------------
@@ -399,7 +405,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor], name
     results = output_node.args[0]
     flat = list(results) if isinstance(results, (tuple, list)) else [results]
     live = _live_nodes(graph, flat)
-    seeds = sum(1 for n in live if n.op == "call_function" and _SEEDED.get(n.target, bool)(n))
+    seeds = sum(1 for n in live if n.op == "call_function" and n.target in _SEEDED and _SEEDED[n.target](n))
     L.seeds = [L.b.input((1, 1), _layout(_I32)) for _ in range(seeds)]
     for node, spec in zip(placeholders, specs):
         env[node] = _T(L.fit(env[node], spec.shape), spec.shape, spec.dtype)
@@ -427,7 +433,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor], name
             raise UnsupportedOpError(f"{name}: output {index} ({out.name}) is not a tensor")
         L.b.output(L.b.reshape(t.v, device_shape(t.shape)) if t.v.shape != device_shape(t.shape) else t.v,
                    _layout(device_dtype(t.dtype)))
-        outputs.append(OutputSpec("program", emitted, t.shape, t.dtype))
+        outputs.append(OutputSpec("program", emitted, t.shape, t.dtype, t.v.id in L.placeholders))
         emitted += 1
     if emitted == 0:
         # A graph whose outputs are all None or inputs: the program still needs an output
@@ -1295,6 +1301,7 @@ def _max_pool2d_with_indices(L: _Lowering, node: torch.fx.Node, x: _T, kernel_si
         values = L.fit(y, meta[0].shape)
     if 1 in used:
         indices = L.full(meta[1].shape, -1, torch.int64)
+        L.placeholders.add(indices.id)
     return values, indices
 
 
