@@ -326,3 +326,119 @@ DTYPES = [pytest.param(torch.float32, id="f32"), pytest.param(torch.bfloat16, id
 @pytest.mark.parametrize("case", [pytest.param(name, marks=needs(*ops)) for name, (_, ops) in CASES.items()])
 async def test_module_forward_and_backward(case: str, dtype: torch.dtype) -> None:
     await check_graphs(captured(case, dtype), dtype, case)
+
+
+# -- dropout: one rand per dropout, seeded by an input -----------------------------------------------
+
+
+@needs("full", "rand")
+async def test_dropout_follows_its_mask_and_seed() -> None:
+    p = 0.3
+    drop = nn.Dropout(p).train()
+    lin = nn.Linear(16, 16)
+    graphs = capture(lambda x: drop(lin(x)) * 1.5, [_x(40, 16, dtype=torch.float32)])
+    fw, bw = graphs["fw"], graphs["bw"]
+    lowered = _lower.lower(fw.gm, fw.example_inputs, "dropout_fw")
+    assert lowered.seeds == 1
+    assert lowered.inputs[-1].shape == (40, 16)  # seeds are extra program inputs, not specs
+    outs = {seed: await run_lowered(lowered, fw.args, [seed]) for seed in (5, 5, 6)}
+    out, mask = None, None
+    for o in outs[5]:
+        if o is not None and o.dtype == torch.bool:
+            mask = o
+    assert mask is not None, "the forward saves the mask for the backward"
+    out = outs[5][0]
+    again = next(o for o in outs[5] if o is not None and o.dtype == torch.bool)
+    assert torch.equal(mask, again)
+    other = next(o for o in outs[6] if o is not None and o.dtype == torch.bool)
+    assert not torch.equal(mask, other), "another seed draws another mask"
+    keep = mask.float().mean().item()
+    assert abs(keep - (1 - p)) < 0.08, keep
+    h = fw.args[2] @ fw.args[0].T + fw.args[1]  # lin(x) from the forward's inputs (weight, bias, x)
+    torch.testing.assert_close(out, h * mask / (1 - p) * 1.5, rtol=1e-4, atol=1e-4)
+    # The backward reads the forward's mask: feed it ours and the gradient is masked the same way.
+    bw_lowered = _lower.lower(bw.gm, bw.example_inputs, "dropout_bw")
+    assert bw_lowered.seeds == 0
+    mask_slots = [i for i, s in enumerate(bw_lowered.inputs) if s.dtype == torch.bool]
+    assert len(mask_slots) == 1
+    args = list(bw.args)
+    args[mask_slots[0]] = mask
+    got = await run_lowered(bw_lowered, args)
+    bw_ref = bw.gm(*args)
+    assert_close(got, bw_ref, torch.float32, "dropout bw")
+
+
+@needs("full")
+@pytest.mark.parametrize("p", [0.0, 1.0])
+async def test_dropout_that_draws_nothing_takes_no_seed(p: float) -> None:
+    drop = nn.Dropout(p).train()
+    graphs = capture(lambda x: drop(x) + 1.0, [_x(4, 8, dtype=torch.float32)])
+    lowered = _lower.lower(graphs["fw"].gm, graphs["fw"].example_inputs, "dropout_p")
+    assert lowered.seeds == 0
+
+
+# -- the tensor ops users write ----------------------------------------------------------------------
+
+
+def ops_shapes(x, w, v):
+    y = x @ w  # [4, 6, 5]
+    a = y.transpose(1, 2).reshape(4, 30).T  # [30, 4]
+    b = a.t().view(4, 5, 6).permute(2, 0, 1).flatten(1)  # [6, 20]
+    c = torch.cat([b, b * 2.0, v.unsqueeze(0).expand(6, 7)], dim=1)  # [6, 47]
+    d = c.unsqueeze(1).squeeze(1).unsqueeze(-1).expand(6, 47, 3).sum(-1)
+    return d + v.sum()
+
+
+def ops_reductions(x, w, v):
+    y = x @ w  # [4, 6, 5]
+    r = (y.sum(1) + y.mean(dim=(0, 1), keepdim=True).squeeze(0) + y.amax(-1, keepdim=True)[:, 0]
+         - y.max(dim=1).values + y.min(dim=2, keepdim=True)[0].squeeze(-1)[:, :5])
+    return r * y.sum() + y.mean() + v.max() + v.sum(dtype=torch.float32)
+
+
+def ops_indexing(x, w, v):
+    y = x @ w  # [4, 6, 5]
+    idx = torch.tensor([3, 0, 3, 1])
+    g = torch.gather(y, 2, torch.tensor([[[1], [0], [4], [2], [2], [3]]]).expand(4, 6, 1))
+    return (y[1] + y[1:3].sum(0) + y[..., ::2].sum(-1, keepdim=True) + y[idx].sum(0)
+            + torch.index_select(y, 1, torch.tensor([5, 0, 0, 2, 1, 1])).mean(0) + g + y[-1, 2:, -3] .sum())
+
+
+def ops_elementwise(x, w, v):
+    y = x @ w
+    pos = y.abs() + 0.5
+    r = torch.where(y > 0, y, 0.1 * y) + torch.clamp(y, -0.5, 0.7) + pos.pow(1.5) + pos.sqrt() + torch.exp(-pos)
+    r = r + torch.log(pos) - (-y) + 1 - y / pos + 2.0 / pos + y * 2.0 + y ** 2 + torch.rsqrt(pos)
+    cmp = (y >= 0.2) & (y < 1.0) | (y == 0.0) | (y != y) | ~(y <= -1.0)
+    return r * cmp + torch.maximum(y, v[:5]) + torch.minimum(y, torch.zeros_like(y)) + y.clamp(min=0.1)
+
+
+def ops_constants(x, w, v):
+    y = x @ w  # [4, 6, 5]
+    ar = torch.arange(5, dtype=torch.float32) + torch.arange(0, 10, 2).float()
+    k = torch.full((6, 5), 3.0) + torch.ones(5) + torch.scalar_tensor(2.5) + torch.zeros_like(y)
+    ints = (y * 4).int()  # truncation toward zero
+    back = ints.float() + y.to(torch.bfloat16).float() + (y > 0).float() + y.clone() + y.detach()
+    n = (ints % 1 == 0).sum() if False else ints.sum()
+    return back * ar + k - n.float() * 1e-3 + y.long().float()
+
+
+OPS = {
+    "shapes": (ops_shapes, ("full", "broadcast_to")),
+    "reductions": (ops_reductions, ("full", "broadcast_to")),
+    "indexing": (ops_indexing, ("full", "broadcast_to", "gather", "embedding_grad")),
+    "elementwise": (ops_elementwise, ("full", "broadcast_to")),
+    "constants": (ops_constants, ("full", "broadcast_to")),
+}
+
+
+@functools.cache
+def captured_ops(name: str, dtype: torch.dtype) -> dict[str, Graph]:
+    inputs = [_x(4, 6, 3, dtype=dtype, seed=1), _x(3, 5, dtype=dtype, seed=2), _x(7, dtype=dtype, seed=3)]
+    return capture(OPS[name][0], inputs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", [pytest.param(name, marks=needs(*ops)) for name, (_, ops) in OPS.items()])
+async def test_tensor_ops_forward_and_backward(name: str, dtype: torch.dtype) -> None:
+    await check_graphs(captured_ops(name, dtype), dtype, name)

@@ -201,10 +201,7 @@ def _decompositions() -> dict[Any, Callable[..., Any]]:
 
     table = dict(core_aten_decompositions())
     # Ops torch can decompose but core ATen keeps; their pieces all lower.
-    table.update(get_decompositions([
-        aten.hardtanh, aten.leaky_relu, aten.hardsigmoid, aten.hardswish, aten.logical_and,
-        aten.logical_or, aten.logical_xor, aten.amin,
-    ]))
+    table.update(get_decompositions([aten.hardtanh, aten.leaky_relu, aten.hardsigmoid, aten.hardswish]))
     table[aten._scaled_dot_product_flash_attention_for_cpu_backward.default] = _sdpa_cpu_backward
     # Lowered directly: a decomposition would lose the pattern (dropout's mask is one rand op,
     # max-pool's backward reads the forward input rather than indices).
@@ -602,6 +599,21 @@ def _sign(L: _Lowering, node: torch.fx.Node, x: _T) -> Any:
     return b.sub(b.gt(v, 0), b.lt(v, 0))
 
 
+@_register(aten.isnan.default)
+def _isnan(L: _Lowering, node: torch.fx.Node, x: _T) -> Any:
+    return L.b.ne(x.v, x.v)
+
+
+@_register(aten.isinf.default)
+def _isinf(L: _Lowering, node: torch.fx.Node, x: _T) -> Any:
+    return L.b.eq(L.b.abs(x.v), math.inf) if x.dtype.is_floating_point else L.full(x.shape, 0, torch.bool)
+
+
+@_register(aten.isfinite.default)
+def _isfinite(L: _Lowering, node: torch.fx.Node, x: _T) -> Any:
+    return L.b.eq(L.b.sub(x.v, x.v), 0) if x.dtype.is_floating_point else L.full(x.shape, 1, torch.bool)
+
+
 @_register(aten.logical_not.default)
 def _logical_not(L: _Lowering, node: torch.fx.Node, x: _T) -> Any:
     return L.b.eq(L.bool01(x), 0)
@@ -925,6 +937,39 @@ def _cat(L: _Lowering, node: torch.fx.Node, tensors: Sequence[_T], dim: int = 0)
     return vs[0] if len(vs) == 1 else L.b.concat(vs, d)
 
 
+@_register(aten.slice_scatter.default)
+def _slice_scatter(L: _Lowering, node: torch.fx.Node, x: _T, src: _T, dim: int = 0, start: int | None = None,
+                   end: int | None = None, step: int = 1) -> Any:
+    """x with x[start:end:step] (along dim) replaced by src: the untouched ends joined around
+    the middle; a step > 1 spreads src by interleaving it with zeros (a concat and a reshape)
+    and picks it where a 1/0 pattern made the same way says so."""
+    b, rank = L.b, len(x.shape)
+    d = _dim(dim, rank)
+    first, last, _ = slice(start, end, step).indices(x.shape[d])
+    dtype = _out(node).dtype
+    xv, sv = L.cast(x, dtype), L.cast(src, dtype)
+    k, span = src.shape[d], last - first
+
+    def take(v: Any, a: int, e: int) -> Any:
+        return b.slice(v, [None] * d + [a], [None] * d + [e])
+
+    if step == 1:
+        mid = sv
+    else:
+        def spread(v: Any) -> Any:
+            shape = v.shape[: d + 1] + (1,) + v.shape[d + 1:]
+            gaps = L.full(v.shape[: d + 1] + (step - 1,) + v.shape[d + 1:], 0, dtype)
+            joined = b.concat([b.reshape(v, shape), gaps], d + 1)
+            flat = b.reshape(joined, v.shape[:d] + (k * step,) + v.shape[d + 1:])
+            return take(flat, 0, span) if k * step != span else flat
+
+        pattern = spread(L.full(sv.shape, 1, dtype))
+        mid = b.where(pattern, spread(sv), take(xv, first, last))
+    parts = ([take(xv, 0, first)] if first > 0 else []) + [mid] + (
+        [take(xv, last, x.shape[d])] if last < x.shape[d] else [])
+    return parts[0] if len(parts) == 1 else b.concat(parts, d)
+
+
 def _split(L: _Lowering, node: torch.fx.Node, x: _T, sizes: Sequence[int], dim: int) -> tuple[Any, ...]:
     d = _dim(dim, len(x.shape))
     used, out, start = _used(node), [], 0
@@ -1200,19 +1245,32 @@ def _scatter(L: _Lowering, node: torch.fx.Node, x: _T, dim: int, index: _T, src:
 @_register(aten.index_put.default)
 def _index_put(L: _Lowering, node: torch.fx.Node, x: _T, indices: Sequence[_T | None], values: _T,
                accumulate: bool = False) -> Any:
-    """`x.index_put_([ids], values, accumulate=True)` on a [rows, dim] x (embedding's backward):
-    `embedding_grad`, added to x unless x is a constant zero."""
-    if not accumulate or len(indices) != 1 or indices[0] is None or len(x.shape) != 2:
-        raise L.unsupported(
-            "only index_put(x [rows, dim], [ids], values, accumulate=True) lowers (embedding's backward)"
-        )
-    ids = indices[0]
+    """`x.index_put_([None, ..., ids], values, accumulate=True)`: one integer index tensor on
+    one dim (the backward of embedding, of x[ids], of index_select) as `embedding_grad` on x
+    seen as [rows, rest], added to x unless x is a constant zero."""
+    given = [i for i, t in enumerate(indices) if t is not None]
+    if not accumulate or len(given) != 1 or indices[given[0]].dtype == torch.bool or not x.shape:  # type: ignore[union-attr]
+        raise L.unsupported("only index_put(x, [None, ..., int ids], values, accumulate=True) lowers "
+                            "(the backward of embedding and indexing)")
+    b, d = L.b, given[0]
+    ids = indices[d]
+    assert ids is not None
+    r, rank = len(ids.shape), len(x.shape)
+    others = x.shape[:d] + x.shape[d + 1:]
+    target = x.shape[:d] + ids.shape + x.shape[d + 1:]
     grad = L.cast(values, x.dtype)
-    target = ids.shape + (x.shape[1],)
-    if grad.shape != target:
-        grad = L.b.broadcast_to(grad, target)
-    g = L.b.embedding_grad(ids.v, grad, x.shape[0])
-    return g if x.v.id in L.zeros else L.b.add(x.v, g)
+    if grad.shape != _ishape(target):
+        grad = b.broadcast_to(grad, _ishape(target))
+    perm = list(range(d, d + r)) + list(range(d)) + list(range(d + r, len(target)))
+    if perm != list(range(len(target))):
+        grad = b.permute(grad, perm)
+    rest = math.prod(others)
+    g = b.embedding_grad(L.fit(ids.v, (math.prod(ids.shape),)), b.reshape(grad, (math.prod(ids.shape), rest)),
+                         x.shape[d])
+    g = b.reshape(g, (x.shape[d], *others))
+    if d != 0:
+        g = b.permute(g, list(range(1, d + 1)) + [0] + list(range(d + 1, rank)))
+    return g if x.v.id in L.zeros else b.add(x.v, g)
 
 
 # -- convolution and pooling (NCHW in torch, NHWC on the device) --------------------------------------
