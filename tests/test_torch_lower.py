@@ -611,3 +611,43 @@ def test_reshapes_permutes_and_slices(shape: tuple[int, ...], data: st.DataObjec
     lowered = _lower.lower(trace(fn, *inputs), inputs, "shapes")
     got = anyio.run(run_lowered, lowered, inputs)
     assert_close(got, list(fn(*inputs)), torch.float32, "shapes")
+
+
+@needs("full", "broadcast_to", "rand")
+async def test_encoder_layer_with_dropout_takes_one_seed_per_dropout() -> None:
+    """Training-mode dropout inside attention (SDPA's math path) and the layer's three dropouts:
+    four seeds. The forward's masks are the device's own; the backward reads the masks it is
+    given, so with torch's masks it must match torch's backward."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.2, batch_first=True).train()
+    graphs = capture(layer, [_x(2, 5, 16, dtype=torch.float32)])
+    fw = _lower.lower(graphs["fw"].gm, graphs["fw"].example_inputs, "enc_fw")
+    assert fw.seeds == 4
+    got = await run_lowered(fw, graphs["fw"].args, [1, 2, 3, 4])
+    assert got[0].shape == (2, 5, 16) and torch.isfinite(got[0]).all()
+    bw = _lower.lower(graphs["bw"].gm, graphs["bw"].example_inputs, "enc_bw")
+    assert bw.seeds == 0
+    assert_close(await run_lowered(bw, graphs["bw"].args), graphs["bw"].outs, torch.float32, "enc bw")
+
+
+def test_decompositions_keep_sdpa_gradients_exact() -> None:
+    """DECOMPOSITIONS swaps CPU SDPA's fused backward for its math form: the compiled gradients
+    must still be torch's eager ones."""
+    mask = torch.rand(5, 6, generator=torch.Generator().manual_seed(0)) > 0.3
+    mask[:, 0] = True
+    for kwargs in ({}, {"is_causal": True}, {"attn_mask": mask}, {"scale": 0.3}):
+        q, k, v = (_x(2, 3, 5 if i == 0 else 6, 4, dtype=torch.float32, seed=i) for i in range(3))
+        fn = functools.partial(F.scaled_dot_product_attention, **kwargs)
+        grads = []
+        def boxed(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+            return make_boxed_func(gm.forward)
+
+        backend = aot_autograd(fw_compiler=boxed, bw_compiler=boxed, decompositions=_lower.DECOMPOSITIONS)
+        for run in (fn, torch.compile(fn, backend=backend)):
+            torch._dynamo.reset()
+            for t in (q, k, v):
+                t.grad = None
+            (run(q, k, v) * torch.arange(4.0)).sum().backward()
+            grads.append([t.grad.clone() for t in (q, k, v)])
+        for eager, compiled in zip(*grads):
+            torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
