@@ -411,6 +411,7 @@ def ops_elementwise(x, w, v):
     r = torch.where(y > 0, y, 0.1 * y) + torch.clamp(y, -0.5, 0.7) + pos.pow(1.5) + pos.sqrt() + torch.exp(-pos)
     r = r + torch.log(pos) - (-y) + 1 - y / pos + 2.0 / pos + y * 2.0 + y ** 2 + torch.rsqrt(pos)
     cmp = (y >= 0.2) & (y < 1.0) | (y == 0.0) | (y != y) | ~(y <= -1.0)
+    r = r + torch.addmm(v[:5], x[0], w, beta=0.5, alpha=2.0)
     return r * cmp + torch.maximum(y, v[:5]) + torch.minimum(y, torch.zeros_like(y)) + y.clamp(min=0.1)
 
 
