@@ -108,6 +108,44 @@ def test_log_and_erf_edge_values() -> None:
     np.testing.assert_allclose(ef[9], 2 / math.sqrt(math.pi) * 1e-30, rtol=1e-6)
 
 
+# -- group 2: full, broadcast_to --------------------------------------------------------------------
+
+
+@given(shapes(1, 3), st.sampled_from([F32, BF16, BF8, I32, U32]),
+       st.sampled_from([0, 1, -3, 2.5, 1e-3, 65504.0, -1e30, math.inf, -math.inf, 2**31 - 1, 2**32 - 1]))
+def test_full_is_a_constant(shape: tuple[int, ...], dtype: tt.DataType, value: float) -> None:
+    b = tt.ProgramBuilder("full")
+    integral = isinstance(value, int) or (math.isfinite(value) and float(value).is_integer())
+    fits = {I32: -(2**31) <= value < 2**31, U32: 0 <= value < 2**32}
+    if (not dtype.is_float and not (integral and fits[dtype])) or (dtype is BF8 and math.isinf(value)):
+        with pytest.raises(tt.LayoutError, match="full"):
+            b.full(shape, value, dtype)
+        return
+    out = b.full(shape, value, dtype)
+    b.output(out)
+    (got,) = run_on_host(b.build(), [])
+    assert out.dtype is dtype and out.shape == shape and got.shape == shape
+    exact(np.asarray(got), np.full(shape, value, np.float64 if dtype.is_float else np.int64), dtype)
+
+
+def test_full_takes_float32_by_default_and_refuses_nan() -> None:
+    b = tt.ProgramBuilder("full")
+    assert b.full((2, 3), 1).dtype is F32
+    with pytest.raises(tt.ProgramError, match="full: value must not be NaN"):
+        b.full((2,), math.nan)
+
+
+@given(st.data(), st.sampled_from([F32, BF16, BF8, I32, U32]), seeds)
+def test_broadcast_to_is_numpys(data: st.DataObject, dtype: tt.DataType, seed: int) -> None:
+    target = data.draw(hnp.array_shapes(min_dims=1, max_dims=4, max_side=5), label="target")
+    rank = data.draw(st.integers(1, len(target)), label="x rank")
+    shape = tuple(1 if data.draw(st.booleans()) else d for d in target[len(target) - rank :])
+    x = make(np.random.default_rng(seed), shape, dtype)
+    out, got = host(lambda b, v: b.broadcast_to(v, target), (x, dtype))
+    assert out.dtype is dtype and out.shape == target
+    exact(got, np.broadcast_to(rounded(x, dtype), target), dtype)
+
+
 # -- build-time errors ---------------------------------------------------------------------------
 
 
@@ -125,6 +163,17 @@ def bad_calls() -> list[tuple[str, type[Exception], str, Callable[..., Any]]]:
         ("div not a value", tt.ProgramError, r"div: expected a Value", lambda b, x, i, t, like: b.div(x, "2")),
         ("log int", tt.LayoutError, r"log needs a float", lambda b, x, i, t, like: b.log(i)),
         ("erf int", tt.LayoutError, r"erf needs a float", lambda b, x, i, t, like: b.erf(i)),
+        ("full shape", tt.ShapeError, r"shape", lambda b, x, i, t, like: b.full((2, 0), 1.0)),
+        ("full value", tt.ProgramError, r"full: value must be a number", lambda b, x, i, t, like: b.full((2,), "1")),
+        ("full bool", tt.ProgramError, r"full: value must be a number", lambda b, x, i, t, like: b.full((2,), True)),
+        ("full dtype", tt.LayoutError, r"full: dtype must be a tt.DataType", lambda b, x, i, t, like: b.full((2,), 1, "f")),
+        ("full int", tt.LayoutError, r"full: INT32 takes an integral value", lambda b, x, i, t, like: b.full((2,), 0.5, I32)),
+        ("full range", tt.LayoutError, r"full: -1 does not fit UINT32", lambda b, x, i, t, like: b.full((2,), -1, U32)),
+        ("full bf8 inf", tt.LayoutError, r"full: BFLOAT8_B cannot hold -inf", lambda b, x, i, t, like: b.full((2,), -math.inf, BF8)),
+        ("broadcast_to", tt.ShapeError, r"broadcast_to: \(4, 5\) does not broadcast to \(4, 3\)",
+         lambda b, x, i, t, like: b.broadcast_to(x, (4, 3))),
+        ("broadcast_to rank", tt.ShapeError, r"broadcast_to: \(4, 5\) does not broadcast to \(5,\)",
+         lambda b, x, i, t, like: b.broadcast_to(x, (5,))),
     ]
 
 
@@ -162,6 +211,9 @@ def every_new_op(dtype: tt.DataType) -> tuple[tt.Program, list[Array], list[Call
     out(b.log(pos), lambda r: (np.log(r[1]), "close"))
     out(b.erf(x), lambda r: (UNARY3["erf"](r[0]), "close"))
     out(b.abs(x), lambda r: (np.abs(r[0]), "exact"))
+    out(b.full((3, 33), -math.inf, F32), lambda r: (np.full((3, 33), -np.inf), "exact"))
+    out(b.full((2, 2), 7, I32), lambda r: (np.full((2, 2), 7), "exact"))
+    out(b.add(b.broadcast_to(pos, (2, 5, 33)), x), lambda r: (r[1] + r[0], "close"))
     return b.build(), arrays, refs
 
 

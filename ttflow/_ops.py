@@ -341,6 +341,16 @@ def _erf(arrays: list[Array], scalar: float | None) -> Array:
     return erf(x).astype(x.dtype)
 
 
+
+def _full(arrays: list[Array], scalar: float | None, shape: tuple[int, ...], value: float,
+          dtype: str) -> Array:
+    return np.full(tuple(shape), value, np.float32 if DataType(dtype).is_float else np.int64)
+
+
+def _broadcast_to(arrays: list[Array], scalar: float | None, shape: tuple[int, ...]) -> Array:
+    return np.ascontiguousarray(np.broadcast_to(arrays[0], tuple(shape)))
+
+
 OPS: dict[str, OpDef] = {
     op.name: op
     for op in (
@@ -394,6 +404,8 @@ OPS: dict[str, OpDef] = {
         OpDef("log", 1, _unary(np.log), float_only=True),
         OpDef("erf", 1, _erf, float_only=True),
         OpDef("abs", 1, _unary(np.abs)),
+        OpDef("full", 0, _full),
+        OpDef("broadcast_to", 1, _broadcast_to),
     )
 }
 

@@ -818,6 +818,47 @@ class ProgramBuilder:
         """|x| (any dtype; INT32's -2**31 stays -2**31, as two's complement wraps)."""
         return self._unary("abs", x)
 
+    def full(self, shape: Sequence[int], value: float, dtype: DataType = DataType.FLOAT32) -> Value:
+        """A constant of `shape` with every element `value` (torch.full, np.full); needs no
+        input. Floats take any number but NaN (infinities too, as an attention mask's -inf,
+        except BFLOAT8_B, which cannot hold them); integer dtypes take integral values that fit."""
+        self._check_open()
+        if not isinstance(dtype, DataType):
+            raise LayoutError(f"full: dtype must be a tt.DataType, got {dtype!r}")
+        dims = check_shape(shape)
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise ProgramError(f"full: value must be a number, got {value!r:.40}")
+        fill: float | int
+        if isinstance(value, (int, np.integer)) and not dtype.is_float:
+            fill = int(value)
+        else:
+            number = float(value)
+            if number != number:
+                raise ProgramError("full: value must not be NaN")
+            if dtype.is_float:
+                if dtype is DataType.BFLOAT8_B and not math.isfinite(number):
+                    raise LayoutError(f"full: BFLOAT8_B cannot hold {number}; use BFLOAT16 or FLOAT32")
+                fill = number
+            elif not number.is_integer():
+                raise LayoutError(f"full: {dtype.name} takes an integral value, got {value!r}")
+            else:
+                fill = int(number)
+        if not dtype.is_float:
+            low, high = (-(2**31), 2**31 - 1) if dtype is DataType.INT32 else (0, 2**32 - 1)
+            if not low <= fill <= high:
+                raise LayoutError(f"full: {value!r} does not fit {dtype.name}")
+        return self._emit("full", [], dims, dtype, dtype=dtype.value, shape=dims, value=fill)
+
+    def broadcast_to(self, x: Value, shape: Sequence[int]) -> Value:
+        """x broadcast to `shape` by numpy's rule (np.broadcast_to, torch.expand), the result
+        materialised: every dim of x is 1 or `shape`'s, and `shape` has at least x's rank."""
+        self._check_open()
+        x = self._value("broadcast_to", x)
+        dims = check_shape(shape)
+        if len(dims) < len(x.shape) or _broadcast(x.shape, dims) != dims:
+            raise ShapeError(f"broadcast_to: {x.shape} does not broadcast to {dims}")
+        return self._emit("broadcast_to", [x], dims, x.dtype, shape=dims)
+
 
 def _slice_text(bounds: list[tuple[int, int, int]]) -> str:
     return ", ".join(f"{a}:{e}:{s}" for a, e, s in bounds)
