@@ -39,7 +39,7 @@ def test_the_op_table() -> None:
     v2 = {"eq", "ne", "lt", "le", "ge", "maximum", "minimum", "embedding", "update_cache", "where",
           "layer_norm", "rms_norm", "conv2d", "concat", "arange", "slice", "permute", "argmax",
           "mean", "rsqrt", "tanh", "sigmoid", "silu", "pow", "max_pool2d", "avg_pool2d"}
-    v3 = {"div", "log", "erf", "abs", "full", "broadcast_to"}
+    v3 = {"div", "log", "erf", "abs", "full", "broadcast_to", "rand"}
     assert set(OPS) == v1 | v2 | v3
     assert {n for n, op in OPS.items() if op.float_only} == {
         "gelu", "exp", "sqrt", "reciprocal", "softmax", "layer_norm", "rms_norm", "conv2d", "mean",

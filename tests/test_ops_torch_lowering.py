@@ -146,6 +146,83 @@ def test_broadcast_to_is_numpys(data: st.DataObject, dtype: tt.DataType, seed: i
     exact(got, np.broadcast_to(rounded(x, dtype), target), dtype)
 
 
+# -- group 3: rand ----------------------------------------------------------------------------------
+
+
+def philox_reference(counter: tuple[int, int, int, int], key: tuple[int, int]) -> tuple[int, ...]:
+    """Philox4x32-10 from the paper (Salmon et al., SC'11), one counter, on Python ints."""
+    c, (k0, k1), m = list(counter), key, 0xFFFFFFFF
+    for r in range(10):
+        if r:
+            k0, k1 = (k0 + 0x9E3779B9) & m, (k1 + 0xBB67AE85) & m
+        p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
+        c = [(p1 >> 32) ^ c[1] ^ k0, p1 & m, (p0 >> 32) ^ c[3] ^ k1, p0 & m]
+    return tuple(c)
+
+
+def rand_reference(n: int, seed: int) -> Array:
+    """docs/ops.md's rule: element i is word i % 4 of the block i // 4, its top 24 bits / 2**24."""
+    out = []
+    for i in range(n):
+        q = i // 4
+        word = philox_reference((q & 0xFFFFFFFF, q >> 32, 0, 0), (seed & 0xFFFFFFFF, 0))[i % 4]
+        out.append((word >> 8) / 2.0**24)
+    return np.array(out)
+
+
+def test_the_philox_reference_passes_random123s_known_answers() -> None:
+    kat = [((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+           ((0xFFFFFFFF,) * 4, (0xFFFFFFFF, 0xFFFFFFFF), (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+           ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+            (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1))]
+    for counter, key, want in kat:
+        assert philox_reference(counter, key) == want
+
+
+def run_rand(shape: tuple[int, ...], seed: int, dtype: tt.DataType = I32, seed_shape: tuple[int, ...] = (1, 1)) -> Array:
+    b = tt.ProgramBuilder("rand")
+    out = b.rand(shape, b.input(seed_shape, tile(dtype)))
+    assert out.dtype is F32 and out.shape == shape
+    b.output(out)
+    seed_array = np.array(seed, np.int64).astype(dtype.host_dtype).reshape(seed_shape)
+    (got,) = run_on_host(b.build(), [seed_array])
+    assert got.dtype == np.float32
+    return np.asarray(got)
+
+
+@given(shapes(1, 3), st.integers(-(2**31), 2**31 - 1))
+def test_rand_is_philox_of_the_seed_and_the_index(shape: tuple[int, ...], seed: int) -> None:
+    got = run_rand(shape, seed)
+    np.testing.assert_array_equal(got.ravel().astype(np.float64), rand_reference(got.size, seed))
+    again = run_rand(shape, seed)
+    np.testing.assert_array_equal(got, again)  # the same seed, the same numbers
+    # An INT32 seed is its bits: -1 is UINT32's 2**32 - 1; (1,) seeds as (1, 1) ones.
+    np.testing.assert_array_equal(run_rand(shape, seed & 0xFFFFFFFF, U32, (1,)), got)
+
+
+def test_rand_of_another_shape_is_a_prefix_and_other_seeds_differ() -> None:
+    a = run_rand((7, 9), 42)
+    np.testing.assert_array_equal(run_rand((63,), 42), a.ravel())  # element i depends on i only
+    others = [run_rand((7, 9), s) for s in (43, 0, -42, 2**31 - 1)]
+    for o in others:
+        assert np.mean(o == a) < 0.05
+
+
+def test_rand_is_uniform_on_a_large_sample() -> None:
+    n = 1 << 18
+    x = run_rand((512, 512), 1234).astype(np.float64).ravel()
+    assert x.min() >= 0.0 and x.max() < 1.0
+    sigma_mean = math.sqrt(1 / 12 / n)
+    assert abs(x.mean() - 0.5) < 5 * sigma_mean
+    assert abs(x.var() - 1 / 12) < 5 * math.sqrt(1 / 180 / n)  # the variance of U(0,1)'s squares
+    counts = np.bincount((x * 64).astype(np.int64), minlength=64)  # chi-square, 63 dof
+    chi2 = ((counts - n / 64) ** 2 / (n / 64)).sum()
+    assert chi2 < 63 + 6 * math.sqrt(2 * 63)
+    pairs = x[: n // 2 * 2].reshape(-1, 2)  # neighbours are uncorrelated
+    assert abs(np.corrcoef(pairs[:, 0], pairs[:, 1])[0, 1]) < 5 / math.sqrt(n / 2)
+    assert np.unique(x).size > n * 0.99  # 24 bits: few repeats
+
+
 # -- build-time errors ---------------------------------------------------------------------------
 
 
@@ -172,6 +249,12 @@ def bad_calls() -> list[tuple[str, type[Exception], str, Callable[..., Any]]]:
         ("full bf8 inf", tt.LayoutError, r"full: BFLOAT8_B cannot hold -inf", lambda b, x, i, t, like: b.full((2,), -math.inf, BF8)),
         ("broadcast_to", tt.ShapeError, r"broadcast_to: \(4, 5\) does not broadcast to \(4, 3\)",
          lambda b, x, i, t, like: b.broadcast_to(x, (4, 3))),
+        ("rand float seed", tt.LayoutError, r"rand: the seed must be INT32 or UINT32, got FLOAT32",
+         lambda b, x, i, t, like: b.rand((2, 3), like((1,)))),
+        ("rand seed shape", tt.ShapeError, r"rand: the seed must have one element .*got \(3,\)",
+         lambda b, x, i, t, like: b.rand((2, 3), i)),
+        ("rand shape", tt.ShapeError, r"shape", lambda b, x, i, t, like: b.rand(5, b.slice(i, [0], [1]))),
+        ("rand not a value", tt.ProgramError, r"rand: expected a Value", lambda b, x, i, t, like: b.rand((2,), 3)),
         ("broadcast_to rank", tt.ShapeError, r"broadcast_to: \(4, 5\) does not broadcast to \(5,\)",
          lambda b, x, i, t, like: b.broadcast_to(x, (5,))),
     ]
@@ -182,7 +265,7 @@ def test_bad_input_fails_at_build_time(case: tuple[str, type[Exception], str, Ca
     _, error, pattern, call = case
     b = tt.ProgramBuilder("bad")
     x, i, t = b.input((4, 5)), b.input((3,), tile(I32)), b.input((1, 6, 6, 4))
-    like = {s: b.input(s) for s in ((3,),)}
+    like = {s: b.input(s) for s in ((3,), (1,))}
     with pytest.raises(error, match=pattern):
         call(b, x, i, t, like.__getitem__)
 
@@ -195,10 +278,11 @@ def every_new_op(dtype: tt.DataType) -> tuple[tt.Program, list[Array], list[Call
     a reference on the rounded inputs: (expected, "exact" or "close")."""
     rng = np.random.default_rng(5)
     b = tt.ProgramBuilder(f"every new op {dtype.name}")
-    specs = [((2, 5, 33), dtype), ((5, 33), dtype)]
+    specs = [((2, 5, 33), dtype), ((5, 33), dtype), ((1, 1), I32)]
     arrays = [make(rng, s, d) for s, d in specs]
     arrays[1] = np.abs(arrays[1]) + np.float32(0.5)  # a divisor and a log argument
-    x, pos = (b.input(s, tile(d)) for s, d in specs)
+    arrays[2] = np.array([[-7]], np.int32)
+    x, pos, seed = (b.input(s, tile(d)) for s, d in specs)
     R = Callable[[list[Array]], tuple[Array, str]]
     refs: list[R] = []
 
@@ -214,6 +298,7 @@ def every_new_op(dtype: tt.DataType) -> tuple[tt.Program, list[Array], list[Call
     out(b.full((3, 33), -math.inf, F32), lambda r: (np.full((3, 33), -np.inf), "exact"))
     out(b.full((2, 2), 7, I32), lambda r: (np.full((2, 2), 7), "exact"))
     out(b.add(b.broadcast_to(pos, (2, 5, 33)), x), lambda r: (r[1] + r[0], "close"))
+    out(b.rand((3, 40), seed), lambda r: (rand_reference(120, -7).reshape(3, 40), "exact"))
     return b.build(), arrays, refs
 
 

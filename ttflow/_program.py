@@ -859,6 +859,20 @@ class ProgramBuilder:
             raise ShapeError(f"broadcast_to: {x.shape} does not broadcast to {dims}")
         return self._emit("broadcast_to", [x], dims, x.dtype, shape=dims)
 
+    def rand(self, shape: Sequence[int], seed: Value) -> Value:
+        """Uniform FLOAT32 numbers in [0, 1) of `shape` (torch.rand), from an INT32 or UINT32
+        `seed` value with one element (shape (1,) or (1, 1), say): a counter-based generator
+        (Philox4x32-10, see `docs/ops.md`), so each element is a function of the seed and its
+        row-major index alone: the same seed gives the same numbers on any device or host."""
+        self._check_open()
+        seed = self._value("rand", seed)
+        dims = check_shape(shape)
+        if seed.dtype.is_float:
+            raise LayoutError(f"rand: the seed must be INT32 or UINT32, got {seed.dtype.name}; typecast it")
+        if math.prod(seed.shape) != 1:
+            raise ShapeError(f"rand: the seed must have one element (shape (1,) or (1, 1)), got {seed.shape}")
+        return self._emit("rand", [seed], dims, DataType.FLOAT32, shape=dims)
+
 
 def _slice_text(bounds: list[tuple[int, int, int]]) -> str:
     return ", ".join(f"{a}:{e}:{s}" for a, e, s in bounds)
