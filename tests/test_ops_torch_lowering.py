@@ -223,6 +223,81 @@ def test_rand_is_uniform_on_a_large_sample() -> None:
     assert np.unique(x).size > n * 0.99  # 24 bits: few repeats
 
 
+# -- group 4: gather, embedding_grad ----------------------------------------------------------------
+
+
+def ref_gather(x: Array, index: Array, axis: int) -> Array:
+    """torch.gather's definition by loops over the index, indices clamped into range."""
+    out = np.zeros(index.shape, x.dtype)
+    for pos in np.ndindex(*index.shape):
+        src = list(pos)
+        src[axis] = min(max(int(index[pos]), 0), x.shape[axis] - 1)
+        src = [0 if x.shape[d] == 1 and d != axis else p for d, p in enumerate(src)]  # numpy's broadcast
+        out[pos] = x[tuple(src)]
+    return out
+
+
+@given(shapes(1, 3), st.sampled_from([F32, BF16, BF8, I32]), st.sampled_from([I32, U32]), seeds, st.data())
+def test_gather_takes_along_an_axis(shape: tuple[int, ...], dtype: tt.DataType, idtype: tt.DataType, seed: int,
+                                    data: st.DataObject) -> None:
+    rng = np.random.default_rng(seed)
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1), label="axis")
+    a = axis % len(shape)
+    ishape = tuple(data.draw(st.integers(1, 6), label="index length") if d == a
+                   else data.draw(st.sampled_from(sorted({1, n, max(1, n - 1)} | ({3} if n == 1 else set()))),
+                                  label="index dim")
+                   for d, n in enumerate(shape))
+    x = make(rng, shape, dtype)
+    n = shape[a]
+    index = rng.integers(-2 if idtype is I32 else 0, n + 2, ishape).astype(idtype.host_dtype)
+    out, got = host(lambda b, v, i: b.gather(v, i, axis), (x, dtype), (index, idtype))
+    assert out.dtype is dtype and out.shape == ishape
+    rx = rounded(x, dtype)
+    want = ref_gather(rx, index.astype(np.int64), a)
+    exact(got, want, dtype)
+    if all(i == m or m == 1 for d, (i, m) in enumerate(zip(ishape, shape)) if d != a):  # numpy's own
+        np.testing.assert_array_equal(want, np.take_along_axis(rx, np.clip(index.astype(np.int64), 0, n - 1), a))
+    if dtype is F32 and all(i <= m for i, m in zip(ishape, shape)):
+        torch = torch_module()
+        t = torch.gather(torch.from_numpy(rx), a, torch.from_numpy(np.clip(index.astype(np.int64), 0, n - 1)))
+        np.testing.assert_array_equal(got, t.numpy())
+
+
+def ref_embedding_grad(ids: Array, grad: Array, rows: int, padding_idx: int | None) -> Array:
+    out = np.zeros((rows, grad.shape[-1]))
+    for pos in np.ndindex(*ids.shape):
+        r = min(max(int(ids[pos]), 0), rows - 1)
+        if r != padding_idx:
+            out[r] += grad[pos]
+    return out
+
+
+@given(st.sampled_from([I32, U32]), float_dtypes, shapes(1, 2), st.integers(1, 12), st.sampled_from([1, 5, 33]),
+       st.none() | st.integers(-3, 2), seeds)
+def test_embedding_grad_sums_rows_into_their_ids(idtype: tt.DataType, dtype: tt.DataType, ishape: tuple[int, ...],
+                                                 rows: int, d: int, padding_idx: int | None, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(-2 if idtype is I32 else 0, rows + 2, ishape).astype(idtype.host_dtype)
+    grad = make(rng, ishape + (d,), dtype)
+    if padding_idx is not None and not -rows <= padding_idx < rows:
+        b = tt.ProgramBuilder("bad")
+        with pytest.raises(tt.ShapeError, match="padding_idx .* out of range"):
+            b.embedding_grad(b.input(ishape, tile(idtype)), b.input(grad.shape), rows, padding_idx)
+        return
+    out, got = host(lambda b, i, g: b.embedding_grad(i, g, rows, padding_idx), (ids, idtype), (grad, dtype))
+    assert out.dtype is dtype and out.shape == (rows, d)
+    pad = None if padding_idx is None else padding_idx % rows
+    rg = rounded(grad, dtype)
+    want = ref_embedding_grad(ids, rg, rows, pad)
+    check(got, want, dtype, rtol=1e-5, atol=1e-5 * math.prod(ishape))
+    if dtype is F32:  # PyTorch autograd of F.embedding (ids in range, as PyTorch needs them)
+        torch = torch_module()
+        table = torch.zeros((rows, d), dtype=torch.float64, requires_grad=True)
+        clamped = torch.from_numpy(np.clip(ids.astype(np.int64), 0, rows - 1))
+        torch.nn.functional.embedding(clamped, table, padding_idx=pad).backward(torch.from_numpy(rg))
+        np.testing.assert_allclose(want, table.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
 # -- build-time errors ---------------------------------------------------------------------------
 
 
@@ -255,6 +330,25 @@ def bad_calls() -> list[tuple[str, type[Exception], str, Callable[..., Any]]]:
          lambda b, x, i, t, like: b.rand((2, 3), i)),
         ("rand shape", tt.ShapeError, r"shape", lambda b, x, i, t, like: b.rand(5, b.slice(i, [0], [1]))),
         ("rand not a value", tt.ProgramError, r"rand: expected a Value", lambda b, x, i, t, like: b.rand((2,), 3)),
+        ("gather float index", tt.LayoutError, r"gather: the index must be INT32 or UINT32, got FLOAT32",
+         lambda b, x, i, t, like: b.gather(x, x, 0)),
+        ("gather rank", tt.ShapeError, r"gather along axis 0: index \(3,\) must have the rank of x \(4, 5\)",
+         lambda b, x, i, t, like: b.gather(x, i, 0)),
+        ("gather longer", tt.ShapeError, r"gather along axis 0: index \(2, 6\)",
+         lambda b, x, i, t, like: b.gather(x, b.reshape(b.concat([i, i, i, i], 0), (2, 6)), 0)),
+        ("gather axis", tt.ShapeError, r"gather: axis 2 is out of range", lambda b, x, i, t, like: b.gather(x, i, 2)),
+        ("embedding_grad ids", tt.LayoutError, r"embedding_grad: ids must be INT32 or UINT32",
+         lambda b, x, i, t, like: b.embedding_grad(x, x, 3)),
+        ("embedding_grad shape", tt.ShapeError, r"embedding_grad: grad \(4, 5\) must be ids.shape \+ \(D,\), ids \(3,\)",
+         lambda b, x, i, t, like: b.embedding_grad(i, x, 3)),
+        ("embedding_grad rows", tt.ShapeError, r"embedding_grad: num_rows must be at least 1",
+         lambda b, x, i, t, like: b.embedding_grad(i, like((3, 4)), 0)),
+        ("embedding_grad rows float", tt.ShapeError, r"embedding_grad: num_rows must be an integer",
+         lambda b, x, i, t, like: b.embedding_grad(i, like((3, 4)), 2.0)),
+        ("embedding_grad int", tt.LayoutError, r"embedding_grad needs a float",
+         lambda b, x, i, t, like: b.embedding_grad(i, b.typecast(like((3, 4)), I32), 5)),
+        ("embedding_grad padding", tt.ShapeError, r"padding_idx 5 is out of range for 5 rows",
+         lambda b, x, i, t, like: b.embedding_grad(i, like((3, 4)), 5, 5)),
         ("broadcast_to rank", tt.ShapeError, r"broadcast_to: \(4, 5\) does not broadcast to \(5,\)",
          lambda b, x, i, t, like: b.broadcast_to(x, (5,))),
     ]
@@ -265,7 +359,7 @@ def test_bad_input_fails_at_build_time(case: tuple[str, type[Exception], str, Ca
     _, error, pattern, call = case
     b = tt.ProgramBuilder("bad")
     x, i, t = b.input((4, 5)), b.input((3,), tile(I32)), b.input((1, 6, 6, 4))
-    like = {s: b.input(s) for s in ((3,), (1,))}
+    like = {s: b.input(s) for s in ((3,), (1,), (3, 4))}
     with pytest.raises(error, match=pattern):
         call(b, x, i, t, like.__getitem__)
 
@@ -278,11 +372,13 @@ def every_new_op(dtype: tt.DataType) -> tuple[tt.Program, list[Array], list[Call
     a reference on the rounded inputs: (expected, "exact" or "close")."""
     rng = np.random.default_rng(5)
     b = tt.ProgramBuilder(f"every new op {dtype.name}")
-    specs = [((2, 5, 33), dtype), ((5, 33), dtype), ((1, 1), I32)]
+    specs = [((2, 5, 33), dtype), ((5, 33), dtype), ((1, 1), I32), ((2, 3, 33), I32), ((4, 3), U32)]
     arrays = [make(rng, s, d) for s, d in specs]
     arrays[1] = np.abs(arrays[1]) + np.float32(0.5)  # a divisor and a log argument
     arrays[2] = np.array([[-7]], np.int32)
-    x, pos, seed = (b.input(s, tile(d)) for s, d in specs)
+    arrays[3] = rng.integers(-1, 7, (2, 3, 33)).astype(np.int32)  # along axis 1 of x: 0..4, some clamped
+    arrays[4] = np.array([[0, 2, 2], [9, 1, 0], [3, 3, 3], [1, 0, 2]], np.uint32)
+    x, pos, seed, index, ids = (b.input(s, tile(d)) for s, d in specs)
     R = Callable[[list[Array]], tuple[Array, str]]
     refs: list[R] = []
 
@@ -299,6 +395,10 @@ def every_new_op(dtype: tt.DataType) -> tuple[tt.Program, list[Array], list[Call
     out(b.full((2, 2), 7, I32), lambda r: (np.full((2, 2), 7), "exact"))
     out(b.add(b.broadcast_to(pos, (2, 5, 33)), x), lambda r: (r[1] + r[0], "close"))
     out(b.rand((3, 40), seed), lambda r: (rand_reference(120, -7).reshape(3, 40), "exact"))
+    out(b.gather(x, index, 1), lambda r: (ref_gather(r[0], r[3], 1), "exact"))
+    rows = b.broadcast_to(b.slice(x, [0, 0], [1, 3]), (4, 3, 33))  # ids.shape + (D,)
+    out(b.embedding_grad(ids, rows, 6, padding_idx=-1),
+        lambda r: (ref_embedding_grad(r[4], np.broadcast_to(r[0][:1, :3], (4, 3, 33)), 6, 5), "close"))
     return b.build(), arrays, refs
 
 

@@ -384,6 +384,27 @@ def _rand(arrays: list[Array], scalar: float | None, shape: tuple[int, ...]) -> 
     return (bits.astype(np.float32) * np.float32(2.0**-24)).reshape(tuple(shape))
 
 
+
+def _gather(arrays: list[Array], scalar: float | None, axis: int) -> Array:
+    x, index = arrays
+    # PyTorch reads x's leading part along the other dims; numpy broadcasts a dim of 1.
+    view = x[tuple(slice(None) if d == axis or n == 1 else slice(0, i)
+                   for d, (i, n) in enumerate(zip(index.shape, x.shape)))]
+    view = np.broadcast_to(view, tuple(n if d == axis else i for d, (i, n) in enumerate(zip(index.shape, x.shape))))
+    return np.take_along_axis(view, _clamped_index(index, x.shape[axis]), axis=axis)
+
+
+def _embedding_grad(arrays: list[Array], scalar: float | None, num_rows: int,
+                    padding_idx: int | None) -> Array:
+    ids, grad = arrays
+    d = grad.shape[-1]
+    out = np.zeros((num_rows, d), grad.dtype)
+    np.add.at(out, _clamped_index(ids, num_rows).reshape(-1), grad.reshape(-1, d))
+    if padding_idx is not None:
+        out[padding_idx] = 0
+    return out
+
+
 OPS: dict[str, OpDef] = {
     op.name: op
     for op in (
@@ -440,6 +461,8 @@ OPS: dict[str, OpDef] = {
         OpDef("full", 0, _full),
         OpDef("broadcast_to", 1, _broadcast_to),
         OpDef("rand", 1, _rand),
+        OpDef("gather", 2, _gather),
+        OpDef("embedding_grad", 2, _embedding_grad, float_only=True),
     )
 }
 
