@@ -652,3 +652,10 @@ def test_decompositions_keep_sdpa_gradients_exact() -> None:
             grads.append([t.grad.clone() for t in (q, k, v)])
         for eager, compiled in zip(*grads):
             torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+async def test_conv_and_pool_forward(dtype: torch.dtype) -> None:
+    """The conv case's forward alone (conv2d, max_pool2d with its placeholder indices,
+    avg_pool2d): its device ops predate the backward ones."""
+    await check_graphs({"fw": captured("conv", dtype)["fw"]}, dtype, "conv")
