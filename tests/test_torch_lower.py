@@ -31,13 +31,13 @@ torch = pytest.importorskip(
     "torch", reason="the PyTorch front-end is optional: pip install torch==2.13.0 (CPU wheel) to test it"
 )
 
-import torch.nn.functional as F  # noqa: E402
-from functorch.compile import make_boxed_func  # noqa: E402
-from torch import nn  # noqa: E402
-from torch._dynamo.backends.common import aot_autograd  # noqa: E402
-from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
+import torch.nn.functional as F
+from functorch.compile import make_boxed_func
+from torch import nn
+from torch._dynamo.backends.common import aot_autograd
+from torch.fx.experimental.proxy_tensor import make_fx
 
-import ttflow as tt  # noqa: E402
+import ttflow as tt
 
 
 def _load_lower() -> Any:
@@ -158,9 +158,9 @@ def assert_close(got: Sequence[Any], want: Sequence[Any], dtype: torch.dtype, wh
         g32, w32 = g.float(), w.float()
         if dtype == torch.bfloat16 or w.dtype == torch.bfloat16:
             scale = max(1.0, float(w32.abs().max()))
-            torch.testing.assert_close(g32, w32, rtol=0, atol=0.03 * scale, msg=lambda m: f"{what} output {i}: {m}")
+            torch.testing.assert_close(g32, w32, rtol=0, atol=0.03 * scale, msg=lambda m, i=i: f"{what} output {i}: {m}")
         else:
-            torch.testing.assert_close(g32, w32, rtol=1e-4, atol=1e-4, msg=lambda m: f"{what} output {i}: {m}")
+            torch.testing.assert_close(g32, w32, rtol=1e-4, atol=1e-4, msg=lambda m, i=i: f"{what} output {i}: {m}")
 
 
 async def check_graphs(graphs: dict[str, Graph], dtype: torch.dtype, name: str) -> None:
@@ -410,7 +410,7 @@ def ops_elementwise(x, w, v):
     pos = y.abs() + 0.5
     r = torch.where(y > 0, y, 0.1 * y) + torch.clamp(y, -0.5, 0.7) + pos.pow(1.5) + pos.sqrt() + torch.exp(-pos)
     r = r + torch.log(pos) - (-y) + 1 - y / pos + 2.0 / pos + y * 2.0 + y ** 2 + torch.rsqrt(pos)
-    cmp = (y >= 0.2) & (y < 1.0) | (y == 0.0) | (y != y) | ~(y <= -1.0)
+    cmp = (y >= 0.2) & (y < 1.0) | (y == 0.0) | torch.isnan(y) | ~(y <= -1.0)
     r = r + torch.addmm(v[:5], x[0], w, beta=0.5, alpha=2.0)
     return r * cmp + torch.maximum(y, v[:5]) + torch.minimum(y, torch.zeros_like(y)) + y.clamp(min=0.1)
 

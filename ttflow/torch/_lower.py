@@ -32,7 +32,7 @@ import math
 import operator
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import torch
@@ -94,7 +94,7 @@ def _static(shape: Sequence[Any], what: str) -> tuple[int, ...]:
         if not isinstance(d, int):
             try:
                 d = int(d)  # a SymInt with a hint would pass here; a static graph has plain ints
-            except Exception:
+            except (TypeError, ValueError, RuntimeError):
                 raise UnsupportedOpError(
                     f"{what} has a symbolic shape {tuple(shape)}; tt programs have static shapes "
                     "(torch.compile(..., dynamic=False))"
@@ -234,7 +234,7 @@ def _ishape(shape: Sequence[int]) -> tuple[int, ...]:
     return dims or (1,)
 
 
-def _meta_tensor(t: _T | float | int | bool) -> Any:
+def _meta_tensor(t: _T | float | bool) -> Any:
     if isinstance(t, _T):
         return torch.empty(t.shape, dtype=t.dtype, device="meta")
     return t
@@ -319,7 +319,7 @@ class _Lowering:
         target = _ishape(shape)
         return v if v.shape == target else self.b.reshape(v, target)
 
-    def operand(self, x: _T | float | int | bool, dtype: torch.dtype) -> Any:
+    def operand(self, x: _T | float | bool, dtype: torch.dtype) -> Any:
         """A binary op's operand in `dtype`: a program value, or a Python number."""
         if isinstance(x, _T):
             return self.cast(x, dtype)
@@ -331,7 +331,7 @@ class _Lowering:
             return int(x)
         raise self.unsupported(f"operand {x!r:.40} is neither a tensor nor a number")
 
-    def full(self, shape: Sequence[int], value: float | int | bool, dtype: torch.dtype) -> Any:
+    def full(self, shape: Sequence[int], value: float | bool, dtype: torch.dtype) -> Any:
         if isinstance(value, float) and math.isnan(value):
             raise self.unsupported("a NaN constant cannot be made on the device")
         ddtype = device_dtype(dtype)
@@ -457,10 +457,10 @@ def _lower_node(L: _Lowering, node: torch.fx.Node, env: dict[torch.fx.Node, Any]
     if node.op != "call_function":
         raise UnsupportedOpError(f"{node.op} {node.target} has no tt lowering{_user_line(node)}")
     if node.target is operator.getitem:
-        parts, index = env[node.args[0]], node.args[1]
-        part = parts[index]
+        source, index = cast(torch.fx.Node, node.args[0]), cast(int, node.args[1])
+        part = env[source][index]
         if part is None:
-            raise L.unsupported(f"output {index} of {node.args[0].name} was not lowered")  # pragma: no cover
+            raise L.unsupported(f"output {index} of {source.name} was not lowered")  # pragma: no cover
         return part
     fn = _LOWERINGS.get(node.target)
     if fn is None:
@@ -536,7 +536,7 @@ def _out(node: torch.fx.Node) -> Any:
 
 def _used(node: torch.fx.Node) -> set[int]:
     """Which elements of a multi-output node's tuple are read (by getitem)."""
-    return {u.args[1] for u in node.users if u.target is operator.getitem}
+    return {cast(int, u.args[1]) for u in node.users if u.target is operator.getitem}
 
 
 # -- no-ops and casts --------------------------------------------------------------------------------
@@ -830,7 +830,7 @@ def _empty(L: _Lowering, node: torch.fx.Node, *args: Any, **kwargs: Any) -> Any:
 
 @_register(aten.arange.start_step, aten.arange.start, aten.arange.default)
 def _arange(L: _Lowering, node: torch.fx.Node, *args: Any, **kwargs: Any) -> Any:
-    numbers = [a for a in args if isinstance(a, (int, float))]
+    numbers: list[Any] = [a for a in args if isinstance(a, (int, float))]
     if node.target is aten.arange.default:
         start, end, step = 0, numbers[0], 1
     else:
@@ -841,7 +841,7 @@ def _arange(L: _Lowering, node: torch.fx.Node, *args: Any, **kwargs: Any) -> Any
 
 
 def _dropout_draws(node: torch.fx.Node) -> bool:
-    p = node.args[1]
+    p = cast(float, node.args[1])
     train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train", True)
     return train is not False and 0 < p < 1
 
@@ -1186,7 +1186,7 @@ def _index(L: _Lowering, node: torch.fx.Node, x: _T, indices: Sequence[_T | None
     if len(indices) != 1 or indices[0] is None or indices[0].dtype == torch.bool:
         raise L.unsupported("only x[int_tensor] (one integer index tensor, on dim 0) lowers")
     ids = indices[0]
-    table, others, _ = _gather_table(L, x, 0)
+    table, _, _ = _gather_table(L, x, 0)
     rows = L.b.embedding(ids.v, table)
     return L.fit(rows, _out(node).shape)
 
