@@ -108,6 +108,196 @@ def test_log_and_erf_edge_values() -> None:
     np.testing.assert_allclose(ef[9], 2 / math.sqrt(math.pi) * 1e-30, rtol=1e-6)
 
 
+# -- group 2: full, broadcast_to --------------------------------------------------------------------
+
+
+@given(shapes(1, 3), st.sampled_from([F32, BF16, BF8, I32, U32]),
+       st.sampled_from([0, 1, -3, 2.5, 1e-3, 65504.0, -1e30, math.inf, -math.inf, 2**31 - 1, 2**32 - 1]))
+def test_full_is_a_constant(shape: tuple[int, ...], dtype: tt.DataType, value: float) -> None:
+    b = tt.ProgramBuilder("full")
+    integral = isinstance(value, int) or (math.isfinite(value) and float(value).is_integer())
+    fits = {I32: -(2**31) <= value < 2**31, U32: 0 <= value < 2**32}
+    if (not dtype.is_float and not (integral and fits[dtype])) or (dtype is BF8 and math.isinf(value)):
+        with pytest.raises(tt.LayoutError, match="full"):
+            b.full(shape, value, dtype)
+        return
+    out = b.full(shape, value, dtype)
+    b.output(out)
+    (got,) = run_on_host(b.build(), [])
+    assert out.dtype is dtype and out.shape == shape and got.shape == shape
+    exact(np.asarray(got), np.full(shape, value, np.float64 if dtype.is_float else np.int64), dtype)
+
+
+def test_full_takes_float32_by_default_and_refuses_nan() -> None:
+    b = tt.ProgramBuilder("full")
+    assert b.full((2, 3), 1).dtype is F32
+    with pytest.raises(tt.ProgramError, match="full: value must not be NaN"):
+        b.full((2,), math.nan)
+
+
+@given(st.data(), st.sampled_from([F32, BF16, BF8, I32, U32]), seeds)
+def test_broadcast_to_is_numpys(data: st.DataObject, dtype: tt.DataType, seed: int) -> None:
+    target = data.draw(hnp.array_shapes(min_dims=1, max_dims=4, max_side=5), label="target")
+    rank = data.draw(st.integers(1, len(target)), label="x rank")
+    shape = tuple(1 if data.draw(st.booleans()) else d for d in target[len(target) - rank :])
+    x = make(np.random.default_rng(seed), shape, dtype)
+    out, got = host(lambda b, v: b.broadcast_to(v, target), (x, dtype))
+    assert out.dtype is dtype and out.shape == target
+    exact(got, np.broadcast_to(rounded(x, dtype), target), dtype)
+
+
+# -- group 3: rand ----------------------------------------------------------------------------------
+
+
+def philox_reference(counter: tuple[int, int, int, int], key: tuple[int, int]) -> tuple[int, ...]:
+    """Philox4x32-10 from the paper (Salmon et al., SC'11), one counter, on Python ints."""
+    c, (k0, k1), m = list(counter), key, 0xFFFFFFFF
+    for r in range(10):
+        if r:
+            k0, k1 = (k0 + 0x9E3779B9) & m, (k1 + 0xBB67AE85) & m
+        p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
+        c = [(p1 >> 32) ^ c[1] ^ k0, p1 & m, (p0 >> 32) ^ c[3] ^ k1, p0 & m]
+    return tuple(c)
+
+
+def rand_reference(n: int, seed: int) -> Array:
+    """docs/ops.md's rule: element i is word i % 4 of the block i // 4, its top 24 bits / 2**24."""
+    out = []
+    for i in range(n):
+        q = i // 4
+        word = philox_reference((q & 0xFFFFFFFF, q >> 32, 0, 0), (seed & 0xFFFFFFFF, 0))[i % 4]
+        out.append((word >> 8) / 2.0**24)
+    return np.array(out)
+
+
+def test_the_philox_reference_passes_random123s_known_answers() -> None:
+    kat = [((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+           ((0xFFFFFFFF,) * 4, (0xFFFFFFFF, 0xFFFFFFFF), (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+           ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+            (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1))]
+    for counter, key, want in kat:
+        assert philox_reference(counter, key) == want
+
+
+def run_rand(shape: tuple[int, ...], seed: int, dtype: tt.DataType = I32, seed_shape: tuple[int, ...] = (1, 1)) -> Array:
+    b = tt.ProgramBuilder("rand")
+    out = b.rand(shape, b.input(seed_shape, tile(dtype)))
+    assert out.dtype is F32 and out.shape == shape
+    b.output(out)
+    seed_array = np.array(seed, np.int64).astype(dtype.host_dtype).reshape(seed_shape)
+    (got,) = run_on_host(b.build(), [seed_array])
+    assert got.dtype == np.float32
+    return np.asarray(got)
+
+
+@given(shapes(1, 3), st.integers(-(2**31), 2**31 - 1))
+def test_rand_is_philox_of_the_seed_and_the_index(shape: tuple[int, ...], seed: int) -> None:
+    got = run_rand(shape, seed)
+    np.testing.assert_array_equal(got.ravel().astype(np.float64), rand_reference(got.size, seed))
+    again = run_rand(shape, seed)
+    np.testing.assert_array_equal(got, again)  # the same seed, the same numbers
+    # An INT32 seed is its bits: -1 is UINT32's 2**32 - 1; (1,) seeds as (1, 1) ones.
+    np.testing.assert_array_equal(run_rand(shape, seed & 0xFFFFFFFF, U32, (1,)), got)
+
+
+def test_rand_of_another_shape_is_a_prefix_and_other_seeds_differ() -> None:
+    a = run_rand((7, 9), 42)
+    np.testing.assert_array_equal(run_rand((63,), 42), a.ravel())  # element i depends on i only
+    others = [run_rand((7, 9), s) for s in (43, 0, -42, 2**31 - 1)]
+    for o in others:
+        assert np.mean(o == a) < 0.05
+
+
+def test_rand_is_uniform_on_a_large_sample() -> None:
+    n = 1 << 18
+    x = run_rand((512, 512), 1234).astype(np.float64).ravel()
+    assert x.min() >= 0.0 and x.max() < 1.0
+    sigma_mean = math.sqrt(1 / 12 / n)
+    assert abs(x.mean() - 0.5) < 5 * sigma_mean
+    assert abs(x.var() - 1 / 12) < 5 * math.sqrt(1 / 180 / n)  # the variance of U(0,1)'s squares
+    counts = np.bincount((x * 64).astype(np.int64), minlength=64)  # chi-square, 63 dof
+    chi2 = ((counts - n / 64) ** 2 / (n / 64)).sum()
+    assert chi2 < 63 + 6 * math.sqrt(2 * 63)
+    pairs = x[: n // 2 * 2].reshape(-1, 2)  # neighbours are uncorrelated
+    assert abs(np.corrcoef(pairs[:, 0], pairs[:, 1])[0, 1]) < 5 / math.sqrt(n / 2)
+    assert np.unique(x).size > n * 0.99  # 24 bits: few repeats
+
+
+# -- group 4: gather, embedding_grad ----------------------------------------------------------------
+
+
+def ref_gather(x: Array, index: Array, axis: int) -> Array:
+    """torch.gather's definition by loops over the index, indices clamped into range."""
+    out = np.zeros(index.shape, x.dtype)
+    for pos in np.ndindex(*index.shape):
+        src = list(pos)
+        src[axis] = min(max(int(index[pos]), 0), x.shape[axis] - 1)
+        src = [0 if x.shape[d] == 1 and d != axis else p for d, p in enumerate(src)]  # numpy's broadcast
+        out[pos] = x[tuple(src)]
+    return out
+
+
+@given(shapes(1, 3), st.sampled_from([F32, BF16, BF8, I32]), st.sampled_from([I32, U32]), seeds, st.data())
+def test_gather_takes_along_an_axis(shape: tuple[int, ...], dtype: tt.DataType, idtype: tt.DataType, seed: int,
+                                    data: st.DataObject) -> None:
+    rng = np.random.default_rng(seed)
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1), label="axis")
+    a = axis % len(shape)
+    ishape = tuple(data.draw(st.integers(1, 6), label="index length") if d == a
+                   else data.draw(st.sampled_from(sorted({1, n, max(1, n - 1)} | ({3} if n == 1 else set()))),
+                                  label="index dim")
+                   for d, n in enumerate(shape))
+    x = make(rng, shape, dtype)
+    n = shape[a]
+    index = rng.integers(-2 if idtype is I32 else 0, n + 2, ishape).astype(idtype.host_dtype)
+    out, got = host(lambda b, v, i: b.gather(v, i, axis), (x, dtype), (index, idtype))
+    assert out.dtype is dtype and out.shape == ishape
+    rx = rounded(x, dtype)
+    want = ref_gather(rx, index.astype(np.int64), a)
+    exact(got, want, dtype)
+    if all(i == m or m == 1 for d, (i, m) in enumerate(zip(ishape, shape)) if d != a):  # numpy's own
+        np.testing.assert_array_equal(want, np.take_along_axis(rx, np.clip(index.astype(np.int64), 0, n - 1), a))
+    if dtype is F32 and all(i <= m for i, m in zip(ishape, shape)):
+        torch = torch_module()
+        t = torch.gather(torch.from_numpy(rx), a, torch.from_numpy(np.clip(index.astype(np.int64), 0, n - 1)))
+        np.testing.assert_array_equal(got, t.numpy())
+
+
+def ref_embedding_grad(ids: Array, grad: Array, rows: int, padding_idx: int | None) -> Array:
+    out = np.zeros((rows, grad.shape[-1]))
+    for pos in np.ndindex(*ids.shape):
+        r = min(max(int(ids[pos]), 0), rows - 1)
+        if r != padding_idx:
+            out[r] += grad[pos]
+    return out
+
+
+@given(st.sampled_from([I32, U32]), float_dtypes, shapes(1, 2), st.integers(1, 12), st.sampled_from([1, 5, 33]),
+       st.none() | st.integers(-3, 2), seeds)
+def test_embedding_grad_sums_rows_into_their_ids(idtype: tt.DataType, dtype: tt.DataType, ishape: tuple[int, ...],
+                                                 rows: int, d: int, padding_idx: int | None, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(-2 if idtype is I32 else 0, rows + 2, ishape).astype(idtype.host_dtype)
+    grad = make(rng, ishape + (d,), dtype)
+    if padding_idx is not None and not -rows <= padding_idx < rows:
+        b = tt.ProgramBuilder("bad")
+        with pytest.raises(tt.ShapeError, match="padding_idx .* out of range"):
+            b.embedding_grad(b.input(ishape, tile(idtype)), b.input(grad.shape), rows, padding_idx)
+        return
+    out, got = host(lambda b, i, g: b.embedding_grad(i, g, rows, padding_idx), (ids, idtype), (grad, dtype))
+    assert out.dtype is dtype and out.shape == (rows, d)
+    pad = None if padding_idx is None else padding_idx % rows
+    rg = rounded(grad, dtype)
+    want = ref_embedding_grad(ids, rg, rows, pad)
+    check(got, want, dtype, rtol=1e-5, atol=1e-5 * math.prod(ishape))
+    if dtype is F32:  # PyTorch autograd of F.embedding (ids in range, as PyTorch needs them)
+        torch = torch_module()
+        table = torch.zeros((rows, d), dtype=torch.float64, requires_grad=True)
+        clamped = torch.from_numpy(np.clip(ids.astype(np.int64), 0, rows - 1))
+        torch.nn.functional.embedding(clamped, table, padding_idx=pad).backward(torch.from_numpy(rg))
+        np.testing.assert_allclose(want, table.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
 # -- build-time errors ---------------------------------------------------------------------------
 
 
@@ -125,6 +315,42 @@ def bad_calls() -> list[tuple[str, type[Exception], str, Callable[..., Any]]]:
         ("div not a value", tt.ProgramError, r"div: expected a Value", lambda b, x, i, t, like: b.div(x, "2")),
         ("log int", tt.LayoutError, r"log needs a float", lambda b, x, i, t, like: b.log(i)),
         ("erf int", tt.LayoutError, r"erf needs a float", lambda b, x, i, t, like: b.erf(i)),
+        ("full shape", tt.ShapeError, r"shape", lambda b, x, i, t, like: b.full((2, 0), 1.0)),
+        ("full value", tt.ProgramError, r"full: value must be a number", lambda b, x, i, t, like: b.full((2,), "1")),
+        ("full bool", tt.ProgramError, r"full: value must be a number", lambda b, x, i, t, like: b.full((2,), True)),
+        ("full dtype", tt.LayoutError, r"full: dtype must be a tt.DataType", lambda b, x, i, t, like: b.full((2,), 1, "f")),
+        ("full int", tt.LayoutError, r"full: INT32 takes an integral value", lambda b, x, i, t, like: b.full((2,), 0.5, I32)),
+        ("full range", tt.LayoutError, r"full: -1 does not fit UINT32", lambda b, x, i, t, like: b.full((2,), -1, U32)),
+        ("full bf8 inf", tt.LayoutError, r"full: BFLOAT8_B cannot hold -inf", lambda b, x, i, t, like: b.full((2,), -math.inf, BF8)),
+        ("broadcast_to", tt.ShapeError, r"broadcast_to: \(4, 5\) does not broadcast to \(4, 3\)",
+         lambda b, x, i, t, like: b.broadcast_to(x, (4, 3))),
+        ("rand float seed", tt.LayoutError, r"rand: the seed must be INT32 or UINT32, got FLOAT32",
+         lambda b, x, i, t, like: b.rand((2, 3), like((1,)))),
+        ("rand seed shape", tt.ShapeError, r"rand: the seed must have one element .*got \(3,\)",
+         lambda b, x, i, t, like: b.rand((2, 3), i)),
+        ("rand shape", tt.ShapeError, r"shape", lambda b, x, i, t, like: b.rand(5, b.slice(i, [0], [1]))),
+        ("rand not a value", tt.ProgramError, r"rand: expected a Value", lambda b, x, i, t, like: b.rand((2,), 3)),
+        ("gather float index", tt.LayoutError, r"gather: the index must be INT32 or UINT32, got FLOAT32",
+         lambda b, x, i, t, like: b.gather(x, x, 0)),
+        ("gather rank", tt.ShapeError, r"gather along axis 0: index \(3,\) must have the rank of x \(4, 5\)",
+         lambda b, x, i, t, like: b.gather(x, i, 0)),
+        ("gather longer", tt.ShapeError, r"gather along axis 0: index \(2, 6\)",
+         lambda b, x, i, t, like: b.gather(x, b.reshape(b.concat([i, i, i, i], 0), (2, 6)), 0)),
+        ("gather axis", tt.ShapeError, r"gather: axis 2 is out of range", lambda b, x, i, t, like: b.gather(x, i, 2)),
+        ("embedding_grad ids", tt.LayoutError, r"embedding_grad: ids must be INT32 or UINT32",
+         lambda b, x, i, t, like: b.embedding_grad(x, x, 3)),
+        ("embedding_grad shape", tt.ShapeError, r"embedding_grad: grad \(4, 5\) must be ids.shape \+ \(D,\), ids \(3,\)",
+         lambda b, x, i, t, like: b.embedding_grad(i, x, 3)),
+        ("embedding_grad rows", tt.ShapeError, r"embedding_grad: num_rows must be at least 1",
+         lambda b, x, i, t, like: b.embedding_grad(i, like((3, 4)), 0)),
+        ("embedding_grad rows float", tt.ShapeError, r"embedding_grad: num_rows must be an integer",
+         lambda b, x, i, t, like: b.embedding_grad(i, like((3, 4)), 2.0)),
+        ("embedding_grad int", tt.LayoutError, r"embedding_grad needs a float",
+         lambda b, x, i, t, like: b.embedding_grad(i, b.typecast(like((3, 4)), I32), 5)),
+        ("embedding_grad padding", tt.ShapeError, r"padding_idx 5 is out of range for 5 rows",
+         lambda b, x, i, t, like: b.embedding_grad(i, like((3, 4)), 5, 5)),
+        ("broadcast_to rank", tt.ShapeError, r"broadcast_to: \(4, 5\) does not broadcast to \(5,\)",
+         lambda b, x, i, t, like: b.broadcast_to(x, (5,))),
     ]
 
 
@@ -133,7 +359,7 @@ def test_bad_input_fails_at_build_time(case: tuple[str, type[Exception], str, Ca
     _, error, pattern, call = case
     b = tt.ProgramBuilder("bad")
     x, i, t = b.input((4, 5)), b.input((3,), tile(I32)), b.input((1, 6, 6, 4))
-    like = {s: b.input(s) for s in ((3,),)}
+    like = {s: b.input(s) for s in ((3,), (1,), (3, 4))}
     with pytest.raises(error, match=pattern):
         call(b, x, i, t, like.__getitem__)
 
@@ -146,10 +372,13 @@ def every_new_op(dtype: tt.DataType) -> tuple[tt.Program, list[Array], list[Call
     a reference on the rounded inputs: (expected, "exact" or "close")."""
     rng = np.random.default_rng(5)
     b = tt.ProgramBuilder(f"every new op {dtype.name}")
-    specs = [((2, 5, 33), dtype), ((5, 33), dtype)]
+    specs = [((2, 5, 33), dtype), ((5, 33), dtype), ((1, 1), I32), ((2, 3, 33), I32), ((4, 3), U32)]
     arrays = [make(rng, s, d) for s, d in specs]
     arrays[1] = np.abs(arrays[1]) + np.float32(0.5)  # a divisor and a log argument
-    x, pos = (b.input(s, tile(d)) for s, d in specs)
+    arrays[2] = np.array([[-7]], np.int32)
+    arrays[3] = rng.integers(-1, 7, (2, 3, 33)).astype(np.int32)  # along axis 1 of x: 0..4, some clamped
+    arrays[4] = np.array([[0, 2, 2], [9, 1, 0], [3, 3, 3], [1, 0, 2]], np.uint32)
+    x, pos, seed, index, ids = (b.input(s, tile(d)) for s, d in specs)
     R = Callable[[list[Array]], tuple[Array, str]]
     refs: list[R] = []
 
@@ -162,6 +391,14 @@ def every_new_op(dtype: tt.DataType) -> tuple[tt.Program, list[Array], list[Call
     out(b.log(pos), lambda r: (np.log(r[1]), "close"))
     out(b.erf(x), lambda r: (UNARY3["erf"](r[0]), "close"))
     out(b.abs(x), lambda r: (np.abs(r[0]), "exact"))
+    out(b.full((3, 33), -math.inf, F32), lambda r: (np.full((3, 33), -np.inf), "exact"))
+    out(b.full((2, 2), 7, I32), lambda r: (np.full((2, 2), 7), "exact"))
+    out(b.add(b.broadcast_to(pos, (2, 5, 33)), x), lambda r: (r[1] + r[0], "close"))
+    out(b.rand((3, 40), seed), lambda r: (rand_reference(120, -7).reshape(3, 40), "exact"))
+    out(b.gather(x, index, 1), lambda r: (ref_gather(r[0], r[3], 1), "exact"))
+    rows = b.broadcast_to(b.slice(x, [0, 0], [1, 3]), (4, 3, 33))  # ids.shape + (D,)
+    out(b.embedding_grad(ids, rows, 6, padding_idx=-1),
+        lambda r: (ref_embedding_grad(r[4], np.broadcast_to(r[0][:1, :3], (4, 3, 33)), 6, 5), "close"))
     return b.build(), arrays, refs
 
 

@@ -193,6 +193,13 @@ def _replay(b: ProgramBuilder, op: str, args: list[Value], scalar: float | None,
         if args:
             raise BinaryFormatError("arange reads no values")
         return b.arange(dtype=DataType(attrs_.pop("dtype")), **attrs_)
+    if op == "full":
+        if args:
+            raise BinaryFormatError("full reads no values")
+        return b.full(dtype=DataType(attrs_.pop("dtype")), **attrs_)
+    if op == "rand":
+        (seed,) = args
+        return b.rand(seed=seed, **attrs_)
     if op == "concat":
         return b.concat(args, **attrs_)
     if op == "where":

@@ -37,7 +37,7 @@ import numpy as np
 
 from ._types import DataType
 
-__all__ = ["OpDef", "OPS", "erf", "arange_length", "compute_dtype", "store_as", "to_host_dtype"]
+__all__ = ["OpDef", "OPS", "erf", "philox4x32_10", "arange_length", "compute_dtype", "store_as", "to_host_dtype"]
 
 Array = np.ndarray[Any, Any]
 
@@ -341,6 +341,70 @@ def _erf(arrays: list[Array], scalar: float | None) -> Array:
     return erf(x).astype(x.dtype)
 
 
+
+def _full(arrays: list[Array], scalar: float | None, shape: tuple[int, ...], value: float,
+          dtype: str) -> Array:
+    return np.full(tuple(shape), value, np.float32 if DataType(dtype).is_float else np.int64)
+
+
+def _broadcast_to(arrays: list[Array], scalar: float | None, shape: tuple[int, ...]) -> Array:
+    return np.ascontiguousarray(np.broadcast_to(arrays[0], tuple(shape)))
+
+
+
+_U32 = 0xFFFFFFFF
+_PHILOX_M = (np.uint64(0xD2511F53), np.uint64(0xCD9E8D57))  # Random123's multipliers
+_PHILOX_W = (0x9E3779B9, 0xBB67AE85)  # its Weyl key increments
+
+
+def philox4x32_10(counter: tuple[Array, Array, Array, Array], key: tuple[int, int]) -> list[Array]:
+    """Philox4x32-10 (Salmon et al., SC'11; Random123's `philox4x32`) of uint64 arrays holding
+    32-bit counter words, vectorised: four uint32 words (as uint64) per counter."""
+    c0, c1, c2, c3 = (np.asarray(c, np.uint64) for c in counter)
+    k0, k1 = key[0] & _U32, key[1] & _U32
+    mask, shift = np.uint64(_U32), np.uint64(32)
+    for r in range(10):
+        if r:
+            k0, k1 = (k0 + _PHILOX_W[0]) & _U32, (k1 + _PHILOX_W[1]) & _U32
+        p0, p1 = _PHILOX_M[0] * c0, _PHILOX_M[1] * c2  # 32 x 32 -> 64 bits: no wrap
+        c0, c1, c2, c3 = ((p1 >> shift) ^ c1 ^ np.uint64(k0), p1 & mask,
+                          (p0 >> shift) ^ c3 ^ np.uint64(k1), p0 & mask)
+    return [c0, c1, c2, c3]
+
+
+def _rand(arrays: list[Array], scalar: float | None, shape: tuple[int, ...]) -> Array:
+    # Element i is word i % 4 of Philox4x32-10 at counter (i // 4 low word, high word, 0, 0)
+    # and key (seed as uint32, 0); its top 24 bits times 2**-24 (exact in float32, below 1).
+    n = math.prod(shape)
+    seed = int(arrays[0].reshape(-1)[0]) & _U32
+    block = np.arange((n + 3) // 4, dtype=np.uint64)
+    zero = np.zeros_like(block)
+    words = philox4x32_10((block & np.uint64(_U32), block >> np.uint64(32), zero, zero), (seed, 0))
+    bits = np.stack(words, axis=1).reshape(-1)[:n] >> np.uint64(8)
+    return (bits.astype(np.float32) * np.float32(2.0**-24)).reshape(tuple(shape))
+
+
+
+def _gather(arrays: list[Array], scalar: float | None, axis: int) -> Array:
+    x, index = arrays
+    # PyTorch reads x's leading part along the other dims; numpy broadcasts a dim of 1.
+    view = x[tuple(slice(None) if d == axis or n == 1 else slice(0, i)
+                   for d, (i, n) in enumerate(zip(index.shape, x.shape)))]
+    view = np.broadcast_to(view, tuple(n if d == axis else i for d, (i, n) in enumerate(zip(index.shape, x.shape))))
+    return np.take_along_axis(view, _clamped_index(index, x.shape[axis]), axis=axis)
+
+
+def _embedding_grad(arrays: list[Array], scalar: float | None, num_rows: int,
+                    padding_idx: int | None) -> Array:
+    ids, grad = arrays
+    d = grad.shape[-1]
+    out = np.zeros((num_rows, d), grad.dtype)
+    np.add.at(out, _clamped_index(ids, num_rows).reshape(-1), grad.reshape(-1, d))
+    if padding_idx is not None:
+        out[padding_idx] = 0
+    return out
+
+
 OPS: dict[str, OpDef] = {
     op.name: op
     for op in (
@@ -394,6 +458,11 @@ OPS: dict[str, OpDef] = {
         OpDef("log", 1, _unary(np.log), float_only=True),
         OpDef("erf", 1, _erf, float_only=True),
         OpDef("abs", 1, _unary(np.abs)),
+        OpDef("full", 0, _full),
+        OpDef("broadcast_to", 1, _broadcast_to),
+        OpDef("rand", 1, _rand),
+        OpDef("gather", 2, _gather),
+        OpDef("embedding_grad", 2, _embedding_grad, float_only=True),
     )
 }
 

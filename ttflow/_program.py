@@ -818,6 +818,105 @@ class ProgramBuilder:
         """|x| (any dtype; INT32's -2**31 stays -2**31, as two's complement wraps)."""
         return self._unary("abs", x)
 
+    def full(self, shape: Sequence[int], value: float, dtype: DataType = DataType.FLOAT32) -> Value:
+        """A constant of `shape` with every element `value` (torch.full, np.full); needs no
+        input. Floats take any number but NaN (infinities too, as an attention mask's -inf,
+        except BFLOAT8_B, which cannot hold them); integer dtypes take integral values that fit."""
+        self._check_open()
+        if not isinstance(dtype, DataType):
+            raise LayoutError(f"full: dtype must be a tt.DataType, got {dtype!r}")
+        dims = check_shape(shape)
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise ProgramError(f"full: value must be a number, got {value!r:.40}")
+        fill: float | int
+        if isinstance(value, (int, np.integer)) and not dtype.is_float:
+            fill = int(value)
+        else:
+            number = float(value)
+            if number != number:
+                raise ProgramError("full: value must not be NaN")
+            if dtype.is_float:
+                if dtype is DataType.BFLOAT8_B and not math.isfinite(number):
+                    raise LayoutError(f"full: BFLOAT8_B cannot hold {number}; use BFLOAT16 or FLOAT32")
+                fill = number
+            elif not number.is_integer():
+                raise LayoutError(f"full: {dtype.name} takes an integral value, got {value!r}")
+            else:
+                fill = int(number)
+        if not dtype.is_float:
+            low, high = (-(2**31), 2**31 - 1) if dtype is DataType.INT32 else (0, 2**32 - 1)
+            if not low <= fill <= high:
+                raise LayoutError(f"full: {value!r} does not fit {dtype.name}")
+        return self._emit("full", [], dims, dtype, dtype=dtype.value, shape=dims, value=fill)
+
+    def broadcast_to(self, x: Value, shape: Sequence[int]) -> Value:
+        """x broadcast to `shape` by numpy's rule (np.broadcast_to, torch.expand), the result
+        materialised: every dim of x is 1 or `shape`'s, and `shape` has at least x's rank."""
+        self._check_open()
+        x = self._value("broadcast_to", x)
+        dims = check_shape(shape)
+        if len(dims) < len(x.shape) or _broadcast(x.shape, dims) != dims:
+            raise ShapeError(f"broadcast_to: {x.shape} does not broadcast to {dims}")
+        return self._emit("broadcast_to", [x], dims, x.dtype, shape=dims)
+
+    def rand(self, shape: Sequence[int], seed: Value) -> Value:
+        """Uniform FLOAT32 numbers in [0, 1) of `shape` (torch.rand), from an INT32 or UINT32
+        `seed` value with one element (shape (1,) or (1, 1), say): a counter-based generator
+        (Philox4x32-10, see `docs/ops.md`), so each element is a function of the seed and its
+        row-major index alone: the same seed gives the same numbers on any device or host."""
+        self._check_open()
+        seed = self._value("rand", seed)
+        dims = check_shape(shape)
+        if seed.dtype.is_float:
+            raise LayoutError(f"rand: the seed must be INT32 or UINT32, got {seed.dtype.name}; typecast it")
+        if math.prod(seed.shape) != 1:
+            raise ShapeError(f"rand: the seed must have one element (shape (1,) or (1, 1)), got {seed.shape}")
+        return self._emit("rand", [seed], dims, DataType.FLOAT32, shape=dims)
+
+    def gather(self, x: Value, index: Value, axis: int) -> Value:
+        """`np.take_along_axis(x, index, axis)` and `torch.gather(x, axis, index)`: result[i][j]
+        [k] = x[i][index[i][j][k]][k] for axis 1, in x's dtype with index's shape. `index` is
+        INT32 or UINT32 of x's rank; along every other dim it is no longer than x (PyTorch's
+        rule: x's leading part is read) or x's dim is 1 (numpy's broadcast). Indices are clamped
+        into [0, x.shape[axis] - 1] at run time, as embedding's ids (numpy would wrap a
+        negative one, PyTorch raises)."""
+        self._check_open()
+        x, index = self._value("gather", x), self._value("gather", index)
+        if index.dtype.is_float:
+            raise LayoutError(f"gather: the index must be INT32 or UINT32, got {index.dtype.name}; typecast it")
+        rank = len(x.shape)
+        axis = _normalise_axis("gather", axis, rank)
+        if len(index.shape) != rank or any(
+            d != axis and not (i <= n or n == 1) for d, (i, n) in enumerate(zip(index.shape, x.shape))
+        ):
+            raise ShapeError(
+                f"gather along axis {axis}: index {index.shape} must have the rank of x {x.shape} and, in every "
+                "other dim, be no longer than x (or x's dim 1)"
+            )
+        return self._emit("gather", [x, index], index.shape, x.dtype, axis=axis)
+
+    def embedding_grad(self, ids: Value, grad: Value, num_rows: int, padding_idx: int | None = None) -> Value:
+        """The gradient of `embedding(ids, table)` with respect to a [num_rows, D] table
+        (aten.embedding_dense_backward): each row of `grad` (ids.shape + (D,)) summed into the
+        row its id names (np.add.at), ids clamped as embedding clamps them, so the gradient goes
+        to the row the forward read. Row `padding_idx` (negative counts from the end) gets no
+        gradient, as PyTorch's. Floats only; the result in grad's dtype."""
+        self._check_open()
+        ids, grad = self._value("embedding_grad", ids), self._value("embedding_grad", grad)
+        if ids.dtype.is_float:
+            raise LayoutError(f"embedding_grad: ids must be INT32 or UINT32, got {ids.dtype.name}; typecast them")
+        rows = _int("embedding_grad", "num_rows", num_rows, 1)
+        if len(grad.shape) != len(ids.shape) + 1 or grad.shape[:-1] != ids.shape:
+            raise ShapeError(f"embedding_grad: grad {grad.shape} must be ids.shape + (D,), ids {ids.shape}")
+        pad = None
+        if padding_idx is not None:
+            pad = _int("embedding_grad", "padding_idx", padding_idx)
+            if not -rows <= pad < rows:
+                raise ShapeError(f"embedding_grad: padding_idx {pad} is out of range for {rows} rows")
+            pad %= rows
+        return self._emit("embedding_grad", [ids, grad], (rows, grad.shape[-1]), grad.dtype,
+                          num_rows=rows, padding_idx=pad)
+
 
 def _slice_text(bounds: list[tuple[int, int, int]]) -> str:
     return ", ".join(f"{a}:{e}:{s}" for a, e, s in bounds)

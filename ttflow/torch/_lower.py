@@ -32,7 +32,7 @@ import math
 import operator
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import torch
@@ -94,7 +94,7 @@ def _static(shape: Sequence[Any], what: str) -> tuple[int, ...]:
         if not isinstance(d, int):
             try:
                 d = int(d)  # a SymInt with a hint would pass here; a static graph has plain ints
-            except Exception:
+            except (TypeError, ValueError, RuntimeError):
                 raise UnsupportedOpError(
                     f"{what} has a symbolic shape {tuple(shape)}; tt programs have static shapes "
                     "(torch.compile(..., dynamic=False))"
@@ -128,12 +128,17 @@ class InputSpec:
 class OutputSpec:
     """One graph output. `kind` "program": the program's output `index`; "input": the graph
     returns its input `index` unchanged (nothing is emitted); "none": the graph returns None
-    (`index` is -1). `shape` and `dtype` are torch's (for "none": () and None)."""
+    (`index` is -1). `shape` and `dtype` are torch's (for "none": () and None).
+
+    `placeholder`: the program gives a stand-in, not torch's value: max-pool indices are -1
+    everywhere, because the lowered backward reads the pooled input instead of them. Such an
+    output may be handed to the backward program, never to the user."""
 
     kind: str = attrs.field(validator=attrs.validators.in_(("program", "input", "none")))
     index: int
     shape: tuple[int, ...]
     dtype: torch.dtype | None
+    placeholder: bool = False
 
     @property
     def device_shape(self) -> tuple[int, ...]:
@@ -196,10 +201,7 @@ def _decompositions() -> dict[Any, Callable[..., Any]]:
 
     table = dict(core_aten_decompositions())
     # Ops torch can decompose but core ATen keeps; their pieces all lower.
-    table.update(get_decompositions([
-        aten.hardtanh, aten.leaky_relu, aten.hardsigmoid, aten.hardswish, aten.logical_and,
-        aten.logical_or, aten.logical_xor, aten.amin, aten.sign,
-    ]))
+    table.update(get_decompositions([aten.hardtanh, aten.leaky_relu, aten.hardsigmoid, aten.hardswish]))
     table[aten._scaled_dot_product_flash_attention_for_cpu_backward.default] = _sdpa_cpu_backward
     # Lowered directly: a decomposition would lose the pattern (dropout's mask is one rand op,
     # max-pool's backward reads the forward input rather than indices).
@@ -283,6 +285,7 @@ class _Lowering:
         self.seeds: list[Any] = []
         self.next_seed = 0
         self.zeros: set[int] = set()  # ids of values known to be all zeros (full(..., 0))
+        self.placeholders: set[int] = set()  # ids of values that stand in for torch's (OutputSpec)
         self.node: torch.fx.Node | None = None
 
     # -- errors ----------------------------------------------------------------------------
@@ -399,7 +402,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor], name
     results = output_node.args[0]
     flat = list(results) if isinstance(results, (tuple, list)) else [results]
     live = _live_nodes(graph, flat)
-    seeds = sum(1 for n in live if n.op == "call_function" and _SEEDED.get(n.target, bool)(n))
+    seeds = sum(1 for n in live if n.op == "call_function" and n.target in _SEEDED and _SEEDED[n.target](n))
     L.seeds = [L.b.input((1, 1), _layout(_I32)) for _ in range(seeds)]
     for node, spec in zip(placeholders, specs):
         env[node] = _T(L.fit(env[node], spec.shape), spec.shape, spec.dtype)
@@ -427,7 +430,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor], name
             raise UnsupportedOpError(f"{name}: output {index} ({out.name}) is not a tensor")
         L.b.output(L.b.reshape(t.v, device_shape(t.shape)) if t.v.shape != device_shape(t.shape) else t.v,
                    _layout(device_dtype(t.dtype)))
-        outputs.append(OutputSpec("program", emitted, t.shape, t.dtype))
+        outputs.append(OutputSpec("program", emitted, t.shape, t.dtype, t.v.id in L.placeholders))
         emitted += 1
     if emitted == 0:
         # A graph whose outputs are all None or inputs: the program still needs an output
@@ -454,10 +457,10 @@ def _lower_node(L: _Lowering, node: torch.fx.Node, env: dict[torch.fx.Node, Any]
     if node.op != "call_function":
         raise UnsupportedOpError(f"{node.op} {node.target} has no tt lowering{_user_line(node)}")
     if node.target is operator.getitem:
-        parts, index = env[node.args[0]], node.args[1]
-        part = parts[index]
+        source, index = cast(torch.fx.Node, node.args[0]), cast(int, node.args[1])
+        part = env[source][index]
         if part is None:
-            raise L.unsupported(f"output {index} of {node.args[0].name} was not lowered")  # pragma: no cover
+            raise L.unsupported(f"output {index} of {source.name} was not lowered")  # pragma: no cover
         return part
     fn = _LOWERINGS.get(node.target)
     if fn is None:
@@ -533,7 +536,7 @@ def _out(node: torch.fx.Node) -> Any:
 
 def _used(node: torch.fx.Node) -> set[int]:
     """Which elements of a multi-output node's tuple are read (by getitem)."""
-    return {u.args[1] for u in node.users if u.target is operator.getitem}
+    return {cast(int, u.args[1]) for u in node.users if u.target is operator.getitem}
 
 
 # -- no-ops and casts --------------------------------------------------------------------------------
@@ -594,6 +597,21 @@ def _gelu(L: _Lowering, node: torch.fx.Node, x: _T, approximate: str = "none") -
 def _sign(L: _Lowering, node: torch.fx.Node, x: _T) -> Any:
     b, v = L.b, L.cast(x, _out(node).dtype)
     return b.sub(b.gt(v, 0), b.lt(v, 0))
+
+
+@_register(aten.isnan.default)
+def _isnan(L: _Lowering, node: torch.fx.Node, x: _T) -> Any:
+    return L.b.ne(x.v, x.v)
+
+
+@_register(aten.isinf.default)
+def _isinf(L: _Lowering, node: torch.fx.Node, x: _T) -> Any:
+    return L.b.eq(L.b.abs(x.v), math.inf) if x.dtype.is_floating_point else L.full(x.shape, 0, torch.bool)
+
+
+@_register(aten.isfinite.default)
+def _isfinite(L: _Lowering, node: torch.fx.Node, x: _T) -> Any:
+    return L.b.eq(L.b.sub(x.v, x.v), 0) if x.dtype.is_floating_point else L.full(x.shape, 1, torch.bool)
 
 
 @_register(aten.logical_not.default)
@@ -812,7 +830,7 @@ def _empty(L: _Lowering, node: torch.fx.Node, *args: Any, **kwargs: Any) -> Any:
 
 @_register(aten.arange.start_step, aten.arange.start, aten.arange.default)
 def _arange(L: _Lowering, node: torch.fx.Node, *args: Any, **kwargs: Any) -> Any:
-    numbers = [a for a in args if isinstance(a, (int, float))]
+    numbers: list[Any] = [a for a in args if isinstance(a, (int, float))]
     if node.target is aten.arange.default:
         start, end, step = 0, numbers[0], 1
     else:
@@ -823,7 +841,7 @@ def _arange(L: _Lowering, node: torch.fx.Node, *args: Any, **kwargs: Any) -> Any
 
 
 def _dropout_draws(node: torch.fx.Node) -> bool:
-    p = node.args[1]
+    p = cast(float, node.args[1])
     train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train", True)
     return train is not False and 0 < p < 1
 
@@ -917,6 +935,39 @@ def _cat(L: _Lowering, node: torch.fx.Node, tensors: Sequence[_T], dim: int = 0)
     d = _dim(dim, len(meta.shape))
     vs = [L.cast(t, meta.dtype) for t in parts]
     return vs[0] if len(vs) == 1 else L.b.concat(vs, d)
+
+
+@_register(aten.slice_scatter.default)
+def _slice_scatter(L: _Lowering, node: torch.fx.Node, x: _T, src: _T, dim: int = 0, start: int | None = None,
+                   end: int | None = None, step: int = 1) -> Any:
+    """x with x[start:end:step] (along dim) replaced by src: the untouched ends joined around
+    the middle; a step > 1 spreads src by interleaving it with zeros (a concat and a reshape)
+    and picks it where a 1/0 pattern made the same way says so."""
+    b, rank = L.b, len(x.shape)
+    d = _dim(dim, rank)
+    first, last, _ = slice(start, end, step).indices(x.shape[d])
+    dtype = _out(node).dtype
+    xv, sv = L.cast(x, dtype), L.cast(src, dtype)
+    k, span = src.shape[d], last - first
+
+    def take(v: Any, a: int, e: int) -> Any:
+        return b.slice(v, [None] * d + [a], [None] * d + [e])
+
+    if step == 1:
+        mid = sv
+    else:
+        def spread(v: Any) -> Any:
+            shape = v.shape[: d + 1] + (1,) + v.shape[d + 1:]
+            gaps = L.full(v.shape[: d + 1] + (step - 1,) + v.shape[d + 1:], 0, dtype)
+            joined = b.concat([b.reshape(v, shape), gaps], d + 1)
+            flat = b.reshape(joined, v.shape[:d] + (k * step,) + v.shape[d + 1:])
+            return take(flat, 0, span) if k * step != span else flat
+
+        pattern = spread(L.full(sv.shape, 1, dtype))
+        mid = b.where(pattern, spread(sv), take(xv, first, last))
+    parts = ([take(xv, 0, first)] if first > 0 else []) + [mid] + (
+        [take(xv, last, x.shape[d])] if last < x.shape[d] else [])
+    return parts[0] if len(parts) == 1 else b.concat(parts, d)
 
 
 def _split(L: _Lowering, node: torch.fx.Node, x: _T, sizes: Sequence[int], dim: int) -> tuple[Any, ...]:
@@ -1135,7 +1186,7 @@ def _index(L: _Lowering, node: torch.fx.Node, x: _T, indices: Sequence[_T | None
     if len(indices) != 1 or indices[0] is None or indices[0].dtype == torch.bool:
         raise L.unsupported("only x[int_tensor] (one integer index tensor, on dim 0) lowers")
     ids = indices[0]
-    table, _others, _ = _gather_table(L, x, 0)
+    table, _, _ = _gather_table(L, x, 0)
     rows = L.b.embedding(ids.v, table)
     return L.fit(rows, _out(node).shape)
 
@@ -1194,19 +1245,32 @@ def _scatter(L: _Lowering, node: torch.fx.Node, x: _T, dim: int, index: _T, src:
 @_register(aten.index_put.default)
 def _index_put(L: _Lowering, node: torch.fx.Node, x: _T, indices: Sequence[_T | None], values: _T,
                accumulate: bool = False) -> Any:
-    """`x.index_put_([ids], values, accumulate=True)` on a [rows, dim] x (embedding's backward):
-    `embedding_grad`, added to x unless x is a constant zero."""
-    if not accumulate or len(indices) != 1 or indices[0] is None or len(x.shape) != 2:
-        raise L.unsupported(
-            "only index_put(x [rows, dim], [ids], values, accumulate=True) lowers (embedding's backward)"
-        )
-    ids = indices[0]
+    """`x.index_put_([None, ..., ids], values, accumulate=True)`: one integer index tensor on
+    one dim (the backward of embedding, of x[ids], of index_select) as `embedding_grad` on x
+    seen as [rows, rest], added to x unless x is a constant zero."""
+    given = [i for i, t in enumerate(indices) if t is not None]
+    if not accumulate or len(given) != 1 or indices[given[0]].dtype == torch.bool or not x.shape:  # type: ignore[union-attr]
+        raise L.unsupported("only index_put(x, [None, ..., int ids], values, accumulate=True) lowers "
+                            "(the backward of embedding and indexing)")
+    b, d = L.b, given[0]
+    ids = indices[d]
+    assert ids is not None
+    r, rank = len(ids.shape), len(x.shape)
+    others = x.shape[:d] + x.shape[d + 1:]
+    target = x.shape[:d] + ids.shape + x.shape[d + 1:]
     grad = L.cast(values, x.dtype)
-    target = ids.shape + (x.shape[1],)
-    if grad.shape != target:
-        grad = L.b.broadcast_to(grad, target)
-    g = L.b.embedding_grad(ids.v, grad, x.shape[0])
-    return g if x.v.id in L.zeros else L.b.add(x.v, g)
+    if grad.shape != _ishape(target):
+        grad = b.broadcast_to(grad, _ishape(target))
+    perm = list(range(d, d + r)) + list(range(d)) + list(range(d + r, len(target)))
+    if perm != list(range(len(target))):
+        grad = b.permute(grad, perm)
+    rest = math.prod(others)
+    g = b.embedding_grad(L.fit(ids.v, (math.prod(ids.shape),)), b.reshape(grad, (math.prod(ids.shape), rest)),
+                         x.shape[d])
+    g = b.reshape(g, (x.shape[d], *others))
+    if d != 0:
+        g = b.permute(g, list(range(1, d + 1)) + [0] + list(range(d + 1, rank)))
+    return g if x.v.id in L.zeros else b.add(x.v, g)
 
 
 # -- convolution and pooling (NCHW in torch, NHWC on the device) --------------------------------------
@@ -1295,6 +1359,7 @@ def _max_pool2d_with_indices(L: _Lowering, node: torch.fx.Node, x: _T, kernel_si
         values = L.fit(y, meta[0].shape)
     if 1 in used:
         indices = L.full(meta[1].shape, -1, torch.int64)
+        L.placeholders.add(indices.id)
     return values, indices
 
 
