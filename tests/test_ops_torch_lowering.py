@@ -298,6 +298,162 @@ def test_embedding_grad_sums_rows_into_their_ids(idtype: tt.DataType, dtype: tt.
         np.testing.assert_allclose(want, table.grad.numpy(), rtol=1e-12, atol=1e-12)
 
 
+# -- group 5: the gradients of conv2d and the pools (against PyTorch autograd on NCHW) ------------------
+
+
+def nchw(a: Array) -> Any:
+    torch = torch_module()
+    return torch.from_numpy(np.ascontiguousarray(a, np.float64)).permute(0, 3, 1, 2)
+
+
+def nhwc(t: Any) -> Array:
+    return t.permute(0, 2, 3, 1).numpy()
+
+
+def torch_conv_grads(x: Array, w: Array, gy: Array, **kwargs: Any) -> tuple[Array, Array]:
+    """PyTorch autograd of F.conv2d in float64: (d/dx NHWC, d/dweight)."""
+    torch = torch_module()
+    tx = nchw(x).clone().requires_grad_(True)
+    tw = torch.from_numpy(w.astype(np.float64)).requires_grad_(True)
+    torch.nn.functional.conv2d(tx, tw, **kwargs).backward(nchw(gy))
+    return nhwc(tx.grad), tw.grad.numpy()
+
+
+conv_grad_cases = st.fixed_dictionaries({
+    "n": st.integers(1, 2), "h": st.integers(1, 9), "w": st.sampled_from([1, 4, 7, 10]),
+    "groups": st.integers(1, 3), "cig": st.integers(1, 3), "cog": st.integers(1, 3),
+    "k": st.tuples(st.integers(1, 3), st.integers(1, 3)), "stride": st.tuples(st.integers(1, 3), st.integers(1, 2)),
+    "padding": st.tuples(st.integers(0, 2), st.integers(0, 1)), "dilation": st.tuples(st.integers(1, 2), st.integers(1, 2)),
+    "dtypes": st.tuples(float_dtypes, float_dtypes), "seed": seeds,
+})
+
+
+@given(conv_grad_cases)
+def test_conv2d_gradients_are_pytorch_autograds(c: dict[str, Any]) -> None:
+    rng = np.random.default_rng(c["seed"])
+    g, (da, db) = c["groups"], c["dtypes"]
+    kwargs = {"stride": c["stride"], "padding": c["padding"], "dilation": c["dilation"], "groups": g}
+    span = [(k - 1) * d + 1 for k, d in zip(c["k"], c["dilation"])]
+    if c["h"] + 2 * c["padding"][0] < span[0] or c["w"] + 2 * c["padding"][1] < span[1]:
+        return  # conv2d refuses it (test_ops_model); so do its gradients (bad_calls)
+    x = make(rng, (c["n"], c["h"], c["w"], g * c["cig"]), da, 1.0)
+    w = make(rng, (g * c["cog"], c["cig"], *c["k"]), db, 1.0)
+    ho = (c["h"] + 2 * c["padding"][0] - span[0]) // c["stride"][0] + 1
+    wo = (c["w"] + 2 * c["padding"][1] - span[1]) // c["stride"][1] + 1
+    gy = make(rng, (c["n"], ho, wo, g * c["cog"]), da, 1.0)
+    dx_out, dx = host(lambda b, gv, wv: b.conv2d_input_grad(gv, wv, x.shape, **kwargs), (gy, da), (w, db))
+    dw_out, dw = host(lambda b, xv, gv: b.conv2d_weight_grad(xv, gv, w.shape, **kwargs), (x, da), (gy, da))
+    want_dx, want_dw = torch_conv_grads(rounded(x, da), rounded(w, db), rounded(gy, da), **kwargs)
+    wide = max((da, db), key=WIDTH.__getitem__)
+    assert dx_out.dtype is wide and dx_out.shape == x.shape and dw_out.dtype is da and dw_out.shape == w.shape
+    taps = c["cog"] * c["k"][0] * c["k"][1]
+    check(dx, want_dx, wide, rtol=1e-5, atol=1e-6 * taps)
+    check(dw, want_dw, da, rtol=1e-5, atol=1e-6 * c["n"] * ho * wo)
+
+
+def test_conv2d_input_grad_takes_the_input_size_a_stride_leaves_open() -> None:
+    # H = 6 and H = 7 both give H_out = 3 with kernel 2 and stride 2: the last row of 7 gets 0.
+    rng = np.random.default_rng(1)
+    w, gy = make(rng, (4, 3, 2, 2), F32), make(rng, (1, 3, 3, 4), F32)
+    for h in (6, 7):
+        _, dx = host(lambda b, gv, wv: b.conv2d_input_grad(gv, wv, (1, h, h, 3), stride=2), (gy, F32), (w, F32))
+        want, _ = torch_conv_grads(np.zeros((1, h, h, 3)), rounded(w, F32), rounded(gy, F32), stride=2)
+        check(dx, want, F32, rtol=1e-6, atol=1e-6)
+    assert not dx[:, 6].any() and not dx[:, :, 6].any()
+
+
+def test_conv2d_gradients_against_pytorch_at_a_realistic_size() -> None:
+    rng = np.random.default_rng(7)
+    kwargs = {"stride": (2, 1), "padding": 1, "dilation": (1, 2), "groups": 2}
+    x, w = make(rng, (2, 33, 40, 8), F32, 1.0), make(rng, (16, 4, 3, 3), F32, 0.3)
+    gy = make(rng, (2, 17, 38, 16), F32, 1.0)
+    _, dx = host(lambda b, gv, wv: b.conv2d_input_grad(gv, wv, x.shape, **kwargs), (gy, F32), (w, F32))
+    _, dw = host(lambda b, xv, gv: b.conv2d_weight_grad(xv, gv, w.shape, **kwargs), (x, F32), (gy, F32))
+    want_dx, want_dw = torch_conv_grads(x, w, gy, **kwargs)
+    check(dx, want_dx, F32, rtol=1e-5, atol=1e-5)
+    check(dw, want_dw, F32, rtol=1e-5, atol=1e-3)  # sums of 2 * 17 * 38 products
+
+
+pool_grad_cases = st.fixed_dictionaries({
+    "shape": st.tuples(st.integers(1, 2), st.integers(1, 9), st.sampled_from([1, 5, 8]), st.sampled_from([1, 3, 33])),
+    "k": st.tuples(st.integers(1, 4), st.integers(1, 3)), "stride": st.none() | st.tuples(st.integers(1, 3), st.integers(1, 3)),
+    "pad": st.tuples(st.integers(0, 2), st.integers(0, 1)), "dtype": float_dtypes, "seed": seeds,
+    "ties": st.booleans(), "nan": st.booleans(), "count_include_pad": st.booleans(),
+})
+
+
+def pool_fits(c: dict[str, Any]) -> bool:
+    k, pad, shape = c["k"], c["pad"], c["shape"]
+    return (pad[0] <= k[0] // 2 and pad[1] <= k[1] // 2
+            and shape[1] + 2 * pad[0] >= k[0] and shape[2] + 2 * pad[1] >= k[1])
+
+
+@given(pool_grad_cases)
+def test_max_pool2d_backward_is_pytorchs(c: dict[str, Any]) -> None:
+    if not pool_fits(c):
+        return  # refused as max_pool2d refuses it (bad_calls, test_ops_model)
+    torch = torch_module()
+    rng = np.random.default_rng(c["seed"])
+    dtype, k, s, pad = c["dtype"], c["k"], c["stride"], c["pad"]
+    x = make(rng, c["shape"], dtype)
+    if c["ties"]:  # few distinct values: ties in most windows (PyTorch takes the first)
+        x = rng.integers(-2, 2, c["shape"]).astype(np.float32)
+    if c["nan"] and dtype is not BF8:  # a NaN wins its window (the last one, as PyTorch's scan)
+        x[rng.random(x.shape) < 0.1] = np.nan
+        x[rng.random(x.shape) < 0.1] = -np.inf
+    rx = rounded(x, dtype)
+    tx = nchw(rx).clone().requires_grad_(True)
+    y = torch.nn.functional.max_pool2d(tx, k, s, pad)
+    gy = make(rng, nhwc(y.detach()).shape, dtype)
+    y.backward(nchw(rounded(gy, dtype)))
+    out, got = host(lambda b, xv, gv: b.max_pool2d_backward(xv, gv, k, s, pad), (x, dtype), (gy, dtype))
+    assert out.dtype is dtype and out.shape == x.shape
+    check(got, nhwc(tx.grad), dtype, rtol=1e-6, atol=1e-6)
+
+
+@given(pool_grad_cases)
+def test_avg_pool2d_backward_is_pytorchs(c: dict[str, Any]) -> None:
+    if not pool_fits(c):
+        return
+    torch = torch_module()
+    rng = np.random.default_rng(c["seed"])
+    dtype, k, s, pad, cip = c["dtype"], c["k"], c["stride"], c["pad"], c["count_include_pad"]
+    x = make(rng, c["shape"], dtype)
+    tx = nchw(rounded(x, dtype)).clone().requires_grad_(True)
+    y = torch.nn.functional.avg_pool2d(tx, k, s, pad, count_include_pad=cip)
+    gy = make(rng, nhwc(y.detach()).shape, dtype)
+    y.backward(nchw(rounded(gy, dtype)))
+    out, got = host(lambda b, gv: b.avg_pool2d_backward(gv, x.shape, k, s, pad, count_include_pad=cip), (gy, dtype))
+    assert out.dtype is dtype and out.shape == x.shape
+    check(got, nhwc(tx.grad), dtype, rtol=1e-6, atol=1e-6)
+
+
+def test_pool_backwards_sum_as_pytorch_does_in_float32() -> None:
+    # Overlapping windows: each pixel sums its windows in row-major order, as PyTorch's loop.
+    torch = torch_module()
+    rng = np.random.default_rng(3)
+    x = rng.integers(-2, 2, (2, 9, 8, 3)).astype(np.float32)  # ties
+    tx = torch.from_numpy(x).permute(0, 3, 1, 2).clone().requires_grad_(True)
+    y = torch.nn.functional.max_pool2d(tx, 3, 1, 1)
+    gy = rng.standard_normal(tuple(y.permute(0, 2, 3, 1).shape)).astype(np.float32)
+    y.backward(torch.from_numpy(gy).permute(0, 3, 1, 2))
+    _, got = host(lambda b, xv, gv: b.max_pool2d_backward(xv, gv, 3, 1, 1), (x, F32), (gy, F32))
+    np.testing.assert_array_equal(got, tx.grad.permute(0, 2, 3, 1).numpy())
+    for cip in (True, False):
+        tx = torch.from_numpy(x).permute(0, 3, 1, 2).clone().requires_grad_(True)
+        torch.nn.functional.avg_pool2d(tx, 3, 1, 1, count_include_pad=cip).backward(torch.from_numpy(gy).permute(0, 3, 1, 2))
+        _, got = host(lambda b, gv: b.avg_pool2d_backward(gv, x.shape, 3, 1, 1, cip), (gy, F32))
+        np.testing.assert_array_equal(got, tx.grad.permute(0, 2, 3, 1).numpy())
+
+
+def test_max_pool2d_backward_of_integer_x() -> None:
+    x = np.array([[1, 5], [5, 2]], np.int32).reshape(1, 2, 2, 1)  # a tie: the first 5 wins
+    gy = np.array([3.0], np.float32).reshape(1, 1, 1, 1)
+    out, got = host(lambda b, xv, gv: b.max_pool2d_backward(xv, gv, 2), (x, I32), (gy, F32))
+    assert out.dtype is F32
+    np.testing.assert_array_equal(got.reshape(2, 2), [[0, 3], [0, 0]])
+
+
 # -- build-time errors ---------------------------------------------------------------------------
 
 
@@ -349,6 +505,40 @@ def bad_calls() -> list[tuple[str, type[Exception], str, Callable[..., Any]]]:
          lambda b, x, i, t, like: b.embedding_grad(i, b.typecast(like((3, 4)), I32), 5)),
         ("embedding_grad padding", tt.ShapeError, r"padding_idx 5 is out of range for 5 rows",
          lambda b, x, i, t, like: b.embedding_grad(i, like((3, 4)), 5, 5)),
+        ("conv input grad shape", tt.ShapeError, r"conv2d_input_grad: grad \(1, 6, 6, 4\) is not conv2d's output shape \(1, 4, 4, 2\)",
+         lambda b, x, i, t, like: b.conv2d_input_grad(t, like((2, 4, 3, 3)), (1, 6, 6, 4))),
+        ("conv input grad rank", tt.ShapeError, r"conv2d_input_grad takes grad",
+         lambda b, x, i, t, like: b.conv2d_input_grad(x, like((2, 4, 3, 3)), (1, 6, 6, 4))),
+        ("conv input grad groups", tt.ShapeError, r"conv2d_input_grad: .* do not fit groups=3",
+         lambda b, x, i, t, like: b.conv2d_input_grad(t, like((2, 4, 3, 3)), (1, 6, 6, 4), groups=3)),
+        ("conv input grad kernel", tt.ShapeError, r"conv2d_input_grad: kernel \(3, 3\) with dilation \(4, 4\) is larger",
+         lambda b, x, i, t, like: b.conv2d_input_grad(t, like((2, 4, 3, 3)), (1, 6, 6, 4), dilation=4)),
+        ("conv input grad input_shape", tt.ShapeError, r"shape",
+         lambda b, x, i, t, like: b.conv2d_input_grad(t, like((2, 4, 3, 3)), (1, 6, 0, 4))),
+        ("conv input grad int", tt.LayoutError, r"conv2d_input_grad: cannot mix FLOAT32 and INT32",
+         lambda b, x, i, t, like: b.conv2d_input_grad(like((1, 4, 4, 2)), b.typecast(like((2, 4, 3, 3)), I32), (1, 6, 6, 4))),
+        ("conv weight grad shape", tt.ShapeError, r"conv2d_weight_grad: grad \(1, 4, 4, 2\) is not conv2d's output shape \(1, 2, 2, 2\)",
+         lambda b, x, i, t, like: b.conv2d_weight_grad(t, like((1, 4, 4, 2)), (2, 4, 3, 3), stride=2)),
+        ("conv weight grad weight_shape", tt.ShapeError, r"conv2d_weight_grad takes x",
+         lambda b, x, i, t, like: b.conv2d_weight_grad(t, like((1, 4, 4, 2)), (2, 4, 3))),
+        ("conv weight grad stride", tt.ShapeError, r"conv2d_weight_grad: stride must be at least 1",
+         lambda b, x, i, t, like: b.conv2d_weight_grad(t, like((1, 4, 4, 2)), (2, 4, 3, 3), stride=0)),
+        ("max pool backward grad", tt.ShapeError, r"max_pool2d_backward: grad \(1, 4, 4, 2\) is not the pool's output shape \(1, 3, 3, 4\)",
+         lambda b, x, i, t, like: b.max_pool2d_backward(t, like((1, 4, 4, 2)), 2)),
+        ("max pool backward padding", tt.ShapeError, r"max_pool2d_backward: padding \(2, 2\) is more than half",
+         lambda b, x, i, t, like: b.max_pool2d_backward(t, t, 3, 1, 2)),
+        ("max pool backward rank", tt.ShapeError, r"max_pool2d_backward takes x in NHWC",
+         lambda b, x, i, t, like: b.max_pool2d_backward(x, x, 2)),
+        ("avg pool backward grad", tt.ShapeError, r"avg_pool2d_backward: grad \(1, 6, 6, 4\) is not the pool's output shape \(1, 3, 3, 4\)",
+         lambda b, x, i, t, like: b.avg_pool2d_backward(t, (1, 6, 6, 4), 2)),
+        ("avg pool backward kernel", tt.ShapeError, r"avg_pool2d_backward: kernel \(7, 7\) is larger",
+         lambda b, x, i, t, like: b.avg_pool2d_backward(t, (1, 6, 6, 4), 7)),
+        ("avg pool backward rank", tt.ShapeError, r"avg_pool2d_backward takes input_shape in NHWC",
+         lambda b, x, i, t, like: b.avg_pool2d_backward(t, (6, 6, 4), 2)),
+        ("avg pool backward int", tt.LayoutError, r"avg_pool2d_backward needs a float",
+         lambda b, x, i, t, like: b.avg_pool2d_backward(b.typecast(t, I32), (1, 12, 12, 4), 2)),
+        ("avg pool backward flag", tt.ProgramError, r"count_include_pad must be a bool",
+         lambda b, x, i, t, like: b.avg_pool2d_backward(t, (1, 12, 12, 4), 2, count_include_pad=1)),
         ("broadcast_to rank", tt.ShapeError, r"broadcast_to: \(4, 5\) does not broadcast to \(5,\)",
          lambda b, x, i, t, like: b.broadcast_to(x, (5,))),
     ]
@@ -359,7 +549,7 @@ def test_bad_input_fails_at_build_time(case: tuple[str, type[Exception], str, Ca
     _, error, pattern, call = case
     b = tt.ProgramBuilder("bad")
     x, i, t = b.input((4, 5)), b.input((3,), tile(I32)), b.input((1, 6, 6, 4))
-    like = {s: b.input(s) for s in ((3,), (1,), (3, 4))}
+    like = {s: b.input(s) for s in ((3,), (1,), (3, 4), (2, 4, 3, 3), (1, 4, 4, 2))}
     with pytest.raises(error, match=pattern):
         call(b, x, i, t, like.__getitem__)
 
@@ -372,13 +562,14 @@ def every_new_op(dtype: tt.DataType) -> tuple[tt.Program, list[Array], list[Call
     a reference on the rounded inputs: (expected, "exact" or "close")."""
     rng = np.random.default_rng(5)
     b = tt.ProgramBuilder(f"every new op {dtype.name}")
-    specs = [((2, 5, 33), dtype), ((5, 33), dtype), ((1, 1), I32), ((2, 3, 33), I32), ((4, 3), U32)]
+    specs = [((2, 5, 33), dtype), ((5, 33), dtype), ((1, 1), I32), ((2, 3, 33), I32), ((4, 3), U32),
+             ((1, 7, 9, 4), dtype), ((6, 2, 3, 3), dtype), ((1, 4, 5, 6), dtype), ((1, 4, 5, 4), dtype)]
     arrays = [make(rng, s, d) for s, d in specs]
     arrays[1] = np.abs(arrays[1]) + np.float32(0.5)  # a divisor and a log argument
     arrays[2] = np.array([[-7]], np.int32)
     arrays[3] = rng.integers(-1, 7, (2, 3, 33)).astype(np.int32)  # along axis 1 of x: 0..4, some clamped
     arrays[4] = np.array([[0, 2, 2], [9, 1, 0], [3, 3, 3], [1, 0, 2]], np.uint32)
-    x, pos, seed, index, ids = (b.input(s, tile(d)) for s, d in specs)
+    x, pos, seed, index, ids, img, w, gconv, gpool = (b.input(s, tile(d)) for s, d in specs)
     R = Callable[[list[Array]], tuple[Array, str]]
     refs: list[R] = []
 
@@ -399,7 +590,22 @@ def every_new_op(dtype: tt.DataType) -> tuple[tt.Program, list[Array], list[Call
     rows = b.broadcast_to(b.slice(x, [0, 0], [1, 3]), (4, 3, 33))  # ids.shape + (D,)
     out(b.embedding_grad(ids, rows, 6, padding_idx=-1),
         lambda r: (ref_embedding_grad(r[4], np.broadcast_to(r[0][:1, :3], (4, 3, 33)), 6, 5), "close"))
+    conv = {"stride": 2, "padding": 1, "groups": 2}
+    out(b.conv2d_input_grad(gconv, w, (1, 7, 9, 4), **conv),
+        lambda r: (torch_conv_grads(np.zeros((1, 7, 9, 4)), r[6], r[7], **conv)[0], "close"))
+    out(b.conv2d_weight_grad(img, gconv, (6, 2, 3, 3), **conv),
+        lambda r: (torch_conv_grads(r[5], np.zeros((6, 2, 3, 3)), r[7], **conv)[1], "close"))
+    out(b.max_pool2d_backward(img, gpool, 3, 2, 1), lambda r: (torch_pool_grad("max", r[5], r[8], 3, 2, 1), "close"))
+    out(b.avg_pool2d_backward(gpool, (1, 7, 9, 4), 3, 2, 1, count_include_pad=False),
+        lambda r: (torch_pool_grad("avg", r[5], r[8], 3, 2, 1, count_include_pad=False), "close"))
     return b.build(), arrays, refs
+
+
+def torch_pool_grad(kind: str, x: Array, gy: Array, *args: Any, **kwargs: Any) -> Array:
+    torch = torch_module()
+    tx = nchw(x).clone().requires_grad_(True)
+    getattr(torch.nn.functional, f"{kind}_pool2d")(tx, *args, **kwargs).backward(nchw(gy))
+    return nhwc(tx.grad)
 
 
 def check_results(program: tt.Program, arrays: list[Array], refs: list[Any], results: list[Array]) -> None:

@@ -23,6 +23,15 @@ float32 (numpy's pairwise sums) with the biased variance (PyTorch). Indices read
 `dynamic_update_slice` clamp: a device op has no way to raise. `conv2d` and the pools cut
 windows out of the zero- (or -inf-) padded input with `sliding_window_view` and reduce them
 with one matmul per group (im2col).
+
+The ops of format version 3: `div` is IEEE float32 division; `erf` is Cody's float64 erf
+rounded; `rand` is Philox4x32-10 of (seed, flat index) (`docs/ops.md` gives the exact rule);
+`gather` and `embedding_grad` clamp their indices as `embedding` does. The convolution
+gradients are the adjoints of `_windows`: the input's scatters each tap's matmul product back
+with a strided add (`_scatter_taps`), the weight's is im2col again. `max_pool2d_backward` replays
+PyTorch's CPU scan of each window (the first maximum; NaN wins; padding never) and both pool
+gradients add overlapping windows in row-major window order, so their float32 sums are
+PyTorch's bit for bit.
 """
 
 from __future__ import annotations
@@ -405,6 +414,106 @@ def _embedding_grad(arrays: list[Array], scalar: float | None, num_rows: int,
     return out
 
 
+
+def _scatter_taps(out: Array, taps: Callable[[int, int], Array], kernel: tuple[int, int],
+                  stride: tuple[int, int], dilation: tuple[int, int], out_hw: tuple[int, int]) -> None:
+    """Adds each kernel tap's [N, H_out, W_out, C] contribution into the padded NHWC `out` at
+    the input pixels that tap read (the adjoint of `_windows`), one strided slice a tap. The
+    taps go last to first, so each pixel sums its windows in row-major window order, as
+    PyTorch's pooling backward loops do (the same float32 sums, not only close ones)."""
+    (sh, sw), (dh, dw), (ho, wo) = stride, dilation, out_hw
+    for i in reversed(range(kernel[0])):
+        for j in reversed(range(kernel[1])):
+            out[:, i * dh : i * dh + (ho - 1) * sh + 1 : sh, j * dw : j * dw + (wo - 1) * sw + 1 : sw] += taps(i, j)
+
+
+def _crop(padded: Array, padding: tuple[int, int], h: int, w: int) -> Array:
+    return np.ascontiguousarray(padded[:, padding[0] : padding[0] + h, padding[1] : padding[1] + w])
+
+
+def _conv2d_input_grad(arrays: list[Array], scalar: float | None, input_shape: tuple[int, ...],
+                       stride: tuple[int, int], padding: tuple[int, int], dilation: tuple[int, int],
+                       groups: int) -> Array:
+    grad, weight = arrays
+    n, h, w, c_in = input_shape
+    c_out, c_in_g, kh, kw = weight.shape
+    ho, wo = grad.shape[1:3]
+    c_out_g = c_out // groups
+    dx = np.zeros((n, h + 2 * padding[0], w + 2 * padding[1], c_in), np.result_type(grad, weight))
+    for g in range(groups):  # every tap of a group in one matmul: [N*Ho*Wo, C_out/g] @ [.., C_in/g*kH*kW]
+        gg = grad[..., g * c_out_g : (g + 1) * c_out_g].reshape(-1, c_out_g)
+        wg = weight[g * c_out_g : (g + 1) * c_out_g].reshape(c_out_g, c_in_g * kh * kw)
+        cols = (gg @ wg).reshape(n, ho, wo, c_in_g, kh, kw)
+        _scatter_taps(dx[..., g * c_in_g : (g + 1) * c_in_g], lambda i, j: cols[..., i, j], (kh, kw),
+                      stride, dilation, (ho, wo))
+    return _crop(dx, padding, h, w)
+
+
+def _conv2d_weight_grad(arrays: list[Array], scalar: float | None, weight_shape: tuple[int, ...],
+                        stride: tuple[int, int], padding: tuple[int, int], dilation: tuple[int, int],
+                        groups: int) -> Array:
+    x, grad = arrays
+    c_out, c_in_g, kh, kw = weight_shape
+    win = _windows(x, (kh, kw), stride, padding, dilation, x.dtype.type(0))
+    rows = math.prod(win.shape[:3])
+    c_out_g = c_out // groups
+    dw = np.empty(tuple(weight_shape), np.result_type(x, grad))
+    for g in range(groups):  # im2col: [C_out/g, N*Ho*Wo] @ [N*Ho*Wo, C_in/g*kH*kW] a group
+        cols = win[..., g * c_in_g : (g + 1) * c_in_g, :, :].reshape(rows, c_in_g * kh * kw)
+        gg = grad[..., g * c_out_g : (g + 1) * c_out_g].reshape(rows, c_out_g)
+        dw[g * c_out_g : (g + 1) * c_out_g] = (gg.T @ cols).reshape(c_out_g, c_in_g, kh, kw)
+    return dw
+
+
+def _valid_taps(size: int, out: int, kernel: int, stride: int, padding: int) -> Array:
+    """[out, kernel]: whether tap k of window o reads an input pixel (not padding)."""
+    pos = np.arange(out)[:, None] * stride - padding + np.arange(kernel)[None, :]
+    return (pos >= 0) & (pos < size)
+
+
+def _max_pool2d_backward(arrays: list[Array], scalar: float | None, kernel_size: tuple[int, int],
+                         stride: tuple[int, int], padding: tuple[int, int]) -> Array:
+    x, grad = arrays
+    n, h, w, c = x.shape
+    (kh, kw), (ho, wo) = kernel_size, grad.shape[1:3]
+    win = _windows(x, kernel_size, stride, padding, (1, 1), x.dtype.type(0))
+    vy = _valid_taps(h, ho, kh, stride[0], padding[0])
+    vx = _valid_taps(w, wo, kw, stride[1], padding[1])
+    # PyTorch's CPU scan, per window: the tap starts at the first input pixel with -inf as the
+    # maximum; a pixel becomes the tap when it is greater than the maximum or NaN.
+    is_float = x.dtype.kind == "f"
+    best = np.full((n, ho, wo, c), -np.inf if is_float else np.iinfo(np.int64).min, x.dtype)
+    tap = np.full((n, ho, wo, c), -1, np.int64)
+    for i in range(kh):
+        for j in range(kw):
+            v = win[..., i, j]
+            valid = (vy[:, i][:, None] & vx[:, j][None, :])[None, :, :, None]
+            better = valid & ((v > best) | np.isnan(v)) if is_float else valid & (v > best)
+            tap = np.where(better | (valid & (tap < 0)), i * kw + j, tap)
+            best = np.where(better, v, best)
+    dx = np.zeros((n, h + 2 * padding[0], w + 2 * padding[1], c), grad.dtype)
+    zero = grad.dtype.type(0)
+    _scatter_taps(dx, lambda i, j: np.where(tap == i * kw + j, grad, zero), kernel_size, stride, (1, 1), (ho, wo))
+    return _crop(dx, padding, h, w)
+
+
+def _avg_pool2d_backward(arrays: list[Array], scalar: float | None, input_shape: tuple[int, ...],
+                         kernel_size: tuple[int, int], stride: tuple[int, int], padding: tuple[int, int],
+                         count_include_pad: bool) -> Array:
+    grad = arrays[0]
+    n, h, w, c = input_shape
+    (kh, kw), (ho, wo) = kernel_size, grad.shape[1:3]
+    if count_include_pad:
+        divisor = np.full((ho, wo), kh * kw, np.float32)
+    else:  # the window's pixels inside the input
+        divisor = np.outer(_valid_taps(h, ho, kh, stride[0], padding[0]).sum(1),
+                           _valid_taps(w, wo, kw, stride[1], padding[1]).sum(1)).astype(np.float32)
+    share = grad / divisor[None, :, :, None]
+    dx = np.zeros((n, h + 2 * padding[0], w + 2 * padding[1], c), grad.dtype)
+    _scatter_taps(dx, lambda i, j: share, kernel_size, stride, (1, 1), (ho, wo))
+    return _crop(dx, padding, h, w)
+
+
 OPS: dict[str, OpDef] = {
     op.name: op
     for op in (
@@ -463,6 +572,10 @@ OPS: dict[str, OpDef] = {
         OpDef("rand", 1, _rand),
         OpDef("gather", 2, _gather),
         OpDef("embedding_grad", 2, _embedding_grad, float_only=True),
+        OpDef("conv2d_input_grad", 2, _conv2d_input_grad, float_only=True),
+        OpDef("conv2d_weight_grad", 2, _conv2d_weight_grad, float_only=True),
+        OpDef("max_pool2d_backward", 2, _max_pool2d_backward),
+        OpDef("avg_pool2d_backward", 1, _avg_pool2d_backward, float_only=True),
     )
 }
 

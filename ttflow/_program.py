@@ -15,13 +15,17 @@ Dtype rules:
 - with a Python scalar operand the dtype is the value's; an integer value takes only integral
   scalars (|s| <= 2**53, so the float the step holds is exact), and no scalar may be NaN;
 - gelu, exp, softmax, sqrt, reciprocal, rsqrt, tanh, sigmoid, silu, pow, mean, layer_norm,
-  rms_norm, conv2d and avg_pool2d need floats (LayoutError on integers); relu, neg, sum, max,
-  argmax, transpose, reshape, slice, permute, concat, max_pool2d and the binary ops work on
-  integers too;
+  rms_norm, conv2d, avg_pool2d, div, log, erf, embedding_grad, conv2d_input_grad,
+  conv2d_weight_grad and avg_pool2d_backward need floats (LayoutError on integers); relu, neg,
+  abs, sum, max, argmax, transpose, reshape, slice, permute, concat, broadcast_to, gather,
+  max_pool2d, max_pool2d_backward and the binary ops work on integers too;
 - layer_norm and rms_norm give x's dtype (weight and bias may be any float dtype);
   argmax gives INT32; embedding gives the table's dtype (ids must be INT32 or UINT32);
   update_cache gives the cache's dtype (the new row is rounded to it; it must be of the cache's
-  kind, and its index INT32 or UINT32); arange gives the dtype it is asked for (INT32 by default);
+  kind, and its index INT32 or UINT32); arange and full give the dtype they are asked for (INT32
+  and FLOAT32 by default); rand gives FLOAT32 (its seed INT32 or UINT32); gather gives x's dtype
+  (its index INT32 or UINT32), embedding_grad and the pool gradients grad's, the conv2d
+  gradients the binary rule of their two operands;
 - an output keeps its value's dtype unless its layout names another one of the same kind
   (float to float, integer to integer); it is then rounded when stored.
 
@@ -30,13 +34,17 @@ Shape rules of the newer ops (`docs/ops.md` is the table, with numpy and PyTorch
 - slice(x, starts, ends, steps) is `x[starts[0]:ends[0]:steps[0], ...]`: Python's clamping and
   negative indices, None for an open end; fewer entries than the rank slice the leading axes
   (numpy's `x[a:b]`); steps must be positive; an empty result is a ShapeError;
-- run-time indices (embedding's ids, update_cache's row) are clamped into range, as JAX clamps
-  (a device op has no way to raise): id -1 reads row 0, an id past the table its last row;
+- run-time indices (embedding's and embedding_grad's ids, update_cache's row, gather's index)
+  are clamped into range, as JAX clamps (a device op has no way to raise): id -1 reads row 0,
+  an id past the table its last row;
 - conv2d and the pools take NHWC input (as ttnn) and give NHWC; conv2d's weight is PyTorch's
   [C_out, C_in / groups, kH, kW]; stride, padding, dilation and kernel_size are an int or a
   pair; padding is zeros on both sides (max_pool2d pads with -inf and, as PyTorch, takes at most
   half the kernel); avg_pool2d divides by kH * kW, padding included (`count_include_pad`);
-  output sizes follow PyTorch's formula (floor), and a size below 1 is a ShapeError.
+  output sizes follow PyTorch's formula (floor), and a size below 1 is a ShapeError. Their
+  gradients (conv2d_input_grad, conv2d_weight_grad, max_pool2d_backward, avg_pool2d_backward)
+  take the same arguments and layouts, the forward input's or weight's shape where it cannot be
+  read off a value, and check that grad has the forward result's shape.
 
 Every intermediate value is typed L1 TILE in its dtype; where it is really stored is the runtime's
 choice. `Program.last_use` says when each value can be freed, and `run_on_host` is the reference
@@ -741,18 +749,8 @@ class ProgramBuilder:
               stride: int | Sequence[int] | None, padding: int | Sequence[int]) -> Value:
         self._check_open()
         x = self._value(op, x)
-        if len(x.shape) != 4:
-            raise ShapeError(f"{op} takes x in NHWC [N, H, W, C], got {x.shape}")
-        k = _pair(op, "kernel_size", kernel_size, 1)
-        s = k if stride is None else _pair(op, "stride", stride, 1)
-        p = _pair(op, "padding", padding, 0)
-        if p[0] > k[0] // 2 or p[1] > k[1] // 2:
-            raise ShapeError(f"{op}: padding {p} is more than half the kernel {k} (as PyTorch refuses)")
-        out_hw = (_window_size(x.shape[1], k[0], s[0], p[0], 1),
-                  _window_size(x.shape[2], k[1], s[1], p[1], 1))
-        if min(out_hw) < 1:
-            raise ShapeError(f"{op}: kernel {k} is larger than the padded input {x.shape}")
-        return self._emit(op, [x], (x.shape[0], *out_hw, x.shape[3]), x.dtype, kernel_size=k, stride=s, padding=p)
+        k, s, p, out_shape = _pool_geometry(op, "x", x.shape, kernel_size, stride, padding)
+        return self._emit(op, [x], out_shape, x.dtype, kernel_size=k, stride=s, padding=p)
 
     def max_pool2d(self, x: Value, kernel_size: int | Sequence[int], stride: int | Sequence[int] | None = None,
                    padding: int | Sequence[int] = 0) -> Value:
@@ -916,6 +914,118 @@ class ProgramBuilder:
             pad %= rows
         return self._emit("embedding_grad", [ids, grad], (rows, grad.shape[-1]), grad.dtype,
                           num_rows=rows, padding_idx=pad)
+
+    # -- gradients of conv2d and the pools (the same conventions as the forward ops) --------------
+
+    def conv2d_input_grad(self, grad: Value, weight: Value, input_shape: Sequence[int],
+                          stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
+                          dilation: int | Sequence[int] = 1, groups: int = 1) -> Value:
+        """The gradient of `conv2d(x, weight, ...)` with respect to x, given the gradient of
+        its result: `grad` NHWC [N, H_out, W_out, C_out], `weight` [C_out, C_in / groups, kH,
+        kW]; the result NHWC `input_shape` (it resolves H and W where a stride leaves them
+        ambiguous). A transposed convolution, as aten.convolution_backward's grad_input.
+        Floats only; the binary rule of grad and weight gives the dtype."""
+        self._check_open()
+        op = "conv2d_input_grad"
+        grad, weight = self._value(op, grad), self._value(op, weight)
+        x_shape = check_shape(input_shape)
+        if len(x_shape) != 4 or len(grad.shape) != 4 or len(weight.shape) != 4:
+            raise ShapeError(f"{op} takes grad [N, H_out, W_out, C_out], weight [C_out, C_in/groups, kH, kW] and "
+                             f"input_shape [N, H, W, C_in], got {grad.shape}, {weight.shape} and {x_shape}")
+        geometry = _conv_geometry(op, x_shape, weight.shape, grad.shape, stride, padding, dilation, groups)
+        return self._emit(op, [grad, weight], x_shape, _result_dtype(op, grad.dtype, weight.dtype),
+                          input_shape=x_shape, **geometry)
+
+    def conv2d_weight_grad(self, x: Value, grad: Value, weight_shape: Sequence[int],
+                           stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
+                           dilation: int | Sequence[int] = 1, groups: int = 1) -> Value:
+        """The gradient of `conv2d(x, weight, ...)` with respect to the weight, given the
+        gradient of its result: x NHWC [N, H, W, C_in], `grad` NHWC [N, H_out, W_out, C_out];
+        the result [C_out, C_in / groups, kH, kW] = `weight_shape` (PyTorch's layout), as
+        aten.convolution_backward's grad_weight (the bias's is `grad` summed over N, H, W).
+        Floats only; the binary rule of x and grad gives the dtype."""
+        self._check_open()
+        op = "conv2d_weight_grad"
+        x, grad = self._value(op, x), self._value(op, grad)
+        w_shape = check_shape(weight_shape)
+        if len(x.shape) != 4 or len(grad.shape) != 4 or len(w_shape) != 4:
+            raise ShapeError(f"{op} takes x [N, H, W, C_in], grad [N, H_out, W_out, C_out] and weight_shape "
+                             f"[C_out, C_in/groups, kH, kW], got {x.shape}, {grad.shape} and {w_shape}")
+        geometry = _conv_geometry(op, x.shape, w_shape, grad.shape, stride, padding, dilation, groups)
+        return self._emit(op, [x, grad], w_shape, _result_dtype(op, x.dtype, grad.dtype),
+                          weight_shape=w_shape, **geometry)
+
+    def max_pool2d_backward(self, x: Value, grad: Value, kernel_size: int | Sequence[int],
+                            stride: int | Sequence[int] | None = None,
+                            padding: int | Sequence[int] = 0) -> Value:
+        """The gradient of `max_pool2d(x, ...)` with respect to x, given the gradient of its
+        result (NHWC, the pool's output shape): each window's gradient goes to the element
+        PyTorch's CPU kernel picks, the first maximum in row-major window order (a later NaN
+        wins over a number and over an earlier NaN; padding never), and overlapping windows add
+        up. The result has x's shape and grad's dtype."""
+        self._check_open()
+        op = "max_pool2d_backward"
+        x, grad = self._value(op, x), self._value(op, grad)
+        k, s, p, out_shape = _pool_geometry(op, "x", x.shape, kernel_size, stride, padding)
+        if grad.shape != out_shape:
+            raise ShapeError(f"{op}: grad {grad.shape} is not the pool's output shape {out_shape} for x {x.shape}")
+        return self._emit(op, [x, grad], x.shape, grad.dtype, kernel_size=k, stride=s, padding=p)
+
+    def avg_pool2d_backward(self, grad: Value, input_shape: Sequence[int], kernel_size: int | Sequence[int],
+                            stride: int | Sequence[int] | None = None, padding: int | Sequence[int] = 0,
+                            count_include_pad: bool = True) -> Value:
+        """The gradient of `avg_pool2d(x, ...)` with respect to x (NHWC `input_shape`), given
+        the gradient of its result: each window's gradient divided by its divisor and spread
+        over the window (overlaps add up). The divisor is kH * kW (`count_include_pad=True`, the
+        forward's rule) or the number of the window's elements inside the input (False, as
+        PyTorch's). Floats only; the result in grad's dtype."""
+        self._check_open()
+        op = "avg_pool2d_backward"
+        grad = self._value(op, grad)
+        x_shape = check_shape(input_shape)
+        if not isinstance(count_include_pad, (bool, np.bool_)):
+            raise ProgramError(f"{op}: count_include_pad must be a bool, got {count_include_pad!r:.40}")
+        k, s, p, out_shape = _pool_geometry(op, "input_shape", x_shape, kernel_size, stride, padding)
+        if grad.shape != out_shape:
+            raise ShapeError(f"{op}: grad {grad.shape} is not the pool's output shape {out_shape} for input {x_shape}")
+        return self._emit(op, [grad], x_shape, grad.dtype, input_shape=x_shape, kernel_size=k, stride=s,
+                          padding=p, count_include_pad=bool(count_include_pad))
+
+
+def _pool_geometry(op: str, what: str, shape: tuple[int, ...], kernel_size: Any, stride: Any,
+                   padding: Any) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int], tuple[int, ...]]:
+    """A pool's kernel, stride and padding pairs and its NHWC output shape, checked as PyTorch
+    checks them (padding at most half the kernel, an output of at least one pixel)."""
+    if len(shape) != 4:
+        raise ShapeError(f"{op} takes {what} in NHWC [N, H, W, C], got {shape}")
+    k = _pair(op, "kernel_size", kernel_size, 1)
+    s = k if stride is None else _pair(op, "stride", stride, 1)
+    p = _pair(op, "padding", padding, 0)
+    if p[0] > k[0] // 2 or p[1] > k[1] // 2:
+        raise ShapeError(f"{op}: padding {p} is more than half the kernel {k} (as PyTorch refuses)")
+    out_hw = (_window_size(shape[1], k[0], s[0], p[0], 1), _window_size(shape[2], k[1], s[1], p[1], 1))
+    if min(out_hw) < 1:
+        raise ShapeError(f"{op}: kernel {k} is larger than the padded input {shape}")
+    return k, s, p, (shape[0], *out_hw, shape[3])
+
+
+def _conv_geometry(op: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...], grad_shape: tuple[int, ...],
+                   stride: Any, padding: Any, dilation: Any, groups: Any) -> dict[str, Any]:
+    """The canonical stride, padding, dilation and groups of a conv2d gradient, after checking
+    that x, the weight and the result's gradient fit one conv2d (as `conv2d` checks them)."""
+    s, p, d = _pair(op, "stride", stride, 1), _pair(op, "padding", padding, 0), _pair(op, "dilation", dilation, 1)
+    g = _int(op, "groups", groups, 1)
+    c_in, (c_out, c_in_g, kh, kw) = x_shape[3], w_shape
+    if c_in % g or c_out % g or c_in_g * g != c_in:
+        raise ShapeError(f"{op}: x {x_shape} with {c_in} channels and weight {w_shape} do not fit groups={g} "
+                         "(the weight's dim 1 must be C_in / groups, C_out a multiple of groups)")
+    out_hw = (_window_size(x_shape[1], kh, s[0], p[0], d[0]), _window_size(x_shape[2], kw, s[1], p[1], d[1]))
+    if min(out_hw) < 1:
+        raise ShapeError(f"{op}: kernel ({kh}, {kw}) with dilation {d} is larger than the padded input {x_shape}")
+    if tuple(grad_shape) != (x_shape[0], *out_hw, c_out):
+        raise ShapeError(f"{op}: grad {grad_shape} is not conv2d's output shape {(x_shape[0], *out_hw, c_out)} "
+                         f"for x {x_shape} and weight {w_shape}")
+    return {"stride": s, "padding": p, "dilation": d, "groups": g}
 
 
 def _slice_text(bounds: list[tuple[int, int, int]]) -> str:
