@@ -6,17 +6,14 @@ device, and compared with the same graph module run by CPU torch on the same inp
 when the compiled function ran). The hypothesis tests trace with `make_fx` instead (the same
 decompositions, a few milliseconds per graph instead of a few hundred).
 
-`_lower` is loaded by path: importing `ttflow.torch` would install the torch device.
+
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import math
-import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -39,25 +36,10 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import ttflow as tt
 
+ttt = pytest.importorskip("ttflow.torch")
+from ttflow.torch import _lower
 
-def _load_lower() -> Any:
-    path = Path(__file__).resolve().parents[1] / "ttflow" / "torch" / "_lower.py"
-    spec = importlib.util.spec_from_file_location("_ttflow_torch_lower", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-_lower = _load_lower()
 pytestmark = pytest.mark.anyio
-
-
-def needs(*ops: str) -> pytest.MarkDecorator:
-    """xfail while ttflow lacks one of these builder ops (they land on branch ops-torch)."""
-    missing = [op for op in ops if not hasattr(tt.ProgramBuilder, op)]
-    return pytest.mark.xfail(bool(missing), reason=f"ttflow lacks {missing} (branch ops-torch)", strict=False)
 
 
 # -- capture -----------------------------------------------------------------------------------------
@@ -324,7 +306,7 @@ DTYPES = [pytest.param(torch.float32, id="f32"), pytest.param(torch.bfloat16, id
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", [pytest.param(name, marks=needs(*ops)) for name, (_, ops) in CASES.items()])
+@pytest.mark.parametrize("case", sorted(CASES))
 async def test_module_forward_and_backward(case: str, dtype: torch.dtype) -> None:
     await check_graphs(captured(case, dtype), dtype, case)
 
@@ -332,7 +314,6 @@ async def test_module_forward_and_backward(case: str, dtype: torch.dtype) -> Non
 # -- dropout: one rand per dropout, seeded by an input -----------------------------------------------
 
 
-@needs("full", "rand")
 async def test_dropout_follows_its_mask_and_seed() -> None:
     p = 0.3
     drop = nn.Dropout(p).train()
@@ -369,7 +350,6 @@ async def test_dropout_follows_its_mask_and_seed() -> None:
     assert_close(got, bw_ref, torch.float32, "dropout bw")
 
 
-@needs("full")
 @pytest.mark.parametrize("p", [0.0, 1.0])
 async def test_dropout_that_draws_nothing_takes_no_seed(p: float) -> None:
     drop = nn.Dropout(p).train()
@@ -441,7 +421,7 @@ def captured_ops(name: str, dtype: torch.dtype) -> dict[str, Graph]:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", [pytest.param(name, marks=needs(*ops)) for name, (_, ops) in OPS.items()])
+@pytest.mark.parametrize("name", sorted(OPS))
 async def test_tensor_ops_forward_and_backward(name: str, dtype: torch.dtype) -> None:
     await check_graphs(captured_ops(name, dtype), dtype, name)
 
@@ -558,7 +538,6 @@ BINARY = {
 }
 
 
-@needs("full", "broadcast_to")
 @settings(max_examples=25, deadline=None)
 @given(shapes=hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=3, max_side=5),
        op=st.sampled_from(sorted(BINARY)), data=st.data())
@@ -586,7 +565,6 @@ def test_broadcast_then_reduce(shapes: Any, op: str, data: st.DataObject) -> Non
     assert_close(got, list(fn(*inputs)), torch.float32, "broadcast")
 
 
-@needs("full", "broadcast_to")
 @settings(max_examples=15, deadline=None)
 @given(shape=hnp.array_shapes(min_dims=1, max_dims=4, max_side=4), data=st.data())
 def test_reshapes_permutes_and_slices(shape: tuple[int, ...], data: st.DataObject) -> None:
@@ -614,7 +592,6 @@ def test_reshapes_permutes_and_slices(shape: tuple[int, ...], data: st.DataObjec
     assert_close(got, list(fn(*inputs)), torch.float32, "shapes")
 
 
-@needs("full", "broadcast_to", "rand")
 async def test_encoder_layer_with_dropout_takes_one_seed_per_dropout() -> None:
     """Training-mode dropout inside attention (SDPA's math path) and the layer's three dropouts:
     four seeds. The forward's masks are the device's own; the backward reads the masks it is

@@ -137,10 +137,33 @@ class _PerShape:
                     "if it comes back. Pad inputs to a few shapes to avoid recompiling.",
                     UserWarning, stacklevel=2,
                 )
-            fn = self.compiled[key] = _aot(self.gm, list(args))
+            fn = self.compiled[key] = _specialized(self.gm, args)
         else:
             self.compiled.move_to_end(key)
         return fn(*args)
+
+
+def _specialized(gm: torch.fx.GraphModule, args: Sequence[Any]) -> Callable[..., Any]:
+    """`gm` with its size arguments fixed to this call's values, compiled for these shapes.
+    The returned function takes the same arguments as `gm` (the sizes are ignored)."""
+    import copy
+
+    graph = copy.deepcopy(gm.graph)
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    tensor_positions = []
+    for position, (node, value) in enumerate(zip(placeholders, args)):
+        if isinstance(value, (int, float, bool)) and not isinstance(value, torch.Tensor):
+            node.replace_all_uses_with(value)  # type: ignore[arg-type]
+            graph.erase_node(node)
+        else:
+            tensor_positions.append(position)
+    fixed = torch.fx.GraphModule(gm, graph)
+    compiled = _aot(fixed, [args[i] for i in tensor_positions])
+
+    def run(*call_args: Any) -> Any:
+        return compiled(*[call_args[i] for i in tensor_positions])
+
+    return run
 
 
 def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:

@@ -116,6 +116,11 @@ def _cpu_fallback(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     return tree_map(to_device, result)
 
 
+def _on_device_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    flat, _ = tree_flatten((args, kwargs))
+    return any(is_tt(a) and _storage.on_device(a.dtype) for a in flat)
+
+
 def _from_host(host: torch.Tensor, index: int | None) -> torch.Tensor:
     if not _storage.on_device(host.dtype):
         t = _storage.new_tensor(host.shape, host.dtype, index, None)
@@ -256,7 +261,8 @@ def _kernel(keyset: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
     try:
         return _eager.run(op, args, kwargs)
     except UnsupportedOpError as exc:
-        _warn_cpu(op, str(exc))
+        if _on_device_args(args, kwargs):  # a host-kept dtype (float64, ...) runs on the host by design
+            _warn_cpu(op, str(exc))
     return _cpu_fallback(op, args, kwargs)
 
 

@@ -63,6 +63,9 @@ class _Plan:
 
 
 _plans: dict[Hashable, _Plan | UnsupportedOpError] = {}
+# The dispatcher's thread-local keys in plain user code (captured at import, on the user's thread).
+_USER_INCLUDE = torch._C._dispatch_tls_local_include_set()
+_USER_EXCLUDE = torch._C._dispatch_tls_local_exclude_set()
 _functional: dict[Any, Any] = {}
 _scalars: collections.OrderedDict[Hashable, Pending] = collections.OrderedDict()
 _MAX_SCALARS = 256
@@ -88,11 +91,15 @@ def _functional_of(op: Any) -> Any:
     return found
 
 
-def _scalar_cell(value: float, device: tt.Device) -> Pending:
-    key = (id(device), float(value))
+def _scalar_dtype(value: float | int) -> torch.dtype:
+    return torch.int64 if isinstance(value, int) else torch.float32
+
+
+def _scalar_cell(value: float | int, device: tt.Device) -> Pending:
+    key = (id(device), type(value), value)
     cell = _scalars.get(key)
     if cell is None:
-        cell = _storage.upload(torch.tensor([[float(value)]], dtype=torch.float32), device)
+        cell = _storage.upload(torch.tensor([[value]], dtype=_scalar_dtype(value)), device)
         _scalars[key] = cell
         if len(_scalars) > _MAX_SCALARS:
             _scalars.popitem(last=False)
@@ -180,11 +187,13 @@ def _run_functional(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> A
                           if name not in form[0] and not isinstance(v, torch.Tensor))
         key: Hashable = (op, metas, "lifted", constants)
     else:
-        key = (op, metas, tuple(s if s[0] != "c" else ("c", _hashable(s[1])) for s in structure), len(lifted))
+        key = (op, metas, tuple(s if s[0] != "c" else ("c", _hashable(s[1])) for s in structure),
+               tuple(_scalar_dtype(v) for v in lifted))
     plan = _plans.get(key)
     if plan is None:
         try:
-            plan = _trace(op, spec, structure, metas, len(lifted), form, bound if form else None)
+            plan = _trace(op, spec, structure, metas, [_scalar_dtype(v) for v in lifted], form,
+                          bound if form else None)
         except UnsupportedOpError as exc:
             plan = UnsupportedOpError(str(exc))  # kept without its traceback (which holds tensors)
         _plans[key] = plan
@@ -230,7 +239,7 @@ class _Lifted:
 def _lift_tensor_floats(schema: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                         lifted: list[float]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     def lift(argument: Any, value: Any) -> Any:
-        if isinstance(value, float) and argument.type.kind() == "TensorType":
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and argument.type.kind() == "TensorType":
             lifted.append(value)
             return _Lifted(len(lifted) - 1)
         return value
@@ -266,7 +275,7 @@ def _default(schema: Any, name: str) -> Any:
 
 
 def _trace(op: Any, spec: Any, structure: Sequence[Any], metas: Sequence[tuple[tuple[int, ...], torch.dtype]],
-           n_lifted: int, form: Any, bound: dict[str, Any] | None) -> _Plan:
+           lifted_dtypes: Sequence[torch.dtype], form: Any, bound: dict[str, Any] | None) -> _Plan:
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from . import _lower
@@ -290,10 +299,13 @@ def _trace(op: Any, spec: Any, structure: Sequence[Any], metas: Sequence[tuple[t
         return op(*call_args, **call_kwargs)
 
     examples = [torch.empty(shape, dtype=dtype, device="meta") for shape, dtype in metas]
-    examples += [torch.empty((), dtype=torch.float32, device="meta") for _ in range(n_lifted)]
+    examples += [torch.empty((), dtype=dtype, device="meta") for dtype in lifted_dtypes]
     try:
-        gm = make_fx(torch.func.functionalize(fn, remove="mutations_and_views"),
-                     decomposition_table=_lower.DECOMPOSITIONS)(*examples)
+        # The op may reach us from inside a compiled function or autograd, below keys tracing
+        # needs (Functionalize, ...): trace with the dispatcher state of plain user code.
+        with torch._C._ForceDispatchKeyGuard(_USER_INCLUDE, _USER_EXCLUDE):
+            gm = make_fx(torch.func.functionalize(fn, remove="mutations_and_views"),
+                         decomposition_table=_lower.DECOMPOSITIONS)(*examples)
     except UnsupportedOpError:
         raise
     except Exception as exc:

@@ -49,12 +49,7 @@ _F32 = tt.DataType.FLOAT32
 _I32 = tt.DataType.INT32
 
 
-class UnsupportedOpError(tt.ProgramError, NotImplementedError):
-    """A torch op, dtype or argument the tt device cannot run; the message names the ATen op
-    and, when the graph recorded it, the line of user code that called it.
-
-    A `ttflow.ProgramError` and a `NotImplementedError`, so either catches it."""
-
+from ._errors import UnsupportedOpError
 
 # -- the device's view of torch tensors --------------------------------------------------------------
 

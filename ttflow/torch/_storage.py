@@ -29,6 +29,7 @@ import ttflow as tt
 
 from ._errors import UnsupportedOpError
 from ._guard import load_guard
+from ._lower import device_dtype, device_shape
 from ._session import Pending, session
 
 __all__ = [
@@ -48,45 +49,22 @@ __all__ = [
     "write_host",
 ]
 
-_DEVICE_DTYPES = {
-    torch.float32: tt.DataType.FLOAT32, torch.bfloat16: tt.DataType.BFLOAT16,
-    torch.int64: tt.DataType.INT32, torch.int32: tt.DataType.INT32, torch.int16: tt.DataType.INT32,
-    torch.int8: tt.DataType.INT32, torch.uint8: tt.DataType.INT32, torch.bool: tt.DataType.INT32,
-}
-
-
 def TILE(dtype: tt.DataType) -> tt.Layout:
     """Where tt storages live: DRAM, tiles, the device dtype."""
     return _LAYOUTS[dtype]
 
 
-_LAYOUTS = {d: tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, d) for d in set(_DEVICE_DTYPES.values())}
-
-
-def device_shape(shape: Sequence[int]) -> tuple[int, ...]:
-    """The ttflow shape of a torch shape: rank-0 and rank-1 tensors get leading 1s."""
-    shape = tuple(int(d) for d in shape)
-    if len(shape) == 0:
-        return (1, 1)
-    if len(shape) == 1:
-        return (1, shape[0])
-    return shape
-
-
-def device_dtype(dtype: torch.dtype) -> tt.DataType:
-    """The ttflow dtype a torch dtype lives in: floats as themselves, integers and bools as INT32."""
-    try:
-        return _DEVICE_DTYPES[dtype]
-    except KeyError:
-        raise UnsupportedOpError(
-            f"the tt device holds float32, bfloat16, integer and bool tensors, not {dtype}; "
-            "convert on the CPU first (e.g. .float())"
-        ) from None
+_LAYOUTS = {d: tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, d)
+            for d in (tt.DataType.FLOAT32, tt.DataType.BFLOAT16, tt.DataType.INT32)}
 
 
 def on_device(dtype: torch.dtype) -> bool:
     """Whether tensors of `dtype` keep their values on the device (others stay on the host)."""
-    return dtype in _DEVICE_DTYPES
+    try:
+        device_dtype(dtype)
+    except UnsupportedOpError:
+        return False
+    return True
 
 
 class Slot:
