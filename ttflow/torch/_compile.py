@@ -62,8 +62,9 @@ def _program_runner(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], nam
             if not _is_tt(t):  # a CPU scalar (e.g. a step count): moved for this call
                 t = t.to(torch.device("tt", index))
             cells.append(_storage.read(t))
-        for seed in torch.randint(0, 2**31 - 1, (seeds,), dtype=torch.int32).tolist():
-            cells.append(_storage.upload(torch.tensor([[seed]], dtype=torch.int32), device))
+        if seeds:  # fresh per call, from torch's generator: torch.manual_seed reproduces them
+            for seed in torch.randint(0, 2**31 - 1, (seeds,), dtype=torch.int32).tolist():
+                cells.append(_storage.upload(torch.tensor([[seed]], dtype=torch.int32), device))
         outs = _storage.post_program(device, lowered.binary, 0, cells, n_outputs)
         results: list[Any] = []
         for spec in lowered.outputs:

@@ -313,6 +313,7 @@ class _BackendModule(types.ModuleType):
 
 
 _library: torch.library.Library | None = None
+_aten_library: torch.library.Library | None = None
 
 
 def install() -> None:
@@ -331,4 +332,9 @@ def install() -> None:
         torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
     library = torch.library.Library("_", "IMPL")
     library.fallback(_kernel, "PrivateUse1", with_keyset=True)
+    global _aten_library
+    _aten_library = torch.library.Library("aten", "IMPL")
+    from . import _foreach
+
+    _foreach.register(_aten_library)
     _library = library

@@ -8,10 +8,13 @@ functional form is what is traced, and the result goes into `out`.
 
 Scalars that change from call to call (a learning rate, Adam's bias corrections) are passed as
 device values, not traced into the program, so a schedule does not build a program per step:
-a float in a Tensor position (`x * 0.9` reaches us as `mul.out(x, 0.9)`) becomes a 0-d input,
+a number in a Tensor position (`x * 0.9` reaches us as `mul.out(x, 0.9)`) becomes a 0-d input,
 and the Scalar arguments of the ops optimizers use (`alpha`, `value`, `weight`) go through
 `_SCALAR_FORMS`, which spell those ops with tensor arithmetic. Their device values are cached
 per value, so a constant (beta, eps, lr) is written once.
+
+The per-call path is short: what an op's schema says (`_OpInfo`) is worked out once per op,
+and a call is matched to its traced program by a flat signature of its arguments.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 import ttflow as tt
 
@@ -47,11 +49,39 @@ _SCALAR_FORMS: dict[Any, tuple[tuple[str, ...], Callable[..., torch.Tensor]]] = 
     aten.addcdiv.default: (("value",), lambda a, t1, t2, value: a + value * (t1 / t2)),
 }
 
+# The dispatcher's thread-local keys in plain user code (captured at import, on the user's thread).
+_USER_INCLUDE = torch._C._dispatch_tls_local_include_set()
+_USER_EXCLUDE = torch._C._dispatch_tls_local_exclude_set()
+_MISSING = object()
 
-class _Plan:
-    """One traced and lowered op: what to read, what the program makes, where results go."""
 
-    __slots__ = ("binary", "mutations", "n_outputs", "outputs", "seeds")
+class _OpInfo:
+    """What one op overload's schema says, worked out once."""
+
+    __slots__ = ("args", "form", "functional", "lift", "op", "outs", "schema", "tensor_lift", "view", "writes")
+
+    def __init__(self, op: Any) -> None:
+        self.op = op
+        schema = op._schema
+        self.outs = tuple(a.name for a in schema.arguments if a.is_out)
+        self.functional = _functional_of(op) if self.outs else op
+        if self.functional is None:
+            raise UnsupportedOpError(f"{op} has no functional form to run")
+        self.schema = self.functional._schema
+        self.args = tuple(self.schema.arguments)
+        self.view = any(r.alias_info is not None and not r.alias_info.is_write for r in self.schema.returns)
+        self.writes = tuple(i for i, r in enumerate(self.schema.returns)
+                            if r.alias_info is not None and r.alias_info.is_write)
+        self.form = _SCALAR_FORMS.get(self.functional)
+        # Numbers passed as 0-d device inputs: in Tensor positions, and the form's Scalars.
+        self.tensor_lift = frozenset(a.name for a in self.args if a.type.kind() == "TensorType")
+        self.lift = self.tensor_lift | frozenset(self.form[0]) if self.form else self.tensor_lift
+
+
+class _Entry:
+    """One traced and lowered call signature."""
+
+    __slots__ = ("binary", "lifted_form", "mutations", "n_outputs", "outputs", "seeds")
 
     def __init__(self, binary: tt.Binary, outputs: Sequence[Any], mutations: Sequence[tuple[int, int]],
                  seeds: int) -> None:
@@ -62,10 +92,8 @@ class _Plan:
         self.seeds = seeds
 
 
-_plans: dict[Hashable, _Plan | UnsupportedOpError] = {}
-# The dispatcher's thread-local keys in plain user code (captured at import, on the user's thread).
-_USER_INCLUDE = torch._C._dispatch_tls_local_include_set()
-_USER_EXCLUDE = torch._C._dispatch_tls_local_exclude_set()
+_infos: dict[Any, _OpInfo | UnsupportedOpError] = {}
+_entries: dict[Hashable, _Entry | UnsupportedOpError] = {}
 _functional: dict[Any, Any] = {}
 _scalars: collections.OrderedDict[Hashable, Pending] = collections.OrderedDict()
 _MAX_SCALARS = 256
@@ -77,25 +105,24 @@ def _functional_of(op: Any) -> Any:
         return _functional[op]
     found = None
     names = [(a.name, str(a.type)) for a in op._schema.arguments if not a.is_out]
-    if any(a.is_out for a in op._schema.arguments):
-        packet = op.overloadpacket
-        for overload in packet.overloads():
-            candidate = getattr(packet, overload)
-            schema = candidate._schema
-            if any(a.is_out for a in schema.arguments) or schema.is_mutable:
-                continue
-            if [(a.name, str(a.type)) for a in schema.arguments] == names:
-                found = candidate
-                break
+    packet = op.overloadpacket
+    for overload in packet.overloads():
+        candidate = getattr(packet, overload)
+        schema = candidate._schema
+        if any(a.is_out for a in schema.arguments) or schema.is_mutable:
+            continue
+        if [(a.name, str(a.type)) for a in schema.arguments] == names:
+            found = candidate
+            break
     _functional[op] = found
     return found
 
 
-def _scalar_dtype(value: float | int) -> torch.dtype:
+def _scalar_dtype(value: float) -> torch.dtype:
     return torch.int64 if isinstance(value, int) else torch.float32
 
 
-def _scalar_cell(value: float | int, device: tt.Device) -> Pending:
+def _scalar_cell(value: float, device: tt.Device) -> Pending:
     key = (id(device), type(value), value)
     cell = _scalars.get(key)
     if cell is None:
@@ -108,28 +135,36 @@ def _scalar_cell(value: float | int, device: tt.Device) -> Pending:
     return cell
 
 
+def _info(op: Any) -> _OpInfo:
+    info = _infos.get(op)
+    if info is None:
+        if op.namespace != "aten":
+            info = UnsupportedOpError(f"{op} is not an aten op")
+        else:
+            try:
+                info = _OpInfo(op)
+            except UnsupportedOpError as exc:
+                info = exc
+        _infos[op] = info
+    if isinstance(info, UnsupportedOpError):
+        raise UnsupportedOpError(str(info))
+    return info
+
+
 def run(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Runs `op` on the device; UnsupportedOpError when it cannot (the caller falls back to the CPU)."""
-    if op.namespace != "aten":
-        raise UnsupportedOpError(f"{op} is not an aten op")
-    schema = op._schema
-    outs: list[torch.Tensor] = []
-    functional = op
-    if any(a.is_out for a in schema.arguments):
-        functional = _functional_of(op)
-        if functional is None:
-            raise UnsupportedOpError(f"{op} has no functional form to run")
-        kwargs = dict(kwargs)
-        for a in schema.arguments:
-            if a.is_out:
-                out = kwargs.pop(a.name, None)
-                if out is not None:
-                    outs.append(out)
-    results = _run_functional(functional, args, kwargs)
+    info = _info(op)
+    bound: dict[str, Any] = dict(kwargs) if kwargs else {}
+    for argument, value in zip(op._schema.arguments, args):
+        bound[argument.name] = value
+    outs = [bound.pop(name) for name in info.outs if bound.get(name) is not None]
+    if info.view:
+        return _run_view(info.functional, args, kwargs)
+    results = _run_bound(info, bound)
     if not outs:
         return results
-    flat, _spec = tree_flatten(results)
-    for out, value in zip(outs, flat):
+    values = results if isinstance(results, tuple) else (results,)
+    for out, value in zip(outs, values):
         if out.shape != value.shape:
             out.resize_(value.shape)
         if out.dtype != value.dtype:
@@ -138,116 +173,66 @@ def run(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
-def _run_functional(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    schema = op._schema
-    if any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
-        return _run_view(op, args, kwargs)
-    lifted: list[float] = []
-    form = _SCALAR_FORMS.get(op)
-    bound = _bind(schema, args, kwargs)
-    if form is not None and not all(t.dtype.is_floating_point for t in tree_flatten((args, kwargs))[0]
-                                    if isinstance(t, torch.Tensor)):
+def _run_bound(info: _OpInfo, bound: dict[str, Any]) -> Any:
+    # The call's signature, and its tensors and lifted numbers in schema order.
+    form = info.form
+    if form is not None and not all(v.dtype.is_floating_point for v in bound.values()
+                                    if isinstance(v, torch.Tensor)):
         form = None  # integer arithmetic keeps its scalars exact, in the program
-    if form is not None:
-        names, _ = form
-        for name in names:
-            value = bound.get(name, _default(schema, name))
-            if isinstance(value, torch.Tensor) or not isinstance(value, (int, float)) or isinstance(value, bool):
-                form = None
-                break
-        if form is not None:
-            lifted = [float(bound.get(name, _default(schema, name))) for name in form[0]]
-    if form is None:  # a Python float where the schema takes a Tensor (`x * 0.9`): a 0-d input
-        args, kwargs = _lift_tensor_floats(schema, args, kwargs, lifted)
-    flat, spec = tree_flatten((args, kwargs))
+    lift = info.lift if form is not None else info.tensor_lift
+    signature: list[Hashable] = [info.functional, form is not None]
     tensors: list[torch.Tensor] = []
-    structure: list[Any] = []
-    device_index: int | None = None
-    for item in flat:
-        if isinstance(item, torch.Tensor):
-            if item.device.type == "tt":
-                device_index = item.device.index
-            elif item.dim() != 0:
-                raise RuntimeError(f"{op}: expected all tensors to be on the same device, but found "
-                                   f"{item.device} and a tt device")
-            if not _storage.on_device(item.dtype):
-                raise UnsupportedOpError(f"the tt device has no {item.dtype} type")
-            structure.append(("t", len(tensors)))
-            tensors.append(item)
-        elif isinstance(item, _Lifted):
-            structure.append(("s", item.index))
+    lifted: list[float | int] = []
+    for argument in info.args:
+        value = bound.get(argument.name, _MISSING)
+        if isinstance(value, torch.Tensor):
+            signature.append((value.shape, value.dtype, value.device.type))
+            tensors.append(value)
+        elif isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
+            signature.append(tuple((t.shape, t.dtype, t.device.type) for t in value))
+            tensors.extend(value)
+        elif argument.name in lift and isinstance(value, (int, float)) and not isinstance(value, bool):
+            signature.append(type(value))
+            lifted.append(value)
         else:
-            structure.append(("c", item))
-    if device_index is None:
-        raise UnsupportedOpError(f"{op}: no tt tensor argument")
-    device = _storage.session.device(device_index)
-    metas = tuple((tuple(t.shape), t.dtype) for t in tensors)
-    if form is not None:  # the lifted values are inputs, not part of the program
-        constants = tuple((name, _hashable(v)) for name, v in sorted(bound.items())
-                          if name not in form[0] and not isinstance(v, torch.Tensor))
-        key: Hashable = (op, metas, "lifted", constants)
-    else:
-        key = (op, metas, tuple(s if s[0] != "c" else ("c", _hashable(s[1])) for s in structure),
-               tuple(_scalar_dtype(v) for v in lifted))
-    plan = _plans.get(key)
-    if plan is None:
+            signature.append(_hashable(value))
+    key = tuple(signature)
+    entry = _entries.get(key)
+    if entry is None:
         try:
-            plan = _trace(op, spec, structure, metas, [_scalar_dtype(v) for v in lifted], form,
-                          bound if form else None)
+            entry = _analyse(info, bound, tensors, lifted, form, lift)
         except UnsupportedOpError as exc:
-            plan = UnsupportedOpError(str(exc))  # kept without its traceback (which holds tensors)
-        _plans[key] = plan
-    if isinstance(plan, UnsupportedOpError):
-        raise UnsupportedOpError(str(plan))
+            entry = UnsupportedOpError(str(exc))  # kept without its traceback (which holds tensors)
+        _entries[key] = entry
+    if isinstance(entry, UnsupportedOpError):
+        raise UnsupportedOpError(str(entry))
+    device_index = next(t.device.index for t in tensors if t.device.type == "tt")
+    device = _storage.session.device(device_index)
     cells = [_storage.read(t if t.device.type == "tt" else t.to(torch.device("tt", device_index)))
              for t in tensors]
     cells += [_scalar_cell(v, device) for v in lifted]
-    for seed in torch.randint(0, 2**31 - 1, (plan.seeds,), dtype=torch.int32).tolist():
-        cells.append(_storage.upload(torch.tensor([[seed]], dtype=torch.int32), device))
-    produced = _storage.post_program(device, plan.binary, 0, cells, plan.n_outputs)
+    if entry.seeds:
+        for seed in torch.randint(0, 2**31 - 1, (entry.seeds,), dtype=torch.int32).tolist():
+            cells.append(_storage.upload(torch.tensor([[seed]], dtype=torch.int32), device))
+    produced = _storage.post_program(device, entry.binary, 0, cells, entry.n_outputs)
     values: list[Any] = []
-    for out in plan.outputs:
+    for out in entry.outputs:
         if out.kind == "program":
             values.append(_storage.new_tensor(out.shape, out.dtype, device_index, produced[out.index]))
         elif out.kind == "input":
             values.append(tensors[out.index])
         else:
             values.append(None)
-    for position, result in plan.mutations:
+    for position, result in entry.mutations:
         target = tensors[position]
-        _storage.write(target, produced[plan.outputs[result].index], _storage.device_shape(target.shape))
-    n_returns = len(schema.returns)
+        _storage.write(target, produced[entry.outputs[result].index], _storage.device_shape(target.shape))
+    n_returns = len(info.schema.returns)
     returned = values[:n_returns]
-    # In-place ops return the tensor they wrote.
-    for i, r in enumerate(schema.returns):
-        if r.alias_info is not None and r.alias_info.is_write:
-            returned[i] = tensors[next(p for p, _ in plan.mutations)]
+    for i in info.writes:  # an in-place op returns the tensor it wrote
+        returned[i] = tensors[entry.mutations[0][0]]
     if n_returns == 1:
         return returned[0]
     return tuple(returned)
-
-
-class _Lifted:
-    """Marks a Python float passed as a 0-d device input (its index among the lifted scalars)."""
-
-    __slots__ = ("index",)
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-
-
-def _lift_tensor_floats(schema: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                        lifted: list[float]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    def lift(argument: Any, value: Any) -> Any:
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and argument.type.kind() == "TensorType":
-            lifted.append(value)
-            return _Lifted(len(lifted) - 1)
-        return value
-
-    new_args = tuple(lift(a, v) for a, v in zip(schema.arguments, args))
-    by_name = {a.name: a for a in schema.arguments}
-    new_kwargs = {k: lift(by_name[k], v) if k in by_name else v for k, v in kwargs.items()}
-    return new_args, new_kwargs
 
 
 def _hashable(value: Any) -> Hashable:
@@ -260,43 +245,51 @@ def _hashable(value: Any) -> Hashable:
     return value
 
 
-def _bind(schema: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    bound = dict(kwargs)
-    for argument, value in zip(schema.arguments, args):
-        bound[argument.name] = value
-    return bound
+def _analyse(info: _OpInfo, bound: dict[str, Any], tensors: Sequence[torch.Tensor],
+             lifted: Sequence[float | int], form: Any, lift: frozenset[str]) -> _Entry:
+    """Checks a new call signature and traces and lowers it."""
+    if not any(t.device.type == "tt" for t in tensors):
+        raise UnsupportedOpError(f"{info.op}: no tt tensor argument")
+    for t in tensors:
+        if t.device.type != "tt" and t.dim() != 0:
+            raise RuntimeError(f"{info.op}: expected all tensors to be on the same device, but found "
+                               f"{t.device} and a tt device")
+        if not _storage.on_device(t.dtype):
+            raise UnsupportedOpError(f"the tt device has no {t.dtype} type")
+    return _trace(info, bound, [(tuple(t.shape), t.dtype) for t in tensors],
+                  [_scalar_dtype(v) for v in lifted], form, lift)
 
 
-def _default(schema: Any, name: str) -> Any:
-    for argument in schema.arguments:
-        if argument.name == name:
-            return argument.default_value if argument.has_default_value() else None
-    return None
-
-
-def _trace(op: Any, spec: Any, structure: Sequence[Any], metas: Sequence[tuple[tuple[int, ...], torch.dtype]],
-           lifted_dtypes: Sequence[torch.dtype], form: Any, bound: dict[str, Any] | None) -> _Plan:
+def _trace(info: _OpInfo, bound: dict[str, Any], metas: Sequence[tuple[tuple[int, ...], torch.dtype]],
+           lifted_dtypes: Sequence[torch.dtype], form: Any, lift: frozenset[str]) -> _Entry:
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from . import _lower
 
+    constants = {a.name: bound[a.name] for a in info.args if a.name in bound}
     n_tensors = len(metas)
+    op = info.functional
 
     def fn(*inputs: torch.Tensor) -> Any:
-        tensors, scalars = inputs[:n_tensors], inputs[n_tensors:]
+        tensors, scalars = iter(inputs[:n_tensors]), iter(inputs[n_tensors:])
+        values: dict[str, Any] = {}
+        for argument in info.args:
+            value = constants.get(argument.name, _MISSING)
+            if isinstance(value, torch.Tensor):
+                value = next(tensors)
+            elif isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
+                value = [next(tensors) for _ in value]
+            elif argument.name in lift and isinstance(value, (int, float)) and not isinstance(value, bool):
+                value = next(scalars)
+            if value is not _MISSING:
+                values[argument.name] = value
         if form is not None:
-            names, body = form
-            assert bound is not None
-            lifted = dict(zip(names, scalars))
-            positional = [tensors[s[1]] if s[0] == "t" else s[1] for s in structure]
-            (call_args, call_kwargs) = tree_unflatten(positional, spec)
-            values = _bind(op._schema, call_args, call_kwargs)
-            ordered = [lifted[a.name] if a.name in lifted else values.get(a.name, _default(op._schema, a.name))
-                       for a in op._schema.arguments]
+            _names, body = form
+            ordered = [values[a.name] if a.name in values
+                       else (a.default_value if a.has_default_value() else None) for a in info.args]
             return body(*ordered)
-        items = [tensors[s[1]] if s[0] == "t" else scalars[s[1]] if s[0] == "s" else s[1] for s in structure]
-        call_args, call_kwargs = tree_unflatten(items, spec)
-        return op(*call_args, **call_kwargs)
+        positional = [values.pop(a.name) for a in info.args if not a.kwarg_only and a.name in values]
+        return op(*positional, **values)
 
     examples = [torch.empty(shape, dtype=dtype, device="meta") for shape, dtype in metas]
     examples += [torch.empty((), dtype=dtype, device="meta") for dtype in lifted_dtypes]
@@ -315,7 +308,7 @@ def _trace(op: Any, spec: Any, structure: Sequence[Any], metas: Sequence[tuple[t
         lowered = _lower.lower(gm, examples, f"eager_{op._schema.name.split('::')[-1]}")
     except NotImplementedError as exc:  # the lowering's UnsupportedOpError
         raise UnsupportedOpError(str(exc)) from None
-    return _Plan(lowered.binary, lowered.outputs, mutations, lowered.seeds)
+    return _Entry(lowered.binary, lowered.outputs, mutations, lowered.seeds)
 
 
 def _strip_input_copies(gm: torch.fx.GraphModule) -> list[tuple[int, int]]:

@@ -32,6 +32,7 @@ __all__ = ["MAX_DEVICES", "Pending", "Session", "session"]
 
 T = TypeVar("T")
 MAX_DEVICES = 8  # the guard reports this many "tt" devices to torch
+BATCH_SECONDS = 0.005  # how long the loop thread lets posted calls gather before running them
 
 
 class Pending:
@@ -112,6 +113,10 @@ class _Inbox:
         task_status.started()
         while True:
             await self._event.wait()
+            # Let the caller post the rest of its burst first: the loop thread then takes the
+            # GIL once per batch, not once per op (a hand-off between two busy threads costs
+            # far more than the op; measured 500 vs 150 us per eager add).
+            await anyio.sleep(BATCH_SECONDS)
             self._event = anyio.Event()
             self.run_queued()
 

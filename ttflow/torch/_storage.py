@@ -128,7 +128,7 @@ def device_of(t: torch.Tensor) -> tt.Device:
 
 
 def _slot(t: torch.Tensor) -> Slot:
-    _drain_freed()
+    # No drain here: addresses are never reused, so a freed storage's slot is never found again.
     address = _address(t)
     slot = _slots.get(address)
     if slot is not None and slot.device.closed:
@@ -224,11 +224,16 @@ def _empty(cell: Pending, shape: tuple[int, ...], dtype: tt.DataType, device: tt
         cell.error = exc
 
 
+_IDENTITY = [tuple(range(n)) for n in range(8)]
+
+
 def _order(t: torch.Tensor) -> tuple[int, ...] | None:
     """The dims of `t` from outermost to innermost in memory, if `t` covers its storage densely
     from offset 0 (a permutation of a contiguous tensor); else None."""
     if t.storage_offset() != 0 or t.numel() * t.element_size() != t.untyped_storage().nbytes():
         return None
+    if t.is_contiguous():
+        return _IDENTITY[t.dim()] if t.dim() < len(_IDENTITY) else tuple(range(t.dim()))
     dims = sorted(range(t.dim()), key=lambda d: (-t.stride(d), d))
     expected = 1
     for d in reversed(dims):

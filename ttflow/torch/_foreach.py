@@ -1,0 +1,221 @@
+"""torch's `_foreach_*` ops (what the stock optimizers call) as ONE device program per call.
+
+Without these kernels torch runs a foreach op on a non-CUDA device as a loop of single-tensor
+ops, a program each: SGD with momentum over 4 parameters made 12 programs a step. Here a call
+over N tensors is traced once per (op, shapes) into one program of N element computations, and
+every Python number in it (a learning rate, Adam's per-parameter step sizes) is one element of
+a single small device vector, written per call, so the program does not change as they do.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from . import _storage
+from ._errors import UnsupportedOpError
+from ._session import Pending
+
+__all__ = ["register"]
+
+aten = torch.ops.aten
+
+# The element computation of each foreach family, on tensors (scalars come as 0-d tensors).
+_ELEMENT: dict[str, Callable[..., torch.Tensor]] = {
+    "add": lambda a, b, alpha=None: a + (b if alpha is None else b * alpha),
+    "sub": lambda a, b, alpha=None: a - (b if alpha is None else b * alpha),
+    "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b,
+    "maximum": lambda a, b: torch.maximum(a, b.to(a.dtype).expand_as(a)),
+    "minimum": lambda a, b: torch.minimum(a, b.to(a.dtype).expand_as(a)),
+    "addcmul": lambda a, t1, t2, value=None: a + (t1 * t2 if value is None else value * (t1 * t2)),
+    "addcdiv": lambda a, t1, t2, value=None: a + (t1 / t2 if value is None else value * (t1 / t2)),
+    "lerp": lambda a, end, weight: a + weight * (end - a),
+    "sqrt": torch.sqrt, "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "log": torch.log,
+    "reciprocal": torch.reciprocal, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
+    "copy": lambda a, src, non_blocking=False: src.to(a.dtype).expand_as(a),
+    "zero": torch.zeros_like,
+}
+
+
+class _Plan:
+    __slots__ = ("binary", "outputs")
+
+    def __init__(self, binary: Any, outputs: Sequence[Any]) -> None:
+        self.binary = binary
+        self.outputs = tuple(outputs)
+
+
+_plans: dict[Hashable, _Plan | UnsupportedOpError] = {}
+_scalar_vectors: collections.OrderedDict[Hashable, Pending] = collections.OrderedDict()
+
+
+def _family(op: Any) -> tuple[str, bool]:
+    """`_foreach_add_` -> ("add", in place)."""
+    name = op._schema.name.split("::")[1][len("_foreach_"):]
+    in_place = name.endswith("_")
+    return name.rstrip("_"), in_place
+
+
+def _run(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    base, in_place = _family(op)
+    element = _ELEMENT[base]
+    schema = op._schema
+    bound: dict[str, Any] = dict(kwargs)
+    for argument, value in zip(schema.arguments, args):
+        bound[argument.name] = value
+    outs = bound.pop("out", None)
+    # Per argument: ("list", tensors) | ("scalar", k) | ("scalars", [k...]) | ("tensor", t) | ("const", v)
+    plan_args: list[tuple[str, Any]] = []
+    scalars: list[float] = []
+    lists: list[list[torch.Tensor]] = []
+    n = None
+    for argument in schema.arguments:
+        if argument.name == "out" or argument.name not in bound and not argument.has_default_value():
+            continue
+        value = bound.get(argument.name, argument.default_value if argument.has_default_value() else None)
+        kind = str(argument.type)
+        if kind == "List[Tensor]":
+            plan_args.append(("list", len(lists)))
+            lists.append(list(value))
+            n = len(value)
+        elif kind == "number":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise UnsupportedOpError(f"{op}: a {type(value).__name__} scalar")
+            plan_args.append(("scalar", len(scalars)))
+            scalars.append(float(value))
+        elif kind == "List[number]":
+            plan_args.append(("scalars", list(range(len(scalars), len(scalars) + len(value)))))
+            scalars.extend(float(v) for v in value)
+        elif kind == "bool":
+            plan_args.append(("const", value))
+        else:  # a single Tensor (`.Tensor` variants): not taken here
+            raise UnsupportedOpError(f"{op}: takes a Tensor argument {argument.name!r}")
+    if not n:
+        return None if in_place or outs is not None else []
+    flat = [t for group in lists for t in group]
+    if not all(t.device.type == "tt" and t.dtype.is_floating_point and _storage.on_device(t.dtype) for t in flat):
+        raise UnsupportedOpError(f"{op}: tensors that are not floating tt tensors")
+    if len({t.device for t in flat}) != 1:
+        raise RuntimeError(f"{op}: expected all tensors to be on the same device")
+    device_index = flat[0].device.index
+    device = _storage.session.device(device_index)
+    metas = tuple((tuple(t.shape), t.dtype) for t in flat)
+    key = (op, metas, tuple((k, v) if k == "const" else (k,) for k, v in plan_args), len(scalars))
+    plan = _plans.get(key)
+    if plan is None:
+        try:
+            plan = _trace(op, element, plan_args, [len(g) for g in lists], metas, len(scalars))
+        except UnsupportedOpError as exc:
+            plan = UnsupportedOpError(str(exc))
+        _plans[key] = plan
+    if isinstance(plan, UnsupportedOpError):
+        raise UnsupportedOpError(str(plan))
+    cells = [_storage.read(t) for t in flat]
+    if scalars:
+        cells.append(_vector(tuple(scalars), device))
+    produced = _storage.post_program(device, plan.binary, 0, cells, len(plan.binary.programs[0].outputs))
+    results = [produced[spec.index] if spec.kind == "program" else cells[spec.index] for spec in plan.outputs]
+    targets = lists[0] if in_place else outs
+    if targets is not None:
+        for t, cell, spec in zip(targets, results, plan.outputs):
+            _storage.write(t, cell, _storage.device_shape(spec.shape))
+        return None
+    return [_storage.new_tensor(spec.shape, spec.dtype, device_index, cell)
+            for spec, cell in zip(plan.outputs, results)]
+
+
+def _vector(values: tuple[float, ...], device: Any) -> Pending:
+    key = (id(device), values)
+    cell = _scalar_vectors.get(key)
+    if cell is None:
+        cell = _storage.upload(torch.tensor(values, dtype=torch.float32), device)
+        _scalar_vectors[key] = cell
+        if len(_scalar_vectors) > 64:
+            _scalar_vectors.popitem(last=False)
+    else:
+        _scalar_vectors.move_to_end(key)
+    return cell
+
+
+def _trace(op: Any, element: Callable[..., torch.Tensor], plan_args: Sequence[tuple[str, Any]],
+           sizes: Sequence[int], metas: Sequence[tuple[tuple[int, ...], torch.dtype]], n_scalars: int) -> _Plan:
+    from . import _eager, _lower
+
+    n = sizes[0]
+
+    def fn(*inputs: torch.Tensor) -> list[torch.Tensor]:
+        flat, vector = list(inputs[:len(metas)]), inputs[len(metas)] if n_scalars else None
+        groups, start = [], 0
+        for size in sizes:
+            groups.append(flat[start:start + size])
+            start += size
+        out = []
+        for i in range(n):
+            call = []
+            for kind, value in plan_args:
+                if kind == "list":
+                    call.append(groups[value][i])
+                elif kind == "scalar":
+                    call.append(vector[value])  # type: ignore[index]
+                elif kind == "scalars":
+                    call.append(vector[value[i]])  # type: ignore[index]
+                else:
+                    call.append(value)
+            out.append(element(*call).to(metas[i][1]))
+        return out
+
+    examples = [torch.empty(shape, dtype=dtype, device="meta") for shape, dtype in metas]
+    if n_scalars:
+        examples.append(torch.empty(n_scalars, dtype=torch.float32, device="meta"))
+    try:
+        with torch._C._ForceDispatchKeyGuard(_eager._USER_INCLUDE, _eager._USER_EXCLUDE):
+            gm = make_fx(fn, decomposition_table=_lower.DECOMPOSITIONS)(*examples)
+    except Exception as exc:
+        raise UnsupportedOpError(f"{op}: cannot trace it for the device ({type(exc).__name__}: {exc})") from exc
+    name = op._schema.name.split("::")[1]
+    try:
+        lowered = _lower.lower(gm, examples, name)
+    except NotImplementedError as exc:
+        raise UnsupportedOpError(str(exc)) from None
+    return _Plan(lowered.binary, lowered.outputs)
+
+
+def _kernel(op: Any) -> Callable[..., Any]:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return _run(op, args, kwargs)
+        except UnsupportedOpError:
+            pass
+        # Torch's own loop over the single-tensor op, each element through the tt fallback.
+        base, in_place = _family(op)
+        return _loop(op, base, in_place, args, kwargs)
+
+    return kernel
+
+
+def _loop(op: Any, base: str, in_place: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    from ._device import _cpu_fallback, _warn_cpu
+
+    _warn_cpu(op, "these tensors or arguments have no one-program form")
+    return _cpu_fallback(op, args, kwargs)
+
+
+def register(library: torch.library.Library) -> None:
+    """Registers the foreach kernels for the tt (PrivateUse1) key."""
+    names = {n.split("::")[1].split(".")[0] for n in torch._C._dispatch_get_all_op_names()
+             if n.startswith("aten::_foreach_")}
+    for name in sorted(names):
+        packet = getattr(aten, name)
+        base = name[len("_foreach_"):].rstrip("_")
+        if base not in _ELEMENT:
+            continue
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            if any(str(a.type) == "Tensor" for a in op._schema.arguments):
+                continue  # the `.Tensor` variants: torch's loop
+            library.impl(op, _kernel(op), "PrivateUse1")
