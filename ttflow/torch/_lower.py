@@ -811,13 +811,20 @@ def _full_like(L: _Lowering, node: torch.fx.Node, x: _T, value: Any, **kwargs: A
     return L.full(meta.shape, value, meta.dtype)
 
 
+@_register(aten.new_full.default)
+def _new_full(L: _Lowering, node: torch.fx.Node, x: _T, size: Any, value: Any, **kwargs: Any) -> Any:
+    meta = _out(node)
+    return L.full(meta.shape, value, meta.dtype)
+
+
 @_register(aten.scalar_tensor.default)
 def _scalar_tensor(L: _Lowering, node: torch.fx.Node, value: Any, **kwargs: Any) -> Any:
     return L.full((), value, _out(node).dtype)
 
 
 @_register(aten.empty.memory_format, aten.empty_like.default, aten.zeros_like.default,
-           aten.new_empty.default, aten.empty_strided.default)
+           aten.new_empty.default, aten.empty_strided.default, aten.empty_permuted.default,
+           aten.zeros.default, aten.new_zeros.default, aten.new_empty_strided.default)
 def _empty(L: _Lowering, node: torch.fx.Node, *args: Any, **kwargs: Any) -> Any:
     meta = _out(node)
     return L.full(meta.shape, 0, meta.dtype)  # uninitialised in torch: zeros here

@@ -1,0 +1,193 @@
+"""Every module the op set allows, through `torch.compile(backend="tt")` on tt tensors, forward
+and backward, against the same module on CPU torch; and none of it may leave the device."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Callable
+
+import pytest
+
+torch = pytest.importorskip(
+    "torch", reason="the PyTorch front-end is optional: pip install torch==2.13.0 (CPU wheel) to test it"
+)
+ttt = pytest.importorskip("ttflow.torch")
+
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+from ttflow.torch import _device  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def device():
+    ttt.close()
+    ttt.open_device()
+    yield ttt.device()
+    ttt.close()
+
+
+class Encoder(nn.Module):
+    def __init__(self, causal: bool) -> None:
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+        self.causal = causal
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1]) if self.causal else None
+        return self.layer(x, src_mask=mask, is_causal=self.causal)
+
+
+class Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mha = nn.MultiheadAttention(16, 4, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mha(x, x, x, need_weights=False)[0]
+
+
+class SDPA(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).view(x.shape[0], x.shape[1], 3, 2, 8).permute(2, 0, 3, 1, 4)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(x.shape)
+
+
+class TokenModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(11, 16)
+        self.out = nn.Linear(16, 11)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.embed(ids)))
+
+
+class WithLoss(nn.Module):
+    """A classifier whose cross-entropy is computed inside the compiled function."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(12, 16), nn.SiLU(), nn.Linear(16, 5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.net(x), (x[:, 0] > 0).long() + 2 * (x[:, 1] > 0).long())
+
+
+def floats(*shape: int) -> Callable[[], torch.Tensor]:
+    return lambda: torch.randn(*shape)
+
+
+CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[], torch.Tensor]]] = {
+    "linear_relu": (lambda: nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 4)), floats(6, 12)),
+    "gelu_erf_layernorm": (lambda: nn.Sequential(nn.Linear(12, 16), nn.GELU(), nn.LayerNorm(16)), floats(6, 12)),
+    "gelu_tanh_rmsnorm": (lambda: nn.Sequential(nn.Linear(12, 16), nn.GELU("tanh"), nn.RMSNorm(16)),
+                          floats(6, 12)),
+    "tanh_sigmoid_silu": (lambda: nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 16), nn.Sigmoid(),
+                                                nn.Linear(16, 8), nn.SiLU()), floats(6, 12)),
+    "softmax_logsoftmax": (lambda: nn.Sequential(nn.Linear(12, 8), nn.Softmax(-1), nn.Linear(8, 8),
+                                                 nn.LogSoftmax(-1)), floats(6, 12)),
+    "conv_pool": (lambda: nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                                        nn.Conv2d(4, 4, 3, stride=2), nn.AvgPool2d(1), nn.Flatten(),
+                                        nn.Linear(4, 3)), floats(2, 3, 8, 8)),
+    "embedding_int64_ids": (TokenModel, lambda: torch.randint(0, 11, (3, 5))),
+    "multihead_attention": (Attention, floats(2, 5, 16)),
+    "sdpa_causal": (SDPA, floats(2, 5, 16)),
+    "transformer_encoder": (lambda: Encoder(causal=False), floats(2, 5, 16)),
+    "transformer_encoder_causal": (lambda: Encoder(causal=True), floats(2, 5, 16)),
+    "cross_entropy_inside": (WithLoss, floats(8, 12)),
+}
+
+
+def _run(model: nn.Module, x: torch.Tensor, on_tt: bool) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor | None]:
+    if on_tt:
+        model = model.to("tt")
+        x = x.to("tt")
+        model = torch.compile(model, backend="tt")
+    if x.is_floating_point():
+        x.requires_grad_()
+    out = model(x)
+    weights = torch.linspace(-1, 1, out.numel()).reshape(out.shape)
+    (out * (weights.to("tt") if on_tt else weights)).sum().backward()
+    grads = [p.grad.detach().cpu() for p in (model.parameters())]
+    return out.detach().cpu(), grads, (x.grad.detach().cpu() if x.is_floating_point() else None)
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor, what: str, rel: float) -> None:
+    scale = max(float(expected.abs().max()), 1e-6)
+    error = float((actual.float() - expected.float()).abs().max()) / scale
+    assert error <= rel, f"{what}: error {error:.2e} of the largest magnitude (allowed {rel:.0e})"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_module_trains_on_the_device_like_cpu(device, name, dtype):
+    make, inputs = CASES[name]
+    torch.manual_seed(0)
+    model = make().to(dtype)
+    x = inputs()
+    if x.is_floating_point():
+        x = x.to(dtype)
+    _device._warned.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out, grads, x_grad = _run(copy.deepcopy(model), x.clone(), on_tt=True)
+    left = [str(w.message) for w in caught if "ran on the CPU" in str(w.message) or "runs eagerly" in str(w.message)]
+    assert not left, left
+    # bfloat16: the device and CPU torch round intermediates differently; one bfloat16 step is
+    # 2**-8 of a value, and a few such steps pile up through a layer.
+    rel = 1e-4 if dtype == torch.float32 else 4e-2
+    expected_model = model.float() if dtype == torch.bfloat16 else model
+    expected_x = x.float() if x.is_floating_point() else x
+    expected, expected_grads, expected_x_grad = _run(copy.deepcopy(expected_model), expected_x.clone(), on_tt=False)
+    assert out.dtype == dtype or not x.is_floating_point() or name == "cross_entropy_inside"
+    _close(out, expected, "output", rel)
+    for i, (g, e) in enumerate(zip(grads, expected_grads)):
+        _close(g, e, f"parameter {i} gradient", rel)
+    if x_grad is not None:
+        _close(x_grad, expected_x_grad, "input gradient", rel)
+
+
+def test_dropout_in_training_is_seeded_and_reproducible(device):
+    model = nn.Sequential(nn.Linear(32, 64), nn.Dropout(0.5)).to("tt")
+    compiled = torch.compile(model, backend="tt")
+    x = torch.randn(16, 32).to("tt")
+    torch.manual_seed(7)
+    first = compiled(x).cpu()
+    torch.manual_seed(7)
+    again = compiled(x).cpu()
+    different = compiled(x).cpu()
+    assert torch.equal(first, again)  # torch.manual_seed reproduces the device's masks
+    assert not torch.equal(first, different)
+    kept = (first != 0).float().mean()
+    assert 0.4 < float(kept) < 0.6
+    with torch.no_grad():
+        dense = model[0](x).cpu()
+    torch.testing.assert_close(first[first != 0], (dense * 2)[first != 0], rtol=1e-5, atol=1e-6)
+    model.eval()
+    torch.testing.assert_close(compiled(x).cpu(), dense, rtol=1e-5, atol=1e-6)
+
+
+def test_dataloader_loop_with_a_partial_last_batch(device):
+    torch.manual_seed(1)
+    data = torch.utils.data.TensorDataset(torch.randn(50, 12), torch.randint(0, 5, (50,)))
+    loader = torch.utils.data.DataLoader(data, batch_size=16)  # 16, 16, 16, 2
+    cpu = nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 5))
+    on_tt = copy.deepcopy(cpu).to("tt")
+    compiled = torch.compile(on_tt, backend="tt")
+    cpu_opt = torch.optim.Adam(cpu.parameters(), lr=1e-2)
+    tt_opt = torch.optim.Adam(on_tt.parameters(), lr=1e-2)
+    for _epoch in range(2):
+        for x, y in loader:
+            F.cross_entropy(cpu(x), y).backward()
+            F.cross_entropy(compiled(x.to("tt")), y.to("tt")).backward()
+            for opt in (cpu_opt, tt_opt):
+                opt.step()
+                opt.zero_grad()
+    for p, q in zip(cpu.parameters(), on_tt.parameters()):
+        _close(q.detach().cpu(), p.detach(), "parameter", 1e-4)
