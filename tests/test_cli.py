@@ -195,3 +195,16 @@ def test_bench_dispatch_skips_a_missing_backend_and_says_so(
 def test_dispatch_knows_which_backends_are_installed() -> None:
     assert dispatch.backend_available("asyncio")
     assert not dispatch.backend_available("no_such_event_loop_xyz")
+
+
+def test_bench_torch_reports_the_step_against_cpu_torch(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch", reason="the PyTorch front-end is optional")
+    assert main(["bench", "torch", "--quick", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["step_ms_tt"] > 0 and result["step_ms_cpu"] > 0 and result["step_ratio"] > 0
+    # Forward, backward and the loss's ops are programs, and SGD's three foreach calls are one
+    # program each: not one per parameter (that would be 4 more per call).
+    assert 3 <= result["programs_per_step"] <= 12
+    # Only the batch crosses to the device: 64x64 float32 inputs and 64 int32 labels.
+    assert result["host_to_device_bytes_per_step"] == 64 * 64 * 4 + 64 * 4
+    assert result["device_to_host_bytes_per_step"] == 0

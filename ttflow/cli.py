@@ -1,4 +1,4 @@
-"""The `ttflow` command: `ttflow demo`, `ttflow bench {kernels,dispatch,pipeline,decode}`, `ttflow --version`."""
+"""The `ttflow` command: `ttflow demo`, `ttflow bench {kernels,dispatch,pipeline,decode,torch}`, `ttflow --version`."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ BENCHMARKS = {
     "dispatch": "ttflow._bench.dispatch",
     "pipeline": "ttflow._bench.pipeline",
     "decode": "ttflow._bench.decode",
+    "torch": "ttflow._bench.torch_step",
 }
 
 

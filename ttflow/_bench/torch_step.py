@@ -1,0 +1,118 @@
+"""PyTorch on the tt device against PyTorch on the CPU, in the same run (`ttflow bench torch`).
+
+- **Training step** of the digits MLP (64-64-10, batch 64, cross-entropy, `torch.optim.SGD`
+  with momentum), written as a PyTorch user writes it: `torch.compile(model, backend="tt")`,
+  the loss on the tt output, `loss.backward()`, `optimizer.step()`, `optimizer.zero_grad()`.
+  The same loop on CPU torch is the peer; best of interleaved rounds, per-round ratios.
+- **Eager op**: `a + b` on 64x64 float32 tt tensors, queued back to back and waited for at the
+  end, against CPU torch's.
+- **Programs per step** (`device.stats.programs_run`) and the bytes that cross the host.
+
+Needs torch (`pip install ".[torch]"`).
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from typing import Any
+
+__all__ = ["format_table", "run"]
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    import ttflow.torch as ttt
+
+    rounds, steps, ops = (2, 10, 200) if quick else (5, 40, 2000)
+    torch.manual_seed(0)
+    cpu_model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+    tt_model = copy.deepcopy(cpu_model).to("tt")
+    compiled = torch.compile(tt_model, backend="tt")
+    cpu_opt = torch.optim.SGD(cpu_model.parameters(), lr=0.05, momentum=0.9)
+    tt_opt = torch.optim.SGD(tt_model.parameters(), lr=0.05, momentum=0.9)
+    batches = [(torch.randn(64, 64), torch.randint(0, 10, (64,))) for _ in range(steps)]
+
+    def cpu_steps() -> float:
+        begin = time.perf_counter()
+        for x, y in batches:
+            F.cross_entropy(cpu_model(x), y).backward()
+            cpu_opt.step()
+            cpu_opt.zero_grad()
+        return (time.perf_counter() - begin) / steps
+
+    def tt_steps() -> float:
+        begin = time.perf_counter()
+        loss = None
+        for x, y in batches:
+            loss = F.cross_entropy(compiled(x.to("tt")), y.to("tt"))
+            loss.backward()
+            tt_opt.step()
+            tt_opt.zero_grad()
+        assert loss is not None
+        loss.item()  # waits for the last step
+        return (time.perf_counter() - begin) / steps
+
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    ta, tb = a.to("tt"), b.to("tt")
+
+    def cpu_ops() -> float:
+        begin = time.perf_counter()
+        for _ in range(ops):
+            a + b
+        return (time.perf_counter() - begin) / ops
+
+    def tt_ops() -> float:
+        begin = time.perf_counter()
+        r = ta
+        for _ in range(ops):
+            r = ta + tb
+        r.cpu()
+        return (time.perf_counter() - begin) / ops
+
+    tt_steps(), cpu_steps(), tt_ops(), cpu_ops()  # compile, build the programs, warm up
+    device = ttt.device()
+    tt_step_times, cpu_step_times, tt_op_times, cpu_op_times = [], [], [], []
+    programs = h2d = d2h = 0
+    for _ in range(rounds):
+        before = device.stats
+        tt_step_times.append(tt_steps())
+        after = device.stats
+        programs += after.programs_run - before.programs_run
+        h2d += after.host_to_device_bytes - before.host_to_device_bytes
+        d2h += after.device_to_host_bytes - before.device_to_host_bytes
+        cpu_step_times.append(cpu_steps())
+        tt_op_times.append(tt_ops())
+        cpu_op_times.append(cpu_ops())
+    n_steps = rounds * steps
+    result = {
+        "step_ms_tt": min(tt_step_times) * 1e3,
+        "step_ms_cpu": min(cpu_step_times) * 1e3,
+        "step_ratio": statistics.median(t / c for t, c in zip(tt_step_times, cpu_step_times)),
+        "eager_add_us_tt": min(tt_op_times) * 1e6,
+        "eager_add_us_cpu": min(cpu_op_times) * 1e6,
+        "eager_add_ratio": statistics.median(t / c for t, c in zip(tt_op_times, cpu_op_times)),
+        "programs_per_step": programs / n_steps,
+        "host_to_device_bytes_per_step": h2d / n_steps,
+        "device_to_host_bytes_per_step": d2h / n_steps,  # the last step's loss, once per round
+        "rounds": rounds,
+    }
+    ttt.close()
+    return result
+
+
+def format_table(result: dict[str, Any]) -> str:
+    return "\n".join([
+        "PyTorch on tt vs CPU torch (same run; best of rounds, median per-round ratio)",
+        f"  training step (MLP 64-64-10, batch 64, SGD momentum): {result['step_ms_tt']:.2f} ms vs "
+        f"{result['step_ms_cpu']:.2f} ms  ratio {result['step_ratio']:.1f}x",
+        f"  eager a + b (64x64 float32): {result['eager_add_us_tt']:.0f} us vs "
+        f"{result['eager_add_us_cpu']:.1f} us  ratio {result['eager_add_ratio']:.0f}x",
+        f"  programs per step: {result['programs_per_step']:.1f}; host->device "
+        f"{result['host_to_device_bytes_per_step']:.0f} B/step, device->host "
+        f"{result['device_to_host_bytes_per_step']:.0f} B/step",
+    ])
