@@ -100,6 +100,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         "host_to_device_bytes_per_step": h2d / n_steps,
         "device_to_host_bytes_per_step": d2h / n_steps,  # the last step's loss, once per round
         "rounds": rounds,
+        "steps_per_round": steps,
     }
     ttt.close()
     return result
