@@ -28,6 +28,14 @@ def device():
     ttt.close()
 
 
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each case compiles afresh: dynamo keeps a few compiled versions per code object (every
+    nn.Sequential shares one) and runs eagerly beyond them, which would hide what this file tests."""
+    torch._dynamo.reset()
+    yield
+
+
 class Encoder(nn.Module):
     def __init__(self, causal: bool) -> None:
         super().__init__()
@@ -92,6 +100,8 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[], torch.Tensor]]] = {
                                                 nn.Linear(16, 8), nn.SiLU()), floats(6, 12)),
     "softmax_logsoftmax": (lambda: nn.Sequential(nn.Linear(12, 8), nn.Softmax(-1), nn.Linear(8, 8),
                                                  nn.LogSoftmax(-1)), floats(6, 12)),
+    "conv_batchnorm": (lambda: nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
+                                             nn.Flatten(), nn.Linear(4 * 6 * 6, 3)), floats(4, 3, 6, 6)),
     "conv_pool": (lambda: nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
                                         nn.Conv2d(4, 4, 3, stride=2), nn.AvgPool2d(1), nn.Flatten(),
                                         nn.Linear(4, 3)), floats(2, 3, 8, 8)),
@@ -118,10 +128,14 @@ def _run(model: nn.Module, x: torch.Tensor, on_tt: bool) -> tuple[torch.Tensor, 
     return out.detach().cpu(), grads, (x.grad.detach().cpu() if x.is_floating_point() else None)
 
 
-def _close(actual: torch.Tensor, expected: torch.Tensor, what: str, rel: float) -> None:
+def _error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     scale = max(float(expected.abs().max()), 1e-6)
-    error = float((actual.float() - expected.float()).abs().max()) / scale
-    assert error <= rel, f"{what}: error {error:.2e} of the largest magnitude (allowed {rel:.0e})"
+    return float((actual.float() - expected.float()).abs().max()) / scale
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor, what: str, rel: float) -> None:
+    error = _error(actual, expected)
+    assert error <= rel, f"{what}: error {error:.2e} of the largest magnitude (allowed {rel:.1e})"
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -139,18 +153,25 @@ def test_module_trains_on_the_device_like_cpu(device, name, dtype):
         out, grads, x_grad = _run(copy.deepcopy(model), x.clone(), on_tt=True)
     left = [str(w.message) for w in caught if "ran on the CPU" in str(w.message) or "runs eagerly" in str(w.message)]
     assert not left, left
-    # bfloat16: the device and CPU torch round intermediates differently; one bfloat16 step is
-    # 2**-8 of a value, and a few such steps pile up through a layer.
-    rel = 1e-4 if dtype == torch.float32 else 4e-2
-    expected_model = model.float() if dtype == torch.bfloat16 else model
+    expected_model = copy.deepcopy(model).float() if dtype == torch.bfloat16 else model
     expected_x = x.float() if x.is_floating_point() else x
-    expected, expected_grads, expected_x_grad = _run(copy.deepcopy(expected_model), expected_x.clone(), on_tt=False)
+    expected = _run(copy.deepcopy(expected_model), expected_x.clone(), on_tt=False)
+    got = (out, *grads, x_grad)
+    want = (expected[0], *expected[1], expected[2])
+    names = ("output", *(f"parameter {i} gradient" for i in range(len(grads))), "input gradient")
+    if dtype == torch.float32:
+        allowed = [1e-4] * len(got)
+    else:
+        # bfloat16, against the float32 result: one bfloat16 step is 2**-8 of a value and a few
+        # pile up through a layer (4e-2); where CPU torch's own bfloat16 run is further off
+        # (batch norm's gradients cancel), the device may be off by twice as much.
+        cpu = _run(copy.deepcopy(model), x.clone(), on_tt=False)
+        cpu_got = (cpu[0], *cpu[1], cpu[2])
+        allowed = [4e-2 if g is None else max(4e-2, 2 * _error(c, w)) for g, c, w in zip(got, cpu_got, want)]
     assert out.dtype == dtype or not x.is_floating_point() or name == "cross_entropy_inside"
-    _close(out, expected, "output", rel)
-    for i, (g, e) in enumerate(zip(grads, expected_grads)):
-        _close(g, e, f"parameter {i} gradient", rel)
-    if x_grad is not None:
-        _close(x_grad, expected_x_grad, "input gradient", rel)
+    for g, w, what, rel in zip(got, want, names, allowed):
+        if g is not None:
+            _close(g, w, what, rel)
 
 
 def test_dropout_in_training_is_seeded_and_reproducible(device):

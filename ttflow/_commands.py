@@ -406,11 +406,13 @@ def _compute(step: Compute, banks: Banks) -> None:
         else:
             args = [values[v] for v in op.inputs]  # every operand is live: last_read says so
             result = plan.compute[index](args, op.scalar, **plan.step_attrs[index])  # type: ignore[arg-type]
-            io.write_array(bank, storage, result)
+            stored = io.write_array(bank, storage, result)
         if plan.last_read[value] > index or plan.copied_out[value]:
-            # Later steps and copies read the value as it is stored: rounded to its dtype.
-            stored = io.read_array(bank, storage, plan.values[value].shape)
-            values[value] = stored.astype(plan.value_dtypes[value], copy=False)
+            # Later steps and copies read the value as it is stored: rounded to its dtype. An
+            # exact store says what it stored; a BFLOAT8_B one is read back from the banks.
+            if index in in_place or stored is None:
+                stored = io.read_array(bank, storage, plan.values[value].shape)
+            values[value] = stored.reshape(plan.values[value].shape).astype(plan.value_dtypes[value], copy=False)
         for v in op.inputs:
             if plan.last_read[v] == index and not plan.copied_out[v]:
                 values[v] = None

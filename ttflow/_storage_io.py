@@ -23,8 +23,11 @@ __all__ = ["write_array", "read_array", "copy_storage", "zero_fill", "update_row
 Banks = np.ndarray[Any, np.dtype[np.uint8]]
 
 
-def write_array(banks: Banks, storage: Storage, array: np.ndarray[Any, Any]) -> None:
-    """Stores a logical host array into the storage's pages, converting to its dtype."""
+def write_array(banks: Banks, storage: Storage, array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
+    """Stores a logical host array into the storage's pages, converting to its dtype.
+
+    Returns the array as stored (what `read_array` would give back) when the store is exact,
+    i.e. for every dtype but BFLOAT8_B, whose blocks share an exponent: None then."""
     layout, buf = storage.layout, storage
     dtype = layout.dtype
     assert dtype is not None
@@ -40,9 +43,11 @@ def write_array(banks: Banks, storage: Storage, array: np.ndarray[Any, Any]) -> 
         if _bfp8.pack_into(array.reshape(storage.dims3), banks, banks.shape[0], banks.shape[1],
                            buf.address, buf.aligned_page_size, 0):
             kernels._raise_non_finite(array)
+        return None
     else:
         _tiles.tilize_into(array.reshape(storage.dims3), banks, banks.shape[0], banks.shape[1],
                            buf.address, buf.aligned_page_size, 0)
+    return array
 
 
 def read_array(banks: Banks, storage: Storage, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:

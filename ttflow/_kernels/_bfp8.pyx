@@ -18,6 +18,8 @@ from libc.stdint cimport uint8_t, intptr_t
 
 cimport numpy as cnp
 
+from ttflow._kernels._common cimport RELEASE_BYTES
+
 cdef extern from "_bfp8.h" nogil:
     unsigned ttf_bfp8_pack_row(const float* src, uint8_t* mant)
     void ttf_bfp8_unpack_row(unsigned shared, const uint8_t* mant, float* dst)
@@ -120,7 +122,10 @@ def pack_into(cnp.ndarray src, cnp.ndarray out, ssize nbanks, ssize bank_stride,
     cdef ssize batch = src.shape[0], h = src.shape[1], w = src.shape[2]
     cdef ssize sb = src.strides[0], sr = src.strides[1], sc = src.strides[2]
     cdef int bad
-    with nogil:
+    if batch * h * w * 4 >= RELEASE_BYTES:
+        with nogil:
+            bad = _pack(sp, batch, h, w, sb, sr, sc, op, nbanks, bank_stride, address, aligned, first)
+    else:
         bad = _pack(sp, batch, h, w, sb, sr, sc, op, nbanks, bank_stride, address, aligned, first)
     return bool(bad)
 
@@ -134,7 +139,10 @@ def any_non_finite(cnp.ndarray src):
         a = cnp.PyArray_GETCONTIGUOUS(a)
     n = cnp.PyArray_SIZE(a)
     cdef const float* p = <const float*>cnp.PyArray_DATA(a)
-    with nogil:
+    if n * 4 >= RELEASE_BYTES:
+        with nogil:
+            bad = ttf_any_non_finite(p, n)
+    else:
         bad = ttf_any_non_finite(p, n)
     return bool(bad)
 
@@ -144,5 +152,8 @@ def unpack_into(cnp.ndarray packed, cnp.ndarray out, ssize batch, ssize h, ssize
     """out: a C-contiguous float32 array of batch*h*w elements."""
     cdef const char* pp = <const char*>cnp.PyArray_DATA(packed)
     cdef char* op = <char*>cnp.PyArray_DATA(out)
-    with nogil:
+    if batch * h * w * 4 >= RELEASE_BYTES:
+        with nogil:
+            _unpack(pp, batch, h, w, op, nbanks, bank_stride, address, aligned, first)
+    else:
         _unpack(pp, batch, h, w, op, nbanks, bank_stride, address, aligned, first)

@@ -13,6 +13,8 @@ from libc.stdint cimport intptr_t
 
 cimport numpy as cnp
 
+from ttflow._kernels._common cimport RELEASE_BYTES
+
 cnp.import_array()
 
 OP_ADD, OP_SUB, OP_MUL, OP_RELU, OP_NEG, OP_COPY = range(6)
@@ -87,7 +89,14 @@ def run(cnp.ndarray banks, tuple code, tuple addresses, Py_ssize_t rows, Py_ssiz
         addr[k] = addresses[k]
     for entry in code:
         op, a, b, s, o = entry
-        with nogil:
+        if rows * depth >= RELEASE_BYTES:
+            with nogil:
+                for r in range(rows):
+                    row = base + r * stride
+                    ttf_pointwise_step(op, <float*>(row + addr[a]),
+                                       <float*>(row + addr[b]) if b >= 0 else NULL,
+                                       s, <float*>(row + addr[o]), n)
+        else:
             for r in range(rows):
                 row = base + r * stride
                 ttf_pointwise_step(op, <float*>(row + addr[a]),

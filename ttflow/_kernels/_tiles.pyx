@@ -12,6 +12,8 @@ from libc.stdint cimport intptr_t
 
 cimport numpy as cnp
 
+from ttflow._kernels._common cimport RELEASE_BYTES
+
 cdef extern from "_tiles.h" nogil:
     ctypedef struct ttf_pages:
         char* base
@@ -56,7 +58,10 @@ def tilize_into(cnp.ndarray src, cnp.ndarray out, ssize nbanks, ssize bank_strid
     cdef ssize sb = src.strides[0], sr = src.strides[1], sc = src.strides[2]
     cdef ssize es = src.itemsize
     cdef int stream = batch * h * w * es > TTF_STREAM_BYTES
-    with nogil:
+    if batch * h * w * es >= RELEASE_BYTES:
+        with nogil:
+            ttf_tilize(sp, batch, h, w, sb, sr, sc, es, &p, stream)
+    else:
         ttf_tilize(sp, batch, h, w, sb, sr, sc, es, &p, stream)
 
 
@@ -68,7 +73,10 @@ def untilize_into(cnp.ndarray tiles, cnp.ndarray out, ssize batch, ssize h, ssiz
     cdef ssize es = out.itemsize
     cdef int stream = batch * h * w * es > TTF_STREAM_BYTES
     cdef int ok
-    with nogil:
+    if batch * h * w * es >= RELEASE_BYTES:
+        with nogil:
+            ok = ttf_untilize(&p, batch, h, w, es, op, stream)
+    else:
         ok = ttf_untilize(&p, batch, h, w, es, op, stream)
     if not ok:
         raise MemoryError("untilize: no memory for the tile row's pointers")
@@ -80,7 +88,10 @@ def scatter(cnp.ndarray pages, cnp.ndarray banks, ssize num_pages, ssize page_si
     cdef const char* src = <const char*>cnp.PyArray_DATA(pages)
     cdef ttf_pages p = _pages(banks, banks.shape[0], banks.shape[1], address, aligned, first)
     cdef int stream = num_pages * page_size > TTF_STREAM_BYTES
-    with nogil:
+    if num_pages * page_size >= RELEASE_BYTES:
+        with nogil:
+            ttf_scatter(src, num_pages, page_size, &p, stream)
+    else:
         ttf_scatter(src, num_pages, page_size, &p, stream)
 
 
@@ -90,5 +101,8 @@ def gather(cnp.ndarray banks, cnp.ndarray out, ssize num_pages, ssize page_size,
     cdef char* dst = <char*>cnp.PyArray_DATA(out)
     cdef ttf_pages p = _pages(banks, banks.shape[0], banks.shape[1], address, aligned, first)
     cdef int stream = num_pages * page_size > TTF_STREAM_BYTES
-    with nogil:
+    if num_pages * page_size >= RELEASE_BYTES:
+        with nogil:
+            ttf_gather(&p, num_pages, page_size, dst, stream)
+    else:
         ttf_gather(&p, num_pages, page_size, dst, stream)

@@ -252,6 +252,16 @@ _HANDLERS: dict[Any, Callable[..., Any]] = {
 }
 
 
+def _convolution(*args: Any) -> Any:
+    return _kernel(None, aten.convolution.default, *args)
+
+
+def _convolution_backward(grad: Any, x: Any, weight: Any, stride: Any, padding: Any, dilation: Any,
+                          transposed: bool, output_padding: Any, groups: int, mask: Any) -> Any:
+    return _kernel(None, aten.convolution_backward.default, grad, x, weight, None, stride, padding,
+                   dilation, transposed, output_padding, groups, mask)
+
+
 def _kernel(keyset: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
     handler = _HANDLERS.get(op)
     if handler is not None:
@@ -337,4 +347,7 @@ def install() -> None:
     from . import _foreach
 
     _foreach.register(_aten_library)
+    # torch's convolution reaches a backend through these two hooks, not the fallback.
+    _aten_library.impl("convolution_overrideable", _convolution, "PrivateUse1")
+    _aten_library.impl("convolution_backward_overrideable", _convolution_backward, "PrivateUse1")
     _library = library

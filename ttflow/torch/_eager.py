@@ -58,13 +58,22 @@ _MISSING = object()
 class _OpInfo:
     """What one op overload's schema says, worked out once."""
 
-    __slots__ = ("args", "form", "functional", "lift", "op", "outs", "schema", "tensor_lift", "view", "writes")
+    __slots__ = ("args", "form", "functional", "in_place", "lift", "op", "outs", "schema", "tensor_lift", "view",
+                 "writes")
 
     def __init__(self, op: Any) -> None:
         self.op = op
         schema = op._schema
         self.outs = tuple(a.name for a in schema.arguments if a.is_out)
-        self.functional = _functional_of(op) if self.outs else op
+        self.in_place = None  # the argument an in-place op (`fill_`, `add_`) writes
+        if self.outs:
+            self.functional = _functional_of(op)
+        elif any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+            self.in_place = next(a.name for a in schema.arguments
+                                 if a.alias_info is not None and a.alias_info.is_write)
+            self.functional = _out_of_place(op)
+        else:
+            self.functional = op
         if self.functional is None:
             raise UnsupportedOpError(f"{op} has no functional form to run")
         self.schema = self.functional._schema
@@ -118,6 +127,16 @@ def _functional_of(op: Any) -> Any:
     return found
 
 
+def _out_of_place(op: Any) -> Any:
+    """`fill_.Scalar` -> `fill.Scalar`: the functional twin of an in-place overload, else None."""
+    name = op._schema.name.split("::")[1]
+    packet = getattr(aten, name.rstrip("_"), None) if name.endswith("_") else None
+    twin = getattr(packet, op._overloadname, None) if packet is not None else None
+    if twin is None or twin._schema.is_mutable:
+        return None
+    return twin
+
+
 def _scalar_dtype(value: float) -> torch.dtype:
     return torch.int64 if isinstance(value, int) else torch.float32
 
@@ -158,6 +177,8 @@ def run(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     for argument, value in zip(op._schema.arguments, args):
         bound[argument.name] = value
     outs = [bound.pop(name) for name in info.outs if bound.get(name) is not None]
+    if info.in_place is not None:
+        outs = [bound[info.in_place]]  # the functional result goes back into the written input
     if info.view:
         return _run_view(info.functional, args, kwargs)
     results = _run_bound(info, bound)
@@ -297,8 +318,7 @@ def _trace(info: _OpInfo, bound: dict[str, Any], metas: Sequence[tuple[tuple[int
         # The op may reach us from inside a compiled function or autograd, below keys tracing
         # needs (Functionalize, ...): trace with the dispatcher state of plain user code.
         with torch._C._ForceDispatchKeyGuard(_USER_INCLUDE, _USER_EXCLUDE):
-            gm = make_fx(torch.func.functionalize(fn, remove="mutations_and_views"),
-                         decomposition_table=_lower.DECOMPOSITIONS)(*examples)
+            gm = make_fx(fn, decomposition_table=_lower.DECOMPOSITIONS)(*examples)
     except UnsupportedOpError:
         raise
     except Exception as exc:
@@ -312,20 +332,22 @@ def _trace(info: _OpInfo, bound: dict[str, Any], metas: Sequence[tuple[tuple[int
 
 
 def _strip_input_copies(gm: torch.fx.GraphModule) -> list[tuple[int, int]]:
-    """Functionalisation ends a graph that writes an input with `copy_(input, new)`: such writes
-    become extra outputs, applied by the caller. Returns (input position, output index) pairs."""
+    """A traced graph that writes an input ends with `copy_(input, new)`: such writes become
+    extra outputs, applied by the caller. Returns (input position, output index) pairs."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     output = next(n for n in gm.graph.nodes if n.op == "output")
-    results = list(output.args[0]) if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
-    mutations = []
+    written = []
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target is aten.copy_.default and node.args[0] in placeholders:
             target, value = node.args
-            mutations.append((placeholders.index(target), len(results)))
-            results.append(value)
+            written.append((placeholders.index(target), value))
             node.replace_all_uses_with(value)
             gm.graph.erase_node(node)
-    output.args = (tuple(results),)
+    if not written:
+        return []
+    results = list(output.args[0]) if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
+    mutations = [(position, len(results) + i) for i, (position, _) in enumerate(written)]
+    output.args = (tuple(results + [value for _, value in written]),)
     gm.graph.lint()
     gm.recompile()
     return mutations

@@ -197,6 +197,12 @@ def _decompositions() -> dict[Any, Callable[..., Any]]:
     table = dict(core_aten_decompositions())
     # Ops torch can decompose but core ATen keeps; their pieces all lower.
     table.update(get_decompositions([aten.hardtanh, aten.leaky_relu, aten.hardsigmoid, aten.hardswish]))
+    # Batch norm, in training (batch statistics, running stats as functional outputs) and in
+    # eval: core ATen keeps it, torch's own decompositions make it arithmetic.
+    table.update(get_decompositions([
+        aten.native_batch_norm, aten._native_batch_norm_legit, aten._native_batch_norm_legit_functional,
+        aten._native_batch_norm_legit_no_training, aten.native_batch_norm_backward,
+    ]))
     table[aten._scaled_dot_product_flash_attention_for_cpu_backward.default] = _sdpa_cpu_backward
     # Lowered directly: a decomposition would lose the pattern (dropout's mask is one rand op,
     # max-pool's backward reads the forward input rather than indices).
@@ -1028,6 +1034,39 @@ def _sum(L: _Lowering, node: torch.fx.Node, x: _T, dims: Any = None, keepdim: bo
 def _mean(L: _Lowering, node: torch.fx.Node, x: _T, dims: Any = None, keepdim: bool = False, **kwargs: Any) -> Any:
     axes = _dims(dims, len(x.shape)) if x.shape else []
     return _reduce(L, node, "mean", _reduce_input(L, node, x, axes), axes)
+
+
+def _variance(L: _Lowering, x: _T, dims: Any, correction: Any) -> tuple[Any, Any, list[int]]:
+    """(var, mean) of x over `dims` in float32, kept dims; Bessel's `correction` as torch's."""
+    axes = _dims(dims, len(x.shape)) if x.shape and dims is not None else list(range(len(x.shape)))
+    v = L.f32(x)
+    count = 1
+    for axis in axes:
+        count *= x.shape[axis]
+    mean = v
+    for axis in axes:
+        mean = L.b.mean(mean, axis)
+    centred = L.b.sub(v, mean)
+    total = L.b.mul(centred, centred)
+    for axis in axes:
+        total = L.b.sum(total, axis)
+    c = 1.0 if correction is None else float(correction)
+    return L.b.div(total, max(count - c, 0.0)), mean, axes
+
+
+@_register(aten.var_mean.correction)
+def _var_mean(L: _Lowering, node: torch.fx.Node, x: _T, dims: Any = None, *, correction: Any = None,
+              keepdim: bool = False) -> Any:
+    var, mean, _ = _variance(L, x, dims, correction)
+    meta_var, meta_mean = _out(node)
+    return L.fit(var, meta_var.shape), L.fit(mean, meta_mean.shape)
+
+
+@_register(aten.var.correction)
+def _var(L: _Lowering, node: torch.fx.Node, x: _T, dims: Any = None, *, correction: Any = None,
+         keepdim: bool = False) -> Any:
+    var, _, _ = _variance(L, x, dims, correction)
+    return L.fit(var, _out(node).shape)
 
 
 @_register(aten.amax.default, aten.max.default)
