@@ -26,7 +26,7 @@ torch = pytest.importorskip(
 )
 ttt = pytest.importorskip("ttflow.torch")
 
-from ttflow.torch import _device  # noqa: E402
+from ttflow.torch import _device
 
 RELATIVE_TOLERANCE = 1e-5
 
