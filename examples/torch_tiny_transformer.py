@@ -101,16 +101,10 @@ def train(model: nn.Module, batches: list[torch.Tensor], held_out: torch.Tensor,
     curve = [float(loss) for loss in losses]  # waits for the device once, at the end
     seconds = time.perf_counter() - begin
     model.eval()
-    # In eval mode under no_grad, nn.TransformerEncoderLayer would call torch's fused inference
-    # kernel (aten._transformer_encoder_layer_fwd), which the device does not have: it would run
-    # on the CPU. torch's own switch keeps the layer on its ordinary ops, which compile to tt.
-    fastpath = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(False)
-    try:
-        with torch.no_grad():
-            predicted = predict(held_out[:, :-1].to(device)).to("cpu")
-    finally:
-        torch.backends.mha.set_fastpath_enabled(fastpath)
+    # In eval mode under no_grad, nn.TransformerEncoderLayer takes torch's fused fast path
+    # (aten._transformer_encoder_layer_fwd); ttflow.torch runs it on the device too.
+    with torch.no_grad():
+        predicted = predict(held_out[:, :-1].to(device)).to("cpu")
     right = (predicted == held_out[:, 1:])[:, 1:]
     return {"losses": curve, "accuracy": float(right.float().mean()), "seconds": seconds,
             "model": model.to("cpu")}

@@ -212,3 +212,30 @@ def test_dataloader_loop_with_a_partial_last_batch(device):
                 opt.zero_grad()
     for p, q in zip(cpu.parameters(), on_tt.parameters()):
         _close(q.detach().cpu(), p.detach(), "parameter", 1e-4)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_fused_inference_fast_paths_run_on_the_device(device, norm_first):
+    """In eval under no_grad torch calls its fused attention kernels on tt; they must run there."""
+    torch.manual_seed(3)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True, norm_first=norm_first).eval()
+    mha = nn.MultiheadAttention(16, 2, batch_first=True).eval()
+    x = torch.randn(2, 5, 16)
+    masks = [{}, {"src_mask": nn.Transformer.generate_square_subsequent_mask(5)},
+             {"src_key_padding_mask": torch.tensor([[False] * 5, [False] * 3 + [True] * 2])}]
+    on_tt, mha_tt = copy.deepcopy(layer).to("tt"), copy.deepcopy(mha).to("tt")
+    compiled = torch.compile(on_tt, backend="tt")
+    _device._warned.clear()
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        for kw in masks:
+            expected = layer(x, **kw)
+            on_device = {k: v.to("tt") for k, v in kw.items()}
+            _close(on_tt(x.to("tt"), **on_device).cpu(), expected, f"eager {list(kw)}", 1e-5)
+            _close(compiled(x.to("tt"), **on_device).cpu(), expected, f"compiled {list(kw)}", 1e-5)
+        out, weights = mha(x, x, x)
+        out_tt, weights_tt = mha_tt(x.to("tt"), x.to("tt"), x.to("tt"))
+        _close(out_tt.cpu(), out, "attention output", 1e-5)
+        _close(weights_tt.cpu(), weights, "attention weights", 1e-5)
+    left = [str(w.message) for w in caught if "ran on the CPU" in str(w.message) or "runs eagerly" in str(w.message)]
+    assert not left, left

@@ -204,6 +204,9 @@ def _decompositions() -> dict[Any, Callable[..., Any]]:
         aten._native_batch_norm_legit_no_training, aten.native_batch_norm_backward,
     ]))
     table[aten._scaled_dot_product_flash_attention_for_cpu_backward.default] = _sdpa_cpu_backward
+    from ._fused import DECOMPOSITIONS as fused  # torch's fused attention fast paths
+
+    table.update(fused)
     # Lowered directly: a decomposition would lose the pattern (dropout's mask is one rand op,
     # max-pool's backward reads the forward input rather than indices).
     for op in (aten.native_dropout.default, aten.max_pool2d_with_indices_backward.default,
