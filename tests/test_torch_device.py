@@ -176,3 +176,17 @@ def test_an_op_with_no_device_lowering_warns_once_and_runs_on_the_cpu(fresh):
     assert torch.equal(r1.cpu(), torch.sin(x)) and torch.equal(r2.cpu(), torch.sin(x * 2))
     cpu_warnings = [w for w in caught if "sin" in str(w.message) and "ran on the CPU" in str(w.message)]
     assert len(cpu_warnings) == 1
+
+
+def test_factories_on_tt_run_on_the_device(fresh):
+    from ttflow.torch import _device
+
+    _device._warned.clear()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*ran on the CPU")
+        assert torch.equal(torch.arange(5, device="tt").cpu(), torch.arange(5))
+        assert torch.equal(torch.arange(0, 1, 0.25, device="tt").cpu(), torch.arange(0, 1, 0.25))
+        assert torch.equal(torch.full((2, 3), 2.5, device="tt").cpu(), torch.full((2, 3), 2.5))
+        assert torch.equal(torch.ones(2, 2, device="tt").cpu(), torch.ones(2, 2))
+        assert torch.equal(nn.Transformer.generate_square_subsequent_mask(4, device="tt").cpu(),
+                           nn.Transformer.generate_square_subsequent_mask(4))

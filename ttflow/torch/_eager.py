@@ -120,9 +120,14 @@ def _functional_of(op: Any) -> Any:
         schema = candidate._schema
         if any(a.is_out for a in schema.arguments) or schema.is_mutable:
             continue
-        if [(a.name, str(a.type)) for a in schema.arguments] == names:
+        arguments = [(a.name, str(a.type)) for a in schema.arguments]
+        if arguments == names:
             found = candidate
             break
+        # A factory's out= form (`arange.start_out`) lacks the dtype/layout/device keywords.
+        if (found is None and arguments[:len(names)] == names
+                and all(a.kwarg_only and a.has_default_value() for a in schema.arguments[len(names):])):
+            found = candidate
     _functional[op] = found
     return found
 
@@ -181,7 +186,9 @@ def run(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         outs = [bound[info.in_place]]  # the functional result goes back into the written input
     if info.view:
         return _run_view(info.functional, args, kwargs)
-    results = _run_bound(info, bound)
+    if outs and "dtype" in {a.name for a in info.args} and "dtype" not in bound:
+        bound["dtype"] = outs[0].dtype  # a factory makes what its out= tensor holds
+    results = _run_bound(info, bound, outs[0].device.index if outs else None)
     if not outs:
         return results
     values = results if isinstance(results, tuple) else (results,)
@@ -194,7 +201,7 @@ def run(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
-def _run_bound(info: _OpInfo, bound: dict[str, Any]) -> Any:
+def _run_bound(info: _OpInfo, bound: dict[str, Any], out_index: int | None = None) -> Any:
     # The call's signature, and its tensors and lifted numbers in schema order.
     form = info.form
     if form is not None and not all(v.dtype.is_floating_point for v in bound.values()
@@ -221,13 +228,13 @@ def _run_bound(info: _OpInfo, bound: dict[str, Any]) -> Any:
     entry = _entries.get(key)
     if entry is None:
         try:
-            entry = _analyse(info, bound, tensors, lifted, form, lift)
+            entry = _analyse(info, bound, tensors, lifted, form, lift, out_index is not None)
         except UnsupportedOpError as exc:
             entry = UnsupportedOpError(str(exc))  # kept without its traceback (which holds tensors)
         _entries[key] = entry
     if isinstance(entry, UnsupportedOpError):
         raise UnsupportedOpError(str(entry))
-    device_index = next(t.device.index for t in tensors if t.device.type == "tt")
+    device_index = next((t.device.index for t in tensors if t.device.type == "tt"), out_index)
     device = _storage.session.device(device_index)
     cells = [_storage.read(t if t.device.type == "tt" else t.to(torch.device("tt", device_index)))
              for t in tensors]
@@ -267,9 +274,9 @@ def _hashable(value: Any) -> Hashable:
 
 
 def _analyse(info: _OpInfo, bound: dict[str, Any], tensors: Sequence[torch.Tensor],
-             lifted: Sequence[float | int], form: Any, lift: frozenset[str]) -> _Entry:
+             lifted: Sequence[float | int], form: Any, lift: frozenset[str], into_tt: bool = False) -> _Entry:
     """Checks a new call signature and traces and lowers it."""
-    if not any(t.device.type == "tt" for t in tensors):
+    if not into_tt and not any(t.device.type == "tt" for t in tensors):
         raise UnsupportedOpError(f"{info.op}: no tt tensor argument")
     for t in tensors:
         if t.device.type != "tt" and t.dim() != 0:
