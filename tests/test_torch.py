@@ -119,11 +119,23 @@ def _loop(momentum: float = 0.0, weight_decay: float = 0.0, steps: int = 20, opt
 
 
 def test_training_loop_matches_cpu_sgd(fresh):
-    trained, reference, _batches = _loop()
+    trained, reference, batches = _loop()
     for (name, p), q in zip(trained.named_parameters(), reference.parameters()):
         assert p.device.type == "cpu"
         assert relative_error(p.detach(), q.detach()) < 1e-4, name
         assert not torch.equal(p.detach(), MNISTLinear().l1.weight.detach())  # it did train
+
+    # Parameters pushed once; per step the batch and the output's gradient go in, the output
+    # comes back; the trained parameters come back once at the end. Gradients, momentum and
+    # the update never leave the device. The scalars SGD uses (lr, momentum, dampening) go in
+    # once as small device vectors: under a kilobyte in all.
+    ttt.synchronize()
+    param_bytes = sum(p.numel() * 4 for p in reference.parameters())
+    steps, x_bytes, out_bytes = len(batches), 32 * 784 * 4, 32 * 10 * 4
+    stats = fresh.stats
+    assert 0 <= stats.host_to_device_bytes - (param_bytes + steps * (x_bytes + out_bytes)) < 1024
+    assert stats.device_to_host_bytes == steps * out_bytes + param_bytes
+    assert stats.layout_conversions == 0
 
 
 def test_momentum_and_weight_decay_match_cpu_sgd(fresh):

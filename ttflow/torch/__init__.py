@@ -27,8 +27,9 @@ from ._device import TTTensor as TTTensor
 from ._device import install as _install
 from ._errors import UnsupportedOpError as UnsupportedOpError
 from ._session import session as _session
+from ._device import synchronize as synchronize
 
-__all__ = ["TTTensor", "UnsupportedOpError", "backend", "close", "compile", "device", "open_device"]
+__all__ = ["TTTensor", "UnsupportedOpError", "backend", "close", "compile", "device", "open_device", "synchronize"]
 
 _install()
 _register_backend()

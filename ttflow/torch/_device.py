@@ -252,6 +252,13 @@ _HANDLERS: dict[Any, Callable[..., Any]] = {
 }
 
 
+def synchronize() -> None:
+    """Waits until every op and copy queued so far on the tt devices has run (as
+    `torch.cuda.synchronize()`); raises the first error a queued op met."""
+    if session._portal is not None:
+        _storage.synchronize()
+
+
 def _convolution(*args: Any) -> Any:
     return _kernel(None, aten.convolution.default, *args)
 
@@ -314,6 +321,10 @@ class _BackendModule(types.ModuleType):
 
     def manual_seed_all(self, seed: int) -> None:
         pass
+
+    def synchronize(self, device: Any = None) -> None:
+        """`torch.tt.synchronize()`: waits until everything queued so far has run."""
+        synchronize()
 
     def get_rng_state(self, device: Any = None) -> torch.Tensor:
         return torch.empty(0, dtype=torch.uint8)

@@ -247,8 +247,8 @@ def _run_bound(info: _OpInfo, bound: dict[str, Any], out_index: int | None = Non
     for out in entry.outputs:
         if out.kind == "program":
             values.append(_storage.new_tensor(out.shape, out.dtype, device_index, produced[out.index]))
-        elif out.kind == "input":
-            values.append(tensors[out.index])
+        elif out.kind == "input":  # a functional op's result is a new tensor, sharing the value
+            values.append(_storage.new_tensor(out.shape, out.dtype, device_index, cells[out.index]))
         else:
             values.append(None)
     for position, result in entry.mutations:

@@ -383,3 +383,15 @@ def torch_from_host(array: np.ndarray[Any, Any], dtype: torch.dtype) -> torch.Te
     if array.dtype == ml_dtypes.bfloat16:
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16).to(dtype)
     return torch.from_numpy(array).to(dtype)
+
+
+def synchronize() -> None:
+    """Waits for the value of every live tt storage (each was made by queued work)."""
+    session.call(_wait_all, list(_slots.values()))
+
+
+async def _wait_all(slots: list[Slot]) -> None:
+    for slot in slots:
+        cell = slot.value
+        if cell is not None and not slot.device.closed:
+            await tt.wait(cell.get())
