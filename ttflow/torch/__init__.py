@@ -25,9 +25,9 @@ from ._compile import compile as compile
 from ._compile import register as _register_backend
 from ._device import TTTensor as TTTensor
 from ._device import install as _install
+from ._device import synchronize as synchronize
 from ._errors import UnsupportedOpError as UnsupportedOpError
 from ._session import session as _session
-from ._device import synchronize as synchronize
 
 __all__ = ["TTTensor", "UnsupportedOpError", "backend", "close", "compile", "device", "open_device", "synchronize"]
 

@@ -84,7 +84,7 @@ def _program_runner(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], nam
 def _compiler(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Any]:
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         if not any(_is_tt(t) for t in example_inputs if isinstance(t, torch.Tensor)):
-            from functorch.compile import make_boxed_func
+            from functorch.compile import make_boxed_func  # type: ignore[import-untyped]
 
             return make_boxed_func(gm)  # a CPU graph runs on the CPU
         try:
@@ -93,7 +93,7 @@ def _compiler(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Any]
             # As a graph break would: the graph runs op by op (each on the device where it can).
             warnings.warn(f"ttflow.torch: a {kind} graph runs eagerly, op by op: {exc}",
                           UserWarning, stacklevel=2)
-            from functorch.compile import make_boxed_func
+            from functorch.compile import make_boxed_func  # type: ignore[import-untyped]
 
             return make_boxed_func(gm)
 

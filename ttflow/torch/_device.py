@@ -97,9 +97,9 @@ def _cpu_fallback(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     for i, argument in enumerate(op._schema.arguments):
         if argument.alias_info is None or not argument.alias_info.is_write:
             continue
-        original = args[i] if i < len(args) else kwargs.get(argument.name)
+        original: Any = args[i] if i < len(args) else kwargs.get(argument.name)
         for orig in (original if isinstance(original, (list, tuple)) else [original]):
-            if is_tt(orig):
+            if isinstance(orig, torch.Tensor) and is_tt(orig):
                 host = copies[id(orig)]
                 if host.shape != orig.shape:  # an out= argument the op resized
                     orig.resize_(host.shape)

@@ -220,7 +220,7 @@ def _run_bound(info: _OpInfo, bound: dict[str, Any], out_index: int | None = Non
             signature.append(tuple((t.shape, t.dtype, t.device.type) for t in value))
             tensors.extend(value)
         elif argument.name in lift and isinstance(value, (int, float)) and not isinstance(value, bool):
-            signature.append(type(value))
+            signature.append("int" if isinstance(value, int) else "float")
             lifted.append(value)
         else:
             signature.append(_hashable(value))
@@ -234,7 +234,7 @@ def _run_bound(info: _OpInfo, bound: dict[str, Any], out_index: int | None = Non
         _entries[key] = entry
     if isinstance(entry, UnsupportedOpError):
         raise UnsupportedOpError(str(entry))
-    device_index = next((t.device.index for t in tensors if t.device.type == "tt"), out_index)
+    device_index = next((t.device.index for t in tensors if t.device.type == "tt"), out_index) or 0
     device = _storage.session.device(device_index)
     cells = [_storage.read(t if t.device.type == "tt" else t.to(torch.device("tt", device_index)))
              for t in tensors]

@@ -66,8 +66,8 @@ def _run(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     element = _ELEMENT[base]
     schema = op._schema
     bound: dict[str, Any] = dict(kwargs)
-    for argument, value in zip(schema.arguments, args):
-        bound[argument.name] = value
+    for argument, given in zip(schema.arguments, args):
+        bound[argument.name] = given
     outs = bound.pop("out", None)
     # Per argument: ("list", tensors) | ("scalar", k) | ("scalars", [k...]) | ("tensor", t) | ("const", v)
     plan_args: list[tuple[str, Any]] = []
@@ -77,7 +77,7 @@ def _run(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     for argument in schema.arguments:
         if argument.name == "out" or argument.name not in bound and not argument.has_default_value():
             continue
-        value = bound.get(argument.name, argument.default_value if argument.has_default_value() else None)
+        value: Any = bound.get(argument.name, argument.default_value if argument.has_default_value() else None)
         kind = str(argument.type)
         if kind == "List[Tensor]":
             plan_args.append(("list", len(lists)))

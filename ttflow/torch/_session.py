@@ -20,8 +20,8 @@ import atexit
 import collections
 import contextlib
 import threading
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, overload
 
 import anyio
 import anyio.from_thread
@@ -136,7 +136,10 @@ def _waker(fn: Callable[[], None]) -> Callable[[], None]:
 
         token = trio.lowlevel.current_trio_token()
         return lambda: token.run_sync_soon(fn)
-    return lambda: loop.call_soon_threadsafe(fn)
+    def wake() -> None:
+        loop.call_soon_threadsafe(fn)
+
+    return wake
 
 
 class Session:
@@ -210,7 +213,13 @@ class Session:
             raise tt.DeviceClosedError("no tt device is open; ttflow.torch.close() was called")
         inbox.post(fn, args)
 
-    def call(self, fn: Callable[..., T], *args: Any) -> T:
+    @overload
+    def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T: ...
+
+    @overload
+    def call(self, fn: Callable[..., T], *args: Any) -> T: ...
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Runs everything posted, then `fn(*args)` (sync or async) on the loop thread; waits."""
         portal, inbox = self._portal, self._inbox
         if portal is None or inbox is None:

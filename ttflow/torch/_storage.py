@@ -234,7 +234,8 @@ def _order(t: torch.Tensor) -> tuple[int, ...] | None:
         return None
     if t.is_contiguous():
         return _IDENTITY[t.dim()] if t.dim() < len(_IDENTITY) else tuple(range(t.dim()))
-    dims = sorted(range(t.dim()), key=lambda d: (-t.stride(d), d))
+    strides = t.stride()
+    dims = sorted(range(t.dim()), key=lambda d: (-strides[d], d))
     expected = 1
     for d in reversed(dims):
         if t.shape[d] != 1 and t.stride(d) != expected:
