@@ -22,20 +22,15 @@ from typing import Any
 
 import torch
 import torch.fx
+from functorch.compile import make_boxed_func  # type: ignore[import-untyped]
 from torch import nn
 
-from . import _storage
-from ._session import Pending
+from . import _lower, _storage
+from ._session import Pending, session
 
 __all__ = ["MAX_SHAPES", "backend", "compile"]
 
 MAX_SHAPES = 8  # concrete shapes kept per graph with symbolic sizes
-
-
-def _lower_module() -> Any:
-    from . import _lower
-
-    return _lower
 
 
 def _is_tt(t: Any) -> bool:
@@ -44,8 +39,7 @@ def _is_tt(t: Any) -> bool:
 
 def _program_runner(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], name: str) -> Callable[[list[Any]], list[Any]]:
     """Lowers one AOTAutograd graph; returns its boxed runner (args in a list, cleared)."""
-    lower = _lower_module()
-    lowered = lower.lower(gm, example_inputs, name)
+    lowered = _lower.lower(gm, example_inputs, name)
     n_outputs = len(lowered.binary.programs[0].outputs)
     specs = lowered.inputs
     seeds = lowered.seeds
@@ -55,20 +49,18 @@ def _program_runner(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], nam
         if len(tensors) != len(specs):
             raise RuntimeError(f"{name}: expected {len(specs)} tensor inputs, got {len(tensors)}")
         index = next((t.device.index for t in tensors if _is_tt(t)), 0)
-        device = _storage.device_of(tensors[0]) if tensors and _is_tt(tensors[0]) else \
-            _storage.session.device(index)
+        device = session.device(index)
         cells: list[Pending] = []
         for t in tensors:
             if not _is_tt(t):  # a CPU scalar (e.g. a step count): moved for this call
                 t = t.to(torch.device("tt", index))
             cells.append(_storage.read(t))
-        if seeds:  # fresh per call, from torch's generator: torch.manual_seed reproduces them
-            for seed in torch.randint(0, 2**31 - 1, (seeds,), dtype=torch.int32).tolist():
-                cells.append(_storage.upload(torch.tensor([[seed]], dtype=torch.int32), device))
+        cells += _storage.seeds(seeds, device)
         outs = _storage.post_program(device, lowered.binary, 0, cells, n_outputs)
         results: list[Any] = []
         for spec in lowered.outputs:
             if spec.kind == "program":
+                assert spec.dtype is not None  # only "none" outputs have none
                 results.append(_storage.new_tensor(spec.shape, spec.dtype, index, outs[spec.index]))
             elif spec.kind == "input":
                 results.append(args[spec.index])
@@ -84,8 +76,6 @@ def _program_runner(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], nam
 def _compiler(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Any]:
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         if not any(_is_tt(t) for t in example_inputs if isinstance(t, torch.Tensor)):
-            from functorch.compile import make_boxed_func  # type: ignore[import-untyped]
-
             return make_boxed_func(gm)  # a CPU graph runs on the CPU
         try:
             return _program_runner(gm, example_inputs, f"{kind}_{id(gm):x}")
@@ -93,8 +83,6 @@ def _compiler(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Any]
             # As a graph break would: the graph runs op by op (each on the device where it can).
             warnings.warn(f"ttflow.torch: a {kind} graph runs eagerly, op by op: {exc}",
                           UserWarning, stacklevel=2)
-            from functorch.compile import make_boxed_func  # type: ignore[import-untyped]
-
             return make_boxed_func(gm)
 
     return compile_graph
@@ -105,7 +93,7 @@ def _aot(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..
 
     compiler = aot_autograd(fw_compiler=_compiler("forward"), bw_compiler=_compiler("backward"),
                             inference_compiler=_compiler("inference"),
-                            decompositions=_lower_module().DECOMPOSITIONS)
+                            decompositions=_lower.DECOMPOSITIONS)
     return compiler(gm, example_inputs)
 
 

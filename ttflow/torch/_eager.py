@@ -19,7 +19,6 @@ and a call is matched to its traced program by a flat signature of its arguments
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -30,23 +29,34 @@ import ttflow as tt
 
 from . import _storage
 from ._errors import UnsupportedOpError
-from ._session import Pending
 
 __all__ = ["run"]
 
 aten = torch.ops.aten
 
-# Ops whose Scalar arguments are passed as device values, written with tensor arithmetic.
+# The elementwise ops the optimizers use, with their Scalar arguments as tensors (0-d device
+# inputs); `_foreach` builds its per-element computations from the same bodies.
+ELEMENTWISE: dict[str, Callable[..., torch.Tensor]] = {
+    "add": lambda a, b, alpha=None: a + (b if alpha is None else b * alpha),
+    "sub": lambda a, b, alpha=None: a - (b if alpha is None else b * alpha),
+    "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b,
+    "lerp": lambda a, end, weight: a + weight * (end - a),
+    "addcmul": lambda a, t1, t2, value=None: a + (t1 * t2 if value is None else value * (t1 * t2)),
+    "addcdiv": lambda a, t1, t2, value=None: a + (t1 / t2 if value is None else value * (t1 / t2)),
+}
+
+# Ops whose Scalar arguments are passed as device values: (those arguments, the body).
 _SCALAR_FORMS: dict[Any, tuple[tuple[str, ...], Callable[..., torch.Tensor]]] = {
-    aten.add.Tensor: (("alpha",), lambda a, b, alpha: a + b * alpha),
-    aten.sub.Tensor: (("alpha",), lambda a, b, alpha: a - b * alpha),
-    aten.add.Scalar: (("other", "alpha"), lambda a, other, alpha: a + other * alpha),
-    aten.sub.Scalar: (("other", "alpha"), lambda a, other, alpha: a - other * alpha),
-    aten.mul.Scalar: (("other",), lambda a, other: a * other),
-    aten.div.Scalar: (("other",), lambda a, other: a / other),
-    aten.lerp.Scalar: (("weight",), lambda a, end, weight: a + weight * (end - a)),
-    aten.addcmul.default: (("value",), lambda a, t1, t2, value: a + value * (t1 * t2)),
-    aten.addcdiv.default: (("value",), lambda a, t1, t2, value: a + value * (t1 / t2)),
+    aten.add.Tensor: (("alpha",), ELEMENTWISE["add"]),
+    aten.sub.Tensor: (("alpha",), ELEMENTWISE["sub"]),
+    aten.add.Scalar: (("other", "alpha"), ELEMENTWISE["add"]),
+    aten.sub.Scalar: (("other", "alpha"), ELEMENTWISE["sub"]),
+    aten.mul.Scalar: (("other",), ELEMENTWISE["mul"]),
+    aten.div.Scalar: (("other",), ELEMENTWISE["div"]),
+    aten.lerp.Scalar: (("weight",), ELEMENTWISE["lerp"]),
+    aten.addcmul.default: (("value",), ELEMENTWISE["addcmul"]),
+    aten.addcdiv.default: (("value",), ELEMENTWISE["addcdiv"]),
 }
 
 # The dispatcher's thread-local keys in plain user code (captured at import, on the user's thread).
@@ -90,7 +100,7 @@ class _OpInfo:
 class _Entry:
     """One traced and lowered call signature."""
 
-    __slots__ = ("binary", "lifted_form", "mutations", "n_outputs", "outputs", "seeds")
+    __slots__ = ("binary", "mutations", "n_outputs", "outputs", "seeds")
 
     def __init__(self, binary: tt.Binary, outputs: Sequence[Any], mutations: Sequence[tuple[int, int]],
                  seeds: int) -> None:
@@ -104,8 +114,6 @@ class _Entry:
 _infos: dict[Any, _OpInfo | UnsupportedOpError] = {}
 _entries: dict[Hashable, _Entry | UnsupportedOpError] = {}
 _functional: dict[Any, Any] = {}
-_scalars: collections.OrderedDict[Hashable, Pending] = collections.OrderedDict()
-_MAX_SCALARS = 256
 
 
 def _functional_of(op: Any) -> Any:
@@ -144,19 +152,6 @@ def _out_of_place(op: Any) -> Any:
 
 def _scalar_dtype(value: float) -> torch.dtype:
     return torch.int64 if isinstance(value, int) else torch.float32
-
-
-def _scalar_cell(value: float, device: tt.Device) -> Pending:
-    key = (id(device), type(value), value)
-    cell = _scalars.get(key)
-    if cell is None:
-        cell = _storage.upload(torch.tensor([[value]], dtype=_scalar_dtype(value)), device)
-        _scalars[key] = cell
-        if len(_scalars) > _MAX_SCALARS:
-            _scalars.popitem(last=False)
-    else:
-        _scalars.move_to_end(key)
-    return cell
 
 
 def _info(op: Any) -> _OpInfo:
@@ -238,10 +233,8 @@ def _run_bound(info: _OpInfo, bound: dict[str, Any], out_index: int | None = Non
     device = _storage.session.device(device_index)
     cells = [_storage.read(t if t.device.type == "tt" else t.to(torch.device("tt", device_index)))
              for t in tensors]
-    cells += [_scalar_cell(v, device) for v in lifted]
-    if entry.seeds:
-        for seed in torch.randint(0, 2**31 - 1, (entry.seeds,), dtype=torch.int32).tolist():
-            cells.append(_storage.upload(torch.tensor([[seed]], dtype=torch.int32), device))
+    cells += [_storage.constant((v,), _scalar_dtype(v), device) for v in lifted]
+    cells += _storage.seeds(entry.seeds, device)
     produced = _storage.post_program(device, entry.binary, 0, cells, entry.n_outputs)
     values: list[Any] = []
     for out in entry.outputs:
@@ -290,10 +283,6 @@ def _analyse(info: _OpInfo, bound: dict[str, Any], tensors: Sequence[torch.Tenso
 
 def _trace(info: _OpInfo, bound: dict[str, Any], metas: Sequence[tuple[tuple[int, ...], torch.dtype]],
            lifted_dtypes: Sequence[torch.dtype], form: Any, lift: frozenset[str]) -> _Entry:
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    from . import _lower
-
     constants = {a.name: bound[a.name] for a in info.args if a.name in bound}
     n_tensors = len(metas)
     op = info.functional
@@ -321,6 +310,20 @@ def _trace(info: _OpInfo, bound: dict[str, Any], metas: Sequence[tuple[tuple[int
 
     examples = [torch.empty(shape, dtype=dtype, device="meta") for shape, dtype in metas]
     examples += [torch.empty((), dtype=dtype, device="meta") for dtype in lifted_dtypes]
+    mutations: list[tuple[int, int]] = []
+    lowered = trace_and_lower(fn, examples, op, f"eager_{op._schema.name.split('::')[-1]}",
+                              lambda gm: mutations.extend(_strip_input_copies(gm)))
+    return _Entry(lowered.binary, lowered.outputs, mutations, lowered.seeds)
+
+
+def trace_and_lower(fn: Callable[..., Any], examples: Sequence[torch.Tensor], op: Any, name: str,
+                    rewrite: Callable[[torch.fx.GraphModule], None] | None = None) -> Any:
+    """`fn` traced on meta `examples` with the lowering's decompositions, then lowered to one
+    program (the lowering's `Lowered`); UnsupportedOpError naming `op` when either step cannot."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from . import _lower
+
     try:
         # The op may reach us from inside a compiled function or autograd, below keys tracing
         # needs (Functionalize, ...): trace with the dispatcher state of plain user code.
@@ -330,12 +333,9 @@ def _trace(info: _OpInfo, bound: dict[str, Any], metas: Sequence[tuple[tuple[int
         raise
     except Exception as exc:
         raise UnsupportedOpError(f"{op}: cannot trace it for the device ({type(exc).__name__}: {exc})") from exc
-    mutations = _strip_input_copies(gm)
-    try:
-        lowered = _lower.lower(gm, examples, f"eager_{op._schema.name.split('::')[-1]}")
-    except NotImplementedError as exc:  # the lowering's UnsupportedOpError
-        raise UnsupportedOpError(str(exc)) from None
-    return _Entry(lowered.binary, lowered.outputs, mutations, lowered.seeds)
+    if rewrite is not None:
+        rewrite(gm)
+    return _lower.lower(gm, examples, name)
 
 
 def _strip_input_copies(gm: torch.fx.GraphModule) -> list[tuple[int, int]]:

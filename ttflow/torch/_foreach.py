@@ -9,16 +9,13 @@ a single small device vector, written per call, so the program does not change a
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
-from torch.fx.experimental.proxy_tensor import make_fx
 
-from . import _storage
+from . import _eager, _storage
 from ._errors import UnsupportedOpError
-from ._session import Pending
 
 __all__ = ["register"]
 
@@ -26,15 +23,9 @@ aten = torch.ops.aten
 
 # The element computation of each foreach family, on tensors (scalars come as 0-d tensors).
 _ELEMENT: dict[str, Callable[..., torch.Tensor]] = {
-    "add": lambda a, b, alpha=None: a + (b if alpha is None else b * alpha),
-    "sub": lambda a, b, alpha=None: a - (b if alpha is None else b * alpha),
-    "mul": lambda a, b: a * b,
-    "div": lambda a, b: a / b,
+    **_eager.ELEMENTWISE,
     "maximum": lambda a, b: torch.maximum(a, b.to(a.dtype).expand_as(a)),
     "minimum": lambda a, b: torch.minimum(a, b.to(a.dtype).expand_as(a)),
-    "addcmul": lambda a, t1, t2, value=None: a + (t1 * t2 if value is None else value * (t1 * t2)),
-    "addcdiv": lambda a, t1, t2, value=None: a + (t1 / t2 if value is None else value * (t1 / t2)),
-    "lerp": lambda a, end, weight: a + weight * (end - a),
     "sqrt": torch.sqrt, "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "log": torch.log,
     "reciprocal": torch.reciprocal, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
     "copy": lambda a, src, non_blocking=False: src.to(a.dtype).expand_as(a),
@@ -51,7 +42,6 @@ class _Plan:
 
 
 _plans: dict[Hashable, _Plan | UnsupportedOpError] = {}
-_scalar_vectors: collections.OrderedDict[Hashable, Pending] = collections.OrderedDict()
 
 
 def _family(op: Any) -> tuple[str, bool]:
@@ -117,7 +107,7 @@ def _run(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         raise UnsupportedOpError(str(plan))
     cells = [_storage.read(t) for t in flat]
     if scalars:
-        cells.append(_vector(tuple(scalars), device))
+        cells.append(_storage.constant(tuple(scalars), torch.float32, device))
     produced = _storage.post_program(device, plan.binary, 0, cells, len(plan.binary.programs[0].outputs))
     results = [produced[spec.index] if spec.kind == "program" else cells[spec.index] for spec in plan.outputs]
     targets = lists[0] if in_place else outs
@@ -129,23 +119,8 @@ def _run(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             for spec, cell in zip(plan.outputs, results)]
 
 
-def _vector(values: tuple[float, ...], device: Any) -> Pending:
-    key = (id(device), values)
-    cell = _scalar_vectors.get(key)
-    if cell is None:
-        cell = _storage.upload(torch.tensor(values, dtype=torch.float32), device)
-        _scalar_vectors[key] = cell
-        if len(_scalar_vectors) > 64:
-            _scalar_vectors.popitem(last=False)
-    else:
-        _scalar_vectors.move_to_end(key)
-    return cell
-
-
 def _trace(op: Any, element: Callable[..., torch.Tensor], plan_args: Sequence[tuple[str, Any]],
            sizes: Sequence[int], metas: Sequence[tuple[tuple[int, ...], torch.dtype]], n_scalars: int) -> _Plan:
-    from . import _eager, _lower
-
     n = sizes[0]
 
     def fn(*inputs: torch.Tensor) -> list[torch.Tensor]:
@@ -172,16 +147,7 @@ def _trace(op: Any, element: Callable[..., torch.Tensor], plan_args: Sequence[tu
     examples = [torch.empty(shape, dtype=dtype, device="meta") for shape, dtype in metas]
     if n_scalars:
         examples.append(torch.empty(n_scalars, dtype=torch.float32, device="meta"))
-    try:
-        with torch._C._ForceDispatchKeyGuard(_eager._USER_INCLUDE, _eager._USER_EXCLUDE):
-            gm = make_fx(fn, decomposition_table=_lower.DECOMPOSITIONS)(*examples)
-    except Exception as exc:
-        raise UnsupportedOpError(f"{op}: cannot trace it for the device ({type(exc).__name__}: {exc})") from exc
-    name = op._schema.name.split("::")[1]
-    try:
-        lowered = _lower.lower(gm, examples, name)
-    except NotImplementedError as exc:
-        raise UnsupportedOpError(str(exc)) from None
+    lowered = _eager.trace_and_lower(fn, examples, op, op._schema.name.split("::")[1])
     return _Plan(lowered.binary, lowered.outputs)
 
 

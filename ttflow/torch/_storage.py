@@ -16,6 +16,7 @@ slot dropped; a cell no slot holds any more releases its ttflow tensor on the lo
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import math
 from collections.abc import Callable, Hashable, Sequence
@@ -33,26 +34,10 @@ from ._lower import device_dtype, device_shape
 from ._session import Pending, session
 
 __all__ = [
-    "TILE",
-    "Slot",
-    "device_dtype",
-    "device_of",
-    "device_shape",
-    "host_value",
-    "live_slots",
-    "new_tensor",
-    "post_program",
-    "read",
-    "run_program",
-    "to_cpu",
-    "write",
+    "Slot", "constant", "device_dtype", "device_of", "device_shape", "host_value", "live_slots",
+    "new_tensor", "on_device", "post_program", "read", "seeds", "synchronize", "upload", "write",
     "write_host",
 ]
-
-def TILE(dtype: tt.DataType) -> tt.Layout:
-    """Where tt storages live: DRAM, tiles, the device dtype."""
-    return _LAYOUTS[dtype]
-
 
 _LAYOUTS = {d: tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, d)
             for d in (tt.DataType.FLOAT32, tt.DataType.BFLOAT16, tt.DataType.INT32)}
@@ -238,7 +223,7 @@ def _order(t: torch.Tensor) -> tuple[int, ...] | None:
     dims = sorted(range(t.dim()), key=lambda d: (-strides[d], d))
     expected = 1
     for d in reversed(dims):
-        if t.shape[d] != 1 and t.stride(d) != expected:
+        if t.shape[d] != 1 and strides[d] != expected:
             return None
         expected *= t.shape[d]
     return tuple(dims)
@@ -255,7 +240,7 @@ def read(t: torch.Tensor) -> Pending:
     dtype = device_dtype(t.dtype)
     order = _order(t)
     if order is None:
-        return _upload(host_value(t), slot.device)
+        return upload(host_value(t), slot.device)
     if order == tuple(range(t.dim())):
         return _reshape(slot.device, cell, dtype, slot.shape, device_shape(t.shape))
     # A permuted view (e.g. `.T`): the storage holds the tensor with dims in `order`.
@@ -289,14 +274,14 @@ def write_host(t: torch.Tensor, source: torch.Tensor) -> None:
         torch.as_strided(storage, t.shape, t.stride(), t.storage_offset()).copy_(source)
         slot.host = storage
         return
-    if _order(t) == tuple(range(t.dim())) and t.dtype == slot.dtype:
+    if _order(t) == tuple(range(t.dim())):
         flat = source.to(t.dtype).reshape(device_shape(t.shape))
-        slot.value, slot.shape = _upload(flat, slot.device), device_shape(t.shape)
+        slot.value, slot.shape = upload(flat, slot.device), device_shape(t.shape)
         return
     storage = _storage_on_host(slot)
     view = torch.as_strided(storage, t.shape, t.stride(), t.storage_offset())
     view.copy_(source)
-    slot.value, slot.shape = _upload(storage.reshape(device_shape(storage.shape)), slot.device), device_shape(storage.shape)
+    slot.value, slot.shape = upload(storage.reshape(device_shape(storage.shape)), slot.device), device_shape(storage.shape)
 
 
 def _storage_on_host(slot: Slot) -> torch.Tensor:
@@ -315,7 +300,7 @@ def _retype(slot: Slot, dtype: torch.dtype) -> None:
     slot.dtype, slot.host, slot.value = dtype, None, None
     slot.shape = device_shape(flat.shape)
     if on_device(dtype):
-        slot.value = _upload(flat.reshape(slot.shape), slot.device)
+        slot.value = upload(flat.reshape(slot.shape), slot.device)
     else:
         slot.host = flat
 
@@ -334,16 +319,12 @@ def host_value(t: torch.Tensor) -> torch.Tensor:
     return torch.as_strided(storage, t.shape, t.stride(), t.storage_offset()).clone()
 
 
-def to_cpu(t: torch.Tensor) -> torch.Tensor:
-    """Waits for `t` and returns its value as a CPU tensor."""
-    return host_value(t)
-
-
 async def _fetch(cell: Pending) -> np.ndarray[Any, Any]:
     return await tt.to_host(cell.get())
 
 
-def _upload(host: torch.Tensor, device: tt.Device) -> Pending:
+def upload(host: torch.Tensor, device: tt.Device) -> Pending:
+    """Posts a copy of a CPU tensor to the device; its value shaped `device_shape(host.shape)`."""
     array = host_array(host)
     if array.ndim < 2:
         array = array.reshape(device_shape(array.shape))
@@ -352,9 +333,33 @@ def _upload(host: torch.Tensor, device: tt.Device) -> Pending:
     return cell
 
 
-def upload(host: torch.Tensor, device: tt.Device) -> Pending:
-    """Posts a copy of a CPU tensor to the device; its value shaped `device_shape(host.shape)`."""
-    return _upload(host, device)
+_constants: collections.OrderedDict[Hashable, Pending] = collections.OrderedDict()
+_MAX_CONSTANTS = 256
+
+
+def constant(values: tuple[float | int, ...], dtype: torch.dtype, device: tt.Device) -> Pending:
+    """A small device vector of these values (one element: a (1, 1) scalar), written once and
+    kept while recently used: how Python numbers reach programs as inputs, so a changing
+    learning rate is a new value, not a new program."""
+    key = (id(device), dtype, values)
+    cell = _constants.get(key)
+    if cell is None:
+        cell = upload(torch.tensor(values, dtype=dtype), device)
+        _constants[key] = cell
+        if len(_constants) > _MAX_CONSTANTS:
+            _constants.popitem(last=False)
+    else:
+        _constants.move_to_end(key)
+    return cell
+
+
+def seeds(count: int, device: tt.Device) -> list[Pending]:
+    """`count` fresh (1, 1) INT32 seeds for a program's random ops, drawn from torch's default
+    generator, so `torch.manual_seed` reproduces a run's dropout masks."""
+    if not count:
+        return []
+    drawn = torch.randint(0, 2**31 - 1, (count,), dtype=torch.int32).tolist()
+    return [upload(torch.tensor([[seed]], dtype=torch.int32), device) for seed in drawn]
 
 
 def _to_device(cell: Pending, array: np.ndarray[Any, Any], device: tt.Device, layout: tt.Layout) -> None:
