@@ -190,3 +190,14 @@ def test_factories_on_tt_run_on_the_device(fresh):
         assert torch.equal(torch.ones(2, 2, device="tt").cpu(), torch.ones(2, 2))
         assert torch.equal(nn.Transformer.generate_square_subsequent_mask(4, device="tt").cpu(),
                            nn.Transformer.generate_square_subsequent_mask(4))
+
+
+def test_a_view_torch_refuses_is_refused_as_on_cpu(fresh):
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    with pytest.raises(RuntimeError, match="view size is not compatible") as on_cpu:
+        x.T.view(-1)
+    with pytest.raises(RuntimeError, match="view size is not compatible") as on_tt:
+        x.to("tt").T.view(-1)
+    assert str(on_tt.value) == str(on_cpu.value)
+    t = x.to("tt")
+    assert t.view(2, 6).untyped_storage().data_ptr() == t.untyped_storage().data_ptr()  # an alias

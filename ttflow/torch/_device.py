@@ -12,20 +12,18 @@ from __future__ import annotations
 
 import types
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
-
-import ttflow as tt
 
 from . import _storage
 from ._errors import UnsupportedOpError
 from ._guard import load_guard
 from ._session import MAX_DEVICES, session
 
-__all__ = ["TTTensor", "install", "same_device"]
+__all__ = ["TTTensor", "install", "synchronize"]
 
 aten = torch.ops.aten
 
@@ -45,15 +43,6 @@ class TTTensor(torch.Tensor, metaclass=_TTTensorType):
 
 def is_tt(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.device.type == "tt"
-
-
-def same_device(tensors: Sequence[torch.Tensor], what: str) -> tt.Device:
-    """The one ttflow device all `tensors` live on; torch's error when they are mixed."""
-    devices = {t.device for t in tensors}
-    if len(devices) != 1 or not all(is_tt(t) for t in tensors):
-        names = ", ".join(sorted(str(d) for d in devices))
-        raise RuntimeError(f"{what}: expected all tensors to be on the same device, but found {names}")
-    return _storage.device_of(tensors[0])
 
 
 # -- the kernels -------------------------------------------------------------------------------------
@@ -162,91 +151,10 @@ def _set_source_storage(dst: torch.Tensor, storage: Any) -> torch.Tensor:
     return aten.set_.source_Storage_storage_offset(dst, storage, 0, (storage.nbytes() // dst.element_size(),), (1,))
 
 
-def _view(t: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
-    shape = _infer_shape(size, t.numel())
-    computed = _compute_stride(list(t.shape), list(t.stride()), shape)
-    if computed is None:
-        raise RuntimeError(
-            "view size is not compatible with input tensor's size and stride (at least one dimension "
-            "spans across two contiguous subspaces). Use .reshape(...) instead."
-        )
-    return aten.as_strided.default(t, shape, computed, t.storage_offset())
-
-
-def _infer_shape(size: Sequence[int], numel: int) -> list[int]:
-    shape = [int(s) for s in size]
-    if -1 in shape:
-        known = 1
-        for s in shape:
-            if s != -1:
-                known *= s
-        shape[shape.index(-1)] = numel // known if known else 0
-    return shape
-
-
-def _compute_stride(old_shape: list[int], old_stride: list[int], new_shape: list[int]) -> list[int] | None:
-    """ATen's computeStride (TensorUtils.cpp): the strides of a view of `new_shape`, or None."""
-    if not old_shape:  # a 0-d tensor: every view of its one element is contiguous
-        return [1] * len(new_shape)
-    numel = 1
-    for s in old_shape:
-        numel *= s
-    if numel == 0:
-        if old_shape == new_shape:
-            return old_stride
-        return _contiguous_strides(new_shape)
-    new_stride = [0] * len(new_shape)
-    view_d = len(new_shape) - 1
-    chunk_base_stride = old_stride[-1] if old_stride else 1
-    tensor_numel = 1
-    view_numel = 1
-    for tensor_d in range(len(old_shape) - 1, -1, -1):
-        tensor_numel *= old_shape[tensor_d]
-        if tensor_d == 0 or (old_shape[tensor_d - 1] != 1
-                             and old_stride[tensor_d - 1] != tensor_numel * chunk_base_stride):
-            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
-                new_stride[view_d] = view_numel * chunk_base_stride
-                view_numel *= new_shape[view_d]
-                view_d -= 1
-            if view_numel != tensor_numel:
-                return None
-            if tensor_d > 0:
-                chunk_base_stride = old_stride[tensor_d - 1]
-                tensor_numel = 1
-                view_numel = 1
-    if view_d != -1:
-        return None
-    return new_stride
-
-
-def _contiguous_strides(shape: Sequence[int]) -> list[int]:
-    strides, acc = [], 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= max(s, 1)
-    return strides[::-1]
-
-
-def _alias(t: torch.Tensor) -> torch.Tensor:
-    return aten.as_strided.default(t, t.shape, t.stride(), t.storage_offset())
-
-
-def _unsafe_view(t: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
-    return _view(t, size)
-
-
-def _reshape_alias(t: torch.Tensor, size: Sequence[int], stride: Sequence[int]) -> torch.Tensor:
-    return aten.as_strided.default(t, size, stride, t.storage_offset())
-
-
 _HANDLERS: dict[Any, Callable[..., Any]] = {
     aten.copy_.default: _copy_,
     aten._copy_from.default: _copy_from,
     aten._local_scalar_dense.default: _local_scalar_dense,
-    aten.view.default: _view,
-    aten._unsafe_view.default: _unsafe_view,
-    aten._reshape_alias.default: _reshape_alias,
-    aten.alias.default: _alias,
     aten.set_.source_Tensor: _set_source_tensor,
     aten.set_.source_Storage: _set_source_storage,
 }
