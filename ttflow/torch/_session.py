@@ -16,6 +16,7 @@ synchronising call).
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import collections
 import contextlib
@@ -126,16 +127,10 @@ class _Inbox:
 
 
 def _waker(fn: Callable[[], None]) -> Callable[[], None]:
-    """A thread-safe, non-blocking way to run `fn` soon on the current event loop."""
-    try:
-        import asyncio
+    """A thread-safe, non-blocking way to run `fn` soon on the session's event loop (asyncio:
+    `start_blocking_portal`'s default; anyio's own thread calls all wait for the answer)."""
+    loop = asyncio.get_running_loop()
 
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # trio
-        import trio
-
-        token = trio.lowlevel.current_trio_token()
-        return lambda: token.run_sync_soon(fn)
     def wake() -> None:
         loop.call_soon_threadsafe(fn)
 
