@@ -813,32 +813,36 @@ def check_every_op(program: tt.Program, arrays: list[Array], refs: list[Any], re
             check(got, want, spec.dtype, rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("dtype", FLOATS)
-def test_every_op_saves_loads_and_runs_on_the_host(tmp_path: Path, dtype: tt.DataType) -> None:
-    program, arrays, refs = every_op(dtype)
+def check_saved_and_on_host(tmp_path: Path, program: tt.Program, arrays: list[Array], refs: list[Any]) -> None:
+    """Saved in the newest format version, loaded back equal, run on the host, checked."""
     path = tmp_path / "every.ttb"
     tt.Binary([program]).save(path)
     assert struct.unpack_from("<I", path.read_bytes(), 8) == (3,)  # the newest version
     (loaded,) = tt.Binary.load(path).programs
     assert loaded.same_as(program)
-    results = run_on_host(loaded, arrays)
-    check_every_op(loaded, arrays, refs, results)
+    check_every_op(loaded, arrays, refs, run_on_host(loaded, arrays))
+
+
+async def check_on_device(program: tt.Program, arrays: list[Array], refs: list[Any]) -> None:
+    """Run on a device: equal to the host's run, byte for byte, and checked."""
+    async with tt.open_device(tt.DeviceSpec.small()) as device:
+        outs = tt.submit(device, tt.Binary([program]), 0, [tt.to_device(a, device) for a in arrays])
+        results = [await tt.to_host(t) for t in outs]
+    for got, want in zip(results, run_on_host(program, arrays)):  # the device runs the host's reference
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+    check_every_op(program, arrays, refs, results)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_every_op_saves_loads_and_runs_on_the_host(tmp_path: Path, dtype: tt.DataType) -> None:
+    check_saved_and_on_host(tmp_path, *every_op(dtype))
 
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("dtype", [F32, BF8])
 async def test_every_op_on_the_device(dtype: tt.DataType) -> None:
-    program, arrays, refs = every_op(dtype)
-    binary = tt.Binary([program])
-    async with tt.open_device(tt.DeviceSpec.small()) as device:
-        tensors = [tt.to_device(a, device) for a in arrays]
-        outs = tt.submit(device, binary, 0, tensors)
-        results = [await tt.to_host(t) for t in outs]
-    host_results = run_on_host(program, arrays)
-    for got, want in zip(results, host_results):  # the device runs the host's reference exactly
-        assert got.dtype == want.dtype
-        np.testing.assert_array_equal(got, want)
-    check_every_op(program, arrays, refs, results)
+    await check_on_device(*every_op(dtype))
 
 
 @pytest.mark.anyio

@@ -20,7 +20,25 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from test_ops_model import BF8, BF16, F32, FLOATS, I32, U32, WIDTH, check, exact, host, make, rounded, seeds, shapes, tile
+from test_ops_model import (
+    BF8,
+    BF16,
+    F32,
+    FLOATS,
+    I32,
+    U32,
+    WIDTH,
+    check,
+    check_on_device,
+    check_saved_and_on_host,
+    exact,
+    host,
+    make,
+    rounded,
+    seeds,
+    shapes,
+    tile,
+)
 
 import ttflow as tt
 from ttflow._program import Value, run_on_host
@@ -608,40 +626,15 @@ def torch_pool_grad(kind: str, x: Array, gy: Array, *args: Any, **kwargs: Any) -
     return nhwc(tx.grad)
 
 
-def check_results(program: tt.Program, arrays: list[Array], refs: list[Any], results: list[Array]) -> None:
-    inputs = [rounded(a, spec.dtype) for a, spec in zip(arrays, program.inputs)]
-    for k, (ref, got, spec) in enumerate(zip(refs, results, program.output_specs)):
-        want, how = ref(inputs)
-        got = np.asarray(got)
-        assert got.shape == want.shape, k
-        if how == "exact":
-            exact(got, want, spec.dtype)
-        else:
-            check(got, want, spec.dtype, rtol=2e-5, atol=2e-5)
-
-
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_every_new_op_saves_loads_and_runs_on_the_host(tmp_path: Path, dtype: tt.DataType) -> None:
-    program, arrays, refs = every_new_op(dtype)
-    path = tmp_path / "every.ttb"
-    tt.Binary([program]).save(path)
-    assert struct.unpack_from("<I", path.read_bytes(), 8) == (3,)
-    (loaded,) = tt.Binary.load(path).programs
-    assert loaded.same_as(program)
-    check_results(loaded, arrays, refs, run_on_host(loaded, arrays))
+    check_saved_and_on_host(tmp_path, *every_new_op(dtype))
 
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("dtype", [F32, BF16])
 async def test_every_new_op_on_the_device(dtype: tt.DataType) -> None:
-    program, arrays, refs = every_new_op(dtype)
-    async with tt.open_device(tt.DeviceSpec.small()) as device:
-        outs = tt.submit(device, tt.Binary([program]), 0, [tt.to_device(a, device) for a in arrays])
-        results = [await tt.to_host(t) for t in outs]
-    for got, want in zip(results, run_on_host(program, arrays)):  # the device runs the host's reference
-        assert got.dtype == want.dtype
-        np.testing.assert_array_equal(got, want)
-    check_results(program, arrays, refs, results)
+    await check_on_device(*every_new_op(dtype))
 
 
 def test_a_version_2_file_cannot_hold_a_version_3_op(tmp_path: Path) -> None:
