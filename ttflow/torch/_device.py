@@ -10,6 +10,7 @@ values), and otherwise on the CPU, once warning which op did so.
 
 from __future__ import annotations
 
+import threading
 import types
 import warnings
 from collections.abc import Callable
@@ -151,7 +152,26 @@ def _set_source_storage(dst: torch.Tensor, storage: Any) -> torch.Tensor:
     return aten.set_.source_Storage_storage_offset(dst, storage, 0, (storage.nbytes() // dst.element_size(),), (1,))
 
 
+def _drawn_on_host(op: Any) -> Callable[..., Any]:
+    """An in-place random fill (`normal_`, `uniform_`, ...: weight init, `torch.randn(...,
+    device="tt")`) drawn on the host from torch's CPU generator, then uploaded. `torch.manual_seed`
+    then gives the very values the CPU would, and the tensor's old value is never read."""
+
+    def fill(t: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        host = torch.empty(t.shape, dtype=t.dtype)
+        op(host, *args, **kwargs)
+        _storage.write_host(t, host)
+        return t
+
+    return fill
+
+
+_RANDOM_FILLS = (aten.normal_.default, aten.uniform_.default, aten.bernoulli_.float, aten.random_.default,
+                 getattr(aten.random_, "from"), aten.random_.to, aten.exponential_.default, aten.log_normal_.default,
+                 aten.geometric_.default, aten.cauchy_.default)
+
 _HANDLERS: dict[Any, Callable[..., Any]] = {
+    **{op: _drawn_on_host(op) for op in _RANDOM_FILLS},
     aten.copy_.default: _copy_,
     aten._copy_from.default: _copy_from,
     aten._local_scalar_dense.default: _local_scalar_dense,
@@ -173,14 +193,42 @@ def _convolution(*args: Any) -> Any:
 
 def _convolution_backward(grad: Any, x: Any, weight: Any, stride: Any, padding: Any, dilation: Any,
                           transposed: bool, output_padding: Any, groups: int, mask: Any) -> Any:
-    return _kernel(None, aten.convolution_backward.default, grad, x, weight, None, stride, padding,
+    # The overrideable hook drops the bias size; the bias gradient has one entry per out channel.
+    bias_sizes = [weight.shape[1] * groups if transposed else weight.shape[0]]
+    return _kernel(None, aten.convolution_backward.default, grad, x, weight, bias_sizes, stride, padding,
                    dilation, transposed, output_padding, groups, mask)
+
+
+class _Printing(threading.local):
+    depth = 0
+
+
+_printing = _Printing()
+
+
+def _print_on_host(tensor_str: Callable[..., str]) -> Callable[..., str]:
+    """torch's tensor printer with the ops it runs on a tt tensor (slices, comparisons, `ceil`,
+    `masked_select`, in float64) run on host copies, quietly: torch copies XLA, lazy and IPU
+    tensors to the CPU before printing for the same reason (no device programs for a repr)."""
+
+    def printed(self: torch.Tensor, *, tensor_contents: Any = None) -> str:
+        if self.device.type != "tt":
+            return tensor_str(self, tensor_contents=tensor_contents)
+        _printing.depth += 1
+        try:
+            return tensor_str(self, tensor_contents=tensor_contents)
+        finally:
+            _printing.depth -= 1
+
+    return printed
 
 
 def _kernel(keyset: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
     handler = _HANDLERS.get(op)
     if handler is not None:
         return handler(*args, **kwargs)
+    if _printing.depth:
+        return _cpu_fallback(op, args, kwargs)
     from . import _eager
 
     try:
@@ -240,9 +288,21 @@ class _BackendModule(types.ModuleType):
     def set_rng_state(self, state: torch.Tensor, device: Any = None) -> None:
         pass
 
+    def get_amp_supported_dtype(self) -> list[torch.dtype]:
+        """`torch.autocast("tt")`: bfloat16 is the device's lower precision (float16 tensors
+        are kept on the host, so autocasting to them would make every op a host round trip)."""
+        return [torch.bfloat16]
+
 
 _library: torch.library.Library | None = None
 _aten_library: torch.library.Library | None = None
+
+
+def untraced(kernel: Callable[..., Any]) -> Callable[..., Any]:
+    """`kernel` with dynamo off while it runs. The dispatcher calls the Python kernels from inside
+    compiled code too (the eager parts around a graph break), and dynamo would otherwise try to
+    compile ttflow.torch's own frames (and anyio's, numpy's) as if they were the user's model."""
+    return torch.compiler.disable(kernel, recursive=True)
 
 
 def install() -> None:
@@ -260,13 +320,15 @@ def install() -> None:
         torch._register_device_module("tt", _BackendModule("torch.tt"))
         torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
     library = torch.library.Library("_", "IMPL")
-    library.fallback(_kernel, "PrivateUse1", with_keyset=True)
+    library.fallback(untraced(_kernel), "PrivateUse1", with_keyset=True)
     global _aten_library
     _aten_library = torch.library.Library("aten", "IMPL")
-    from . import _foreach
+    from . import _foreach, _recurrent
 
     _foreach.register(_aten_library)
+    _recurrent.register(_aten_library)
     # torch's convolution reaches a backend through these two hooks, not the fallback.
-    _aten_library.impl("convolution_overrideable", _convolution, "PrivateUse1")
-    _aten_library.impl("convolution_backward_overrideable", _convolution_backward, "PrivateUse1")
+    _aten_library.impl("convolution_overrideable", untraced(_convolution), "PrivateUse1")
+    _aten_library.impl("convolution_backward_overrideable", untraced(_convolution_backward), "PrivateUse1")
     _library = library
+    torch._tensor_str._str = _print_on_host(torch._tensor_str._str)  # type: ignore[attr-defined]

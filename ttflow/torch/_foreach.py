@@ -173,6 +173,8 @@ def _loop(op: Any, base: str, in_place: bool, args: tuple[Any, ...], kwargs: dic
 
 def register(library: torch.library.Library) -> None:
     """Registers the foreach kernels for the tt (PrivateUse1) key."""
+    from ._device import untraced  # _device imports this module in install()
+
     names = {n.split("::")[1].split(".")[0] for n in torch._C._dispatch_get_all_op_names()
              if n.startswith("aten::_foreach_")}
     for name in sorted(names):
@@ -184,4 +186,4 @@ def register(library: torch.library.Library) -> None:
             op = getattr(packet, overload)
             if any(str(a.type) == "Tensor" for a in op._schema.arguments):
                 continue  # the `.Tensor` variants: torch's loop
-            library.impl(op, _kernel(op), "PrivateUse1")
+            library.impl(op, untraced(_kernel(op)), "PrivateUse1")

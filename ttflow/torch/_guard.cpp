@@ -14,6 +14,7 @@
 // (per thread, as CUDA's does) and hands out the default stream. Loading the shared library
 // registers everything through static initializers.
 #include <ATen/EmptyTensor.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/ops/as_strided_cpu_dispatch.h>
 #include <ATen/ops/set_cpu_dispatch.h>
@@ -161,13 +162,50 @@ const at::Tensor& resize_tt(const at::Tensor& self, c10::IntArrayRef size,
   return self;
 }
 
+// `module.to("tt")` keeps each Parameter object, as it does for CUDA: weights tied by sharing one
+// Parameter stay tied, and an optimizer made before the move still holds the model's parameters.
+// torch asks this op whether `param.data = moved` may swap the tensor under the object; its own
+// answer knows only torch's built-in dense backends, so without this every Parameter is replaced.
+bool compatible_tt(const at::Tensor& self, const at::Tensor& from) {
+  auto dense = [](const at::Tensor& t) {
+    return t.layout() == c10::Layout::Strided && !t.is_quantized() &&
+           (t.device().is_cpu() || t.device().type() == kType);
+  };
+  return self.key_set() == from.key_set() || (dense(self) && dense(from));
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_has_compatible_shallow_copy_type", compatible_tt);
   m.impl("empty.memory_format", empty_tt);
   m.impl("empty_strided", empty_strided_tt);
   m.impl("as_strided", as_strided_tt);
   m.impl("set_.source_Storage_storage_offset", set_tt);
   m.impl("resize_", resize_tt);
 }
+
+// `torch.autocast("tt")`: the ops CUDA autocasts, with CUDA's policies (matmuls and convolutions in
+// the lower precision, reductions and losses in float32); every other op falls through.
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
+
+namespace tt_autocast {
+using at::IntArrayRef;
+using at::Scalar;
+using at::ScalarType;
+using at::Tensor;
+using namespace at::autocast;
+
+TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
+#define TT_LOWER_PRECISION(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)
+#define TT_FP32(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32)
+#define TT_FP32_OPT_DTYPE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32_set_opt_dtype)
+#define TT_PROMOTE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, promote)
+  AT_FORALL_LOWER_PRECISION_FP(TT_LOWER_PRECISION)
+  AT_FORALL_FP32(TT_FP32)
+  AT_FORALL_FP32_SET_OPT_DTYPE(TT_FP32_OPT_DTYPE)
+  AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE(KERNEL_DIFFERENT_REDISPATCH_SIGNATURE_PRIVATEUSEONE)
+  AT_FORALL_PROMOTE(TT_PROMOTE)
+}
+}  // namespace tt_autocast
 
 struct Registrar {
   Registrar() { at::RegisterPrivateUse1HooksInterface(new TTHooks()); }

@@ -191,6 +191,37 @@ def _sdpa_cpu_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch.T
     return dq.to(query.dtype), dk.to(key.dtype), dv.to(value.dtype)
 
 
+def _log1p(x: torch.Tensor) -> torch.Tensor:
+    """log(1 + x) without the cancellation of the plain form (Goldberg's correction: where
+    1 + x rounds to u, log(u) * x / (u - 1) is accurate to a few ulps); tiny x gives x itself."""
+    u = x + 1
+    d = u - 1
+    return torch.where(d == 0, x, torch.where(torch.isinf(u), u, torch.log(u) * (x / d)))
+
+
+def _conv1d_as_2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[int],
+                  padding: Sequence[int], dilation: Sequence[int], transposed: bool,
+                  output_padding: Sequence[int], groups: int) -> Any:
+    """A 1-d convolution as the 2-d one over a height of 1 (as ttnn runs conv1d)."""
+    if x.dim() != 3 or transposed:
+        return NotImplemented
+    y = aten.convolution.default(x.unsqueeze(2), w.unsqueeze(2), bias, [1, stride[0]], [0, padding[0]],
+                                 [1, dilation[0]], False, [0, 0], groups)
+    return y.squeeze(2)
+
+
+def _conv1d_backward_as_2d(grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias_sizes: Any,
+                           stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
+                           transposed: bool, output_padding: Sequence[int], groups: int,
+                           mask: Sequence[bool]) -> Any:
+    if x.dim() != 3 or transposed:
+        return NotImplemented
+    gi, gw, gb = aten.convolution_backward.default(
+        grad.unsqueeze(2), x.unsqueeze(2), w.unsqueeze(2), bias_sizes, [1, stride[0]], [0, padding[0]],
+        [1, dilation[0]], False, [0, 0], groups, mask)
+    return (None if gi is None else gi.squeeze(2), None if gw is None else gw.squeeze(2), gb)
+
+
 def _decompositions() -> dict[Any, Callable[..., Any]]:
     from torch._decomp import core_aten_decompositions, get_decompositions
 
@@ -203,6 +234,13 @@ def _decompositions() -> dict[Any, Callable[..., Any]]:
         aten.native_batch_norm, aten._native_batch_norm_legit, aten._native_batch_norm_legit_functional,
         aten._native_batch_norm_legit_no_training, aten.native_batch_norm_backward,
     ]))
+    # Norms (clip_grad_norm_) become pow/abs/sum/amax; log1p (softplus, BCE with logits) the
+    # exact-to-a-few-ulps form below.
+    table.update(get_decompositions([aten.linalg_vector_norm, aten.native_group_norm,
+                                     aten.native_group_norm_backward]))
+    table[aten.log1p.default] = _log1p
+    table[aten.convolution.default] = _conv1d_as_2d
+    table[aten.convolution_backward.default] = _conv1d_backward_as_2d
     table[aten._scaled_dot_product_flash_attention_for_cpu_backward.default] = _sdpa_cpu_backward
     from ._fused import DECOMPOSITIONS as fused  # torch's fused attention fast paths
 

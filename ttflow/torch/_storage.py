@@ -124,7 +124,9 @@ def _slot(t: torch.Tensor) -> Slot:
     if slot is None:
         device = device_of(t)
         numel = t.untyped_storage().nbytes() // t.element_size()
-        slot = _slots[address] = Slot(None, device_shape((numel,)), t.dtype, device)
+        slot = Slot(None, device_shape((numel,)), t.dtype, device)
+        if address:  # every empty storage has address 0: none of them keeps a slot
+            _slots[address] = slot
     return slot
 
 
@@ -314,6 +316,8 @@ def _host_storage_as(slot: Slot, dtype: torch.dtype) -> torch.Tensor:
 
 def host_value(t: torch.Tensor) -> torch.Tensor:
     """`t`'s elements copied to a new CPU tensor (waits for the device)."""
+    if not t.numel():
+        return torch.empty(t.shape, dtype=t.dtype)
     slot = _slot(t)
     storage = _host_storage_as(slot, t.dtype)
     return torch.as_strided(storage, t.shape, t.stride(), t.storage_offset()).clone()
