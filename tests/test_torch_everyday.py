@@ -255,3 +255,24 @@ def test_empty_tensors_outlive_a_closed_device(fresh):
     ttt.open_device()
     assert torch.empty(0, 4, device="tt").cpu().shape == (0, 4)
     assert "tensor([], device='tt:0')" == repr(torch.tensor([], device="tt"))
+
+
+def test_pinned_batches_from_a_dataloader(fresh, on_device_only):
+    data = torch.utils.data.TensorDataset(torch.randn(10, 3), torch.arange(10))
+    loader = torch.utils.data.DataLoader(data, batch_size=4, pin_memory=True)
+    total = torch.zeros((), device="tt")
+    for x, y in loader:
+        assert x.is_pinned() and y.is_pinned()
+        total += x.to("tt", non_blocking=True).sum()
+    torch.testing.assert_close(total.cpu(), data.tensors[0].sum())
+    host = torch.randn(3, 3)
+    assert not host.is_pinned() and host.pin_memory().is_pinned()
+
+
+def test_scalar_operands_of_ops_the_device_lacks(fresh):
+    """`x % 3` reaches the CPU fallback with 3 as a number where the schema says Tensor."""
+    ints = torch.tensor([-7, -1, 0, 5, 9])
+    for f in (lambda a: a % 3, lambda a: a.float() % 2.5, lambda a: a.to(torch.int32) % 4,
+              lambda a: torch.fmod(a, 4)):
+        on_tt, on_cpu = f(ints.to("tt")).cpu(), f(ints)
+        assert on_tt.dtype == on_cpu.dtype and torch.equal(on_tt, on_cpu)

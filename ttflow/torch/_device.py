@@ -81,6 +81,11 @@ def _cpu_fallback(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
 
     host_args = tree_map(to_host, args)
     host_kwargs = tree_map(to_host, kwargs)
+    # A scalar operand (`x % 3`) reaches a Python kernel as a number where the schema says Tensor
+    # (torch unwraps its wrapped-number tensors); the CPU kernel wants the 0-d tensor back.
+    schema = op._schema.arguments
+    host_args = tuple(torch.tensor(a) if i < len(schema) and isinstance(a, (bool, int, float))
+                      and str(schema[i].type) == "Tensor" else a for i, a in enumerate(host_args))
     result = op(*host_args, **host_kwargs)
     # Arguments the op writes (in-place, out=): their new values go back to the device.
     mutated: dict[int, torch.Tensor] = {}

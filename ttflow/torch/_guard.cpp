@@ -25,7 +25,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
+#include <unordered_set>
 #include <vector>
 
 namespace {
@@ -72,7 +74,43 @@ struct TTGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void synchronizeStream(const c10::Stream&) const override {}
 };
 
+// "Pinned" host memory (`pin_memory()`, `DataLoader(pin_memory=True)`): the emulated device
+// copies from any host memory, so it is ordinary CPU memory, remembered so `is_pinned()` is true.
+std::mutex pinned_mutex;
+std::unordered_set<void*> pinned;
+
+void release_pinned(void* ptr) {
+  {
+    std::lock_guard<std::mutex> lock(pinned_mutex);
+    pinned.erase(ptr);
+  }
+  std::free(ptr);
+}
+
+struct PinnedAllocator final : public c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    void* ptr = nbytes ? std::aligned_alloc(64, (nbytes + 63) / 64 * 64) : nullptr;
+    TORCH_CHECK(nbytes == 0 || ptr != nullptr, "out of host memory pinning ", nbytes, " bytes");
+    if (ptr != nullptr) {
+      std::lock_guard<std::mutex> lock(pinned_mutex);
+      pinned.insert(ptr);
+    }
+    return {ptr, ptr, &release_pinned, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &release_pinned; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+
+PinnedAllocator pinned_allocator;
+
 struct TTHooks final : public at::PrivateUse1HooksInterface {
+  bool isPinnedPtr(const void* data) const override {
+    std::lock_guard<std::mutex> lock(pinned_mutex);
+    return pinned.count(const_cast<void*>(data)) != 0;
+  }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return &pinned_allocator; }
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return true; }
   bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
