@@ -276,3 +276,15 @@ def test_scalar_operands_of_ops_the_device_lacks(fresh):
               lambda a: torch.fmod(a, 4)):
         on_tt, on_cpu = f(ints.to("tt")).cpu(), f(ints)
         assert on_tt.dtype == on_cpu.dtype and torch.equal(on_tt, on_cpu)
+
+
+def test_a_python_float_that_changes_stays_in_the_program(fresh, on_device_only):
+    """After a float argument changes, dynamo passes it as a 0-d float64 tensor; the program takes
+    it in float32 (as torch's `float32_tensor * python_float` computes) instead of running op by op."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    a = torch.randn(3)
+    f = torch.compile(lambda x, s: x * (s * 2 + 1) + s, backend="tt")
+    for s in (0.5, 1.5, 2.5, 1 / 3):
+        torch.testing.assert_close(f(a.to("tt"), s).cpu(), a * (s * 2 + 1) + s)

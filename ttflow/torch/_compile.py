@@ -51,9 +51,9 @@ def _program_runner(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], nam
         index = next((t.device.index for t in tensors if _is_tt(t)), 0)
         device = session.device(index)
         cells: list[Pending] = []
-        for t in tensors:
-            if not _is_tt(t):  # a CPU scalar (e.g. a step count): moved for this call
-                t = t.to(torch.device("tt", index))
+        for t, input_spec in zip(tensors, specs):
+            if not _is_tt(t):  # a CPU scalar (a step count, a Python float): moved for this call
+                t = t.to(torch.device("tt", index), input_spec.dtype)
             cells.append(_storage.read(t))
         cells += _storage.seeds(seeds, device)
         outs = _storage.post_program(device, lowered.binary, 0, cells, n_outputs)

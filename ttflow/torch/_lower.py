@@ -342,7 +342,7 @@ class _Lowering:
     def cast(self, t: _T | Any, dtype: torch.dtype) -> Any:
         """The value of `t` in torch dtype `dtype`'s device dtype (bool: 1 where nonzero)."""
         v = t.v if isinstance(t, _T) else t
-        target = device_dtype(dtype)
+        target = _value_dtype(dtype, t.shape if isinstance(t, _T) else v.shape)
         if dtype == torch.bool and not (isinstance(t, _T) and t.dtype == torch.bool):
             v = self.b.ne(v, 0)
         if v.dtype is not target:
@@ -376,7 +376,7 @@ class _Lowering:
     def full(self, shape: Sequence[int], value: float | bool, dtype: torch.dtype) -> Any:
         if isinstance(value, float) and math.isnan(value):
             raise self.unsupported("a NaN constant cannot be made on the device")
-        ddtype = device_dtype(dtype)
+        ddtype = _value_dtype(dtype, shape)
         number = int(value) if (isinstance(value, bool) or not ddtype.is_float) else float(value)
         v = self.b.full(_ishape(shape), number, ddtype)
         if number == 0:
@@ -437,7 +437,10 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor], name
         if 0 in shape:
             raise tt.ShapeError(f"{name}: input {index} ({node.name}) of shape {shape} is empty; "
                                 "the device holds no empty tensors")
-        spec = InputSpec(shape, example.dtype, device_shape(shape), device_dtype(example.dtype))
+        # A Python float that changes between calls reaches the graph as a 0-d float64 tensor: it
+        # is taken in float32, as torch computes `float32_tensor * python_float` in float32.
+        dtype = torch.float32 if example.dtype == torch.float64 and not shape else example.dtype
+        spec = InputSpec(shape, dtype, device_shape(shape), device_dtype(dtype))
         specs.append(spec)
         env[node] = L.b.input(spec.device_shape, spec.layout)
     output_node = next(n for n in graph.nodes if n.op == "output")
@@ -539,8 +542,9 @@ def _wrap(L: _Lowering, node: torch.fx.Node, meta: Any, result: Any) -> Any:
             f"torch's is {shape}"
         )
     # A lowering whose torch result is a bool gives 1/0 (a comparison's in its operands' dtype).
-    if v.dtype is not device_dtype(meta.dtype):
-        v = L.b.typecast(v, device_dtype(meta.dtype))
+    target = _value_dtype(meta.dtype, shape)
+    if v.dtype is not target:
+        v = L.b.typecast(v, target)
     return _T(v, shape, meta.dtype)
 
 
@@ -592,6 +596,20 @@ def _identity(L: _Lowering, node: torch.fx.Node, x: _T, *args: Any, **kwargs: An
 
 @_register(aten._to_copy.default)
 def _to_copy(L: _Lowering, node: torch.fx.Node, x: _T, **kwargs: Any) -> Any:
+    return L.cast(x, _out(node).dtype)
+
+
+def _value_dtype(dtype: torch.dtype, shape: Sequence[int]) -> tt.DataType:
+    """The device dtype a value inside a program is held in: `device_dtype`, except that a 0-d
+    float64 (a Python float argument, and the casts torch wraps around it) is held in FLOAT32."""
+    if dtype == torch.float64 and len(shape) == 0:
+        return _F32
+    return device_dtype(dtype)
+
+
+@_register(torch.ops.prims.convert_element_type.default)
+def _convert_element_type(L: _Lowering, node: torch.fx.Node, x: _T, dtype: torch.dtype) -> Any:
+    """What a decomposition casts with (a float argument of a compiled function, into float32)."""
     return L.cast(x, _out(node).dtype)
 
 
