@@ -41,11 +41,12 @@ def test_the_op_table() -> None:
           "mean", "rsqrt", "tanh", "sigmoid", "silu", "pow", "max_pool2d", "avg_pool2d"}
     v3 = {"div", "log", "erf", "abs", "full", "broadcast_to", "rand", "gather", "embedding_grad",
           "conv2d_input_grad", "conv2d_weight_grad", "max_pool2d_backward", "avg_pool2d_backward"}
-    assert set(OPS) == v1 | v2 | v3
+    v4 = {"sin", "cos", "floor", "ceil", "round", "trunc"}
+    assert set(OPS) == v1 | v2 | v3 | v4
     assert {n for n, op in OPS.items() if op.float_only} == {
         "gelu", "exp", "sqrt", "reciprocal", "softmax", "layer_norm", "rms_norm", "conv2d", "mean",
         "rsqrt", "tanh", "sigmoid", "silu", "pow", "avg_pool2d", "div", "log", "erf", "embedding_grad",
-        "conv2d_input_grad", "conv2d_weight_grad", "avg_pool2d_backward"}
+        "conv2d_input_grad", "conv2d_weight_grad", "avg_pool2d_backward", *v4}
     assert all(op.name == n for n, op in OPS.items())
     assert [n for n, op in OPS.items() if op.arity == 2] == [
         "add", "sub", "mul", "gt", "matmul", "eq", "ne", "lt", "le", "ge", "maximum", "minimum",

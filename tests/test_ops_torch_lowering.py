@@ -645,3 +645,79 @@ def test_a_version_2_file_cannot_hold_a_version_3_op(tmp_path: Path) -> None:
     path.write_bytes(raw[:8] + struct.pack("<I", 2) + raw[12:])
     with pytest.raises(tt.BinaryFormatError, match="div is not an op of format version 2"):
         tt.Binary.load(path)
+
+
+# -- format version 4: sin, cos, floor, ceil, round, trunc ----------------------------------------
+
+UNARY4: dict[str, Callable[[Array], Array]] = {  # float64 references, then rounded by `check`
+    "sin": np.sin, "cos": np.cos, "floor": np.floor, "ceil": np.ceil, "round": np.round, "trunc": np.trunc,
+}
+
+
+@given(st.sampled_from(sorted(UNARY4)), shapes(1, 3), float_dtypes, seeds)
+def test_unary_float_ops_of_version_4(op: str, shape: tuple[int, ...], dtype: tt.DataType, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    x = make(rng, shape, dtype, scale=20.0)
+    out, got = host(lambda b, v: getattr(b, op)(v), (x, dtype))
+    assert out.dtype is dtype
+    want = UNARY4[op](rounded(x, dtype).astype(np.float64))
+    if op in ("sin", "cos"):
+        check(got, want, dtype, rtol=4e-7 if dtype is F32 else 8e-3, atol=2e-7 if dtype is F32 else 8e-3)
+    else:
+        exact(got, want, dtype)
+
+
+def test_rounding_edge_values() -> None:
+    x = np.array([2.5, -2.5, 0.5, -0.5, 1.5, -0.0, 1e30, np.inf, -np.inf, np.nan, 2.7, -2.7], np.float32)
+    _, rd = host(lambda b, v: b.round(v), (x, F32))
+    _, fl = host(lambda b, v: b.floor(v), (x, F32))
+    _, tr = host(lambda b, v: b.trunc(v), (x, F32))
+    np.testing.assert_array_equal(rd, np.array([2.0, -2.0, 0.0, -0.0, 2.0, -0.0, 1e30, np.inf, -np.inf, np.nan, 3.0, -3.0], np.float32))
+    np.testing.assert_array_equal(fl[[0, 1, 10, 11]], [2.0, -3.0, 2.0, -3.0])
+    np.testing.assert_array_equal(tr[[0, 1, 10, 11]], [2.0, -2.0, 2.0, -2.0])
+    assert np.signbit(rd[3]) and np.signbit(rd[5])
+    torch = torch_module()
+    for op, got in (("round", rd), ("floor", fl), ("trunc", tr)):
+        np.testing.assert_array_equal(got, getattr(torch, op)(torch.from_numpy(x)).numpy())
+
+
+def test_version_4_ops_refuse_integers() -> None:
+    b = tt.ProgramBuilder("p")
+    x = b.input((2, 3), tile(I32))
+    for op in UNARY4:
+        with pytest.raises(tt.LayoutError):
+            getattr(b, op)(x)
+
+
+def every_version_4_op(dtype: tt.DataType) -> tuple[tt.Program, list[Array], list[Any]]:
+    b = tt.ProgramBuilder("v4")
+    rng = np.random.default_rng(4)
+    x = make(rng, (3, 40), dtype, scale=20.0)
+    v = b.input((3, 40), tile(dtype))
+    refs: list[Any] = []
+    for op, ref in UNARY4.items():
+        b.output(getattr(b, op)(v))
+        refs.append(lambda r, ref=ref, op=op: (ref(r[0].astype(np.float64)), "close" if op in ("sin", "cos") else "exact"))
+    return b.build(), [x], refs
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_every_version_4_op_saves_loads_and_runs_on_the_host(tmp_path: Path, dtype: tt.DataType) -> None:
+    check_saved_and_on_host(tmp_path, *every_version_4_op(dtype))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dtype", [F32, BF16])
+async def test_every_version_4_op_on_the_device(dtype: tt.DataType) -> None:
+    await check_on_device(*every_version_4_op(dtype))
+
+
+def test_a_version_3_file_cannot_hold_a_version_4_op(tmp_path: Path) -> None:
+    program, _, _ = every_version_4_op(F32)
+    path = tmp_path / "p.ttb"
+    tt.Binary([program]).save(path)
+    raw = path.read_bytes()
+    assert struct.unpack("<I", raw[8:12]) == (4,)
+    path.write_bytes(raw[:8] + struct.pack("<I", 3) + raw[12:])
+    with pytest.raises(tt.BinaryFormatError, match="sin is not an op of format version 3"):
+        tt.Binary.load(path)

@@ -8,6 +8,7 @@ each must either match CPU torch or say why not; none may silently differ.
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 
 import pytest
@@ -288,3 +289,21 @@ def test_a_python_float_that_changes_stays_in_the_program(fresh, on_device_only)
     f = torch.compile(lambda x, s: x * (s * 2 + 1) + s, backend="tt")
     for s in (0.5, 1.5, 2.5, 1 / 3):
         torch.testing.assert_close(f(a.to("tt"), s).cpu(), a * (s * 2 + 1) + s)
+
+
+def test_timestep_embeddings_and_rounding_run_on_the_device(fresh, on_device_only):
+    """A diffusion model's sinusoidal timestep embedding is computed in every forward."""
+    def embed(t, dim=8):
+        freqs = torch.exp(-math.log(10000.0) * torch.arange(dim // 2, device=t.device) / (dim // 2))
+        angles = t[:, None].float() * freqs[None]
+        return torch.cat([angles.sin(), angles.cos()], dim=1)
+
+    steps = torch.tensor([0, 3, 17, 999])
+    torch.testing.assert_close(embed(steps.to("tt")).cpu(), embed(steps), atol=2e-6, rtol=1e-5)
+    compiled = torch.compile(embed, backend="tt")
+    torch.testing.assert_close(compiled(steps.to("tt")).cpu(), embed(steps), atol=2e-6, rtol=1e-5)
+    x = torch.tensor([2.5, -2.5, 0.5, 1.5, -0.7, 3.2, 1e7 + 0.5])
+    for op in (torch.floor, torch.ceil, torch.round, torch.trunc):
+        assert torch.equal(op(x.to("tt")).cpu(), op(x))
+    ints = torch.tensor([-3, 4])
+    assert torch.equal(torch.floor(ints.to("tt")).cpu(), ints)

@@ -15,6 +15,8 @@ Version 3 adds the ops of its table in `docs/ops.md` (div, log, erf, abs, full, 
 rand, gather, embedding_grad and the convolution and pooling gradients), with no other change:
 versions 1 and 2 still load, and a version-2 file that names a version-3 op is malformed. A
 `full` of an infinite value writes JSON's `Infinity` (Python's json reads it back).
+Version 4 adds sin, cos, floor, ceil, round and trunc, with no other change; a version-3 file
+that names one of them is malformed.
 """
 
 from __future__ import annotations
@@ -36,15 +38,18 @@ from ._types import DataType, Layout, MemorySpace, TensorLayout, check_shape
 __all__ = ["Binary", "get_layout"]
 
 _MAGIC = b"TTFLOWB\0"
-_VERSION = 3
-_READS = (1, 2, 3)  # the versions `load` reads
+_VERSION = 4
+_READS = (1, 2, 3, 4)  # the versions `load` reads
 _V1_OPS = frozenset({"add", "sub", "mul", "gt", "matmul", "relu", "neg", "gelu", "exp", "sqrt",
                      "reciprocal", "softmax", "sum", "max", "transpose", "reshape", "typecast"})
 _V2_OPS = _V1_OPS | {
     "eq", "ne", "lt", "le", "ge", "maximum", "minimum", "embedding", "update_cache", "where",
     "layer_norm", "rms_norm", "conv2d", "concat", "arange", "slice", "permute", "argmax", "mean",
     "rsqrt", "tanh", "sigmoid", "silu", "pow", "max_pool2d", "avg_pool2d"}
-_OPS_OF_VERSION = {1: _V1_OPS, 2: _V2_OPS}  # the older versions' ops; the newest holds every op
+_V3_OPS = _V2_OPS | {
+    "div", "log", "erf", "abs", "full", "broadcast_to", "rand", "gather", "embedding_grad",
+    "conv2d_input_grad", "conv2d_weight_grad", "max_pool2d_backward", "avg_pool2d_backward"}
+_OPS_OF_VERSION = {1: _V1_OPS, 2: _V2_OPS, 3: _V3_OPS}  # the older versions' ops; the newest holds every op
 _HEADER = struct.Struct("<8sIQI")  # magic, version, payload length, crc32 of payload
 
 

@@ -576,6 +576,14 @@ OPS: dict[str, OpDef] = {
         OpDef("conv2d_weight_grad", 2, _conv2d_weight_grad, float_only=True),
         OpDef("max_pool2d_backward", 2, _max_pool2d_backward),
         OpDef("avg_pool2d_backward", 1, _avg_pool2d_backward, float_only=True),
+        # Format version 4: float32 numpy (sin and cos within 1 ulp, as torch's CPU kernels; round
+        # is half to even, as torch.round).
+        OpDef("sin", 1, _unary(np.sin), float_only=True),
+        OpDef("cos", 1, _unary(np.cos), float_only=True),
+        OpDef("floor", 1, _unary(np.floor), float_only=True),
+        OpDef("ceil", 1, _unary(np.ceil), float_only=True),
+        OpDef("round", 1, _unary(np.rint), float_only=True),
+        OpDef("trunc", 1, _unary(np.trunc), float_only=True),
     )
 }
 

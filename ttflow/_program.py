@@ -16,7 +16,7 @@ Dtype rules:
   scalars (|s| <= 2**53, so the float the step holds is exact), and no scalar may be NaN;
 - gelu, exp, softmax, sqrt, reciprocal, rsqrt, tanh, sigmoid, silu, pow, mean, layer_norm,
   rms_norm, conv2d, avg_pool2d, div, log, erf, embedding_grad, conv2d_input_grad,
-  conv2d_weight_grad and avg_pool2d_backward need floats (LayoutError on integers); relu, neg,
+  conv2d_weight_grad, avg_pool2d_backward, sin, cos, floor, ceil, round and trunc need floats (LayoutError on integers); relu, neg,
   abs, sum, max, argmax, transpose, reshape, slice, permute, concat, broadcast_to, gather,
   max_pool2d, max_pool2d_backward and the binary ops work on integers too;
 - layer_norm and rms_norm give x's dtype (weight and bias may be any float dtype);
@@ -811,6 +811,30 @@ class ProgramBuilder:
     def erf(self, x: Value) -> Value:
         """The error function (floats only; torch.erf)."""
         return self._unary("erf", x)
+
+    def sin(self, x: Value) -> Value:
+        """sin(x) (floats only; torch.sin)."""
+        return self._unary("sin", x)
+
+    def cos(self, x: Value) -> Value:
+        """cos(x) (floats only; torch.cos)."""
+        return self._unary("cos", x)
+
+    def floor(self, x: Value) -> Value:
+        """The largest integer <= x, as a float (floats only; torch.floor)."""
+        return self._unary("floor", x)
+
+    def ceil(self, x: Value) -> Value:
+        """The smallest integer >= x, as a float (floats only; torch.ceil)."""
+        return self._unary("ceil", x)
+
+    def round(self, x: Value) -> Value:
+        """x rounded to the nearest integer, halves to even (floats only; torch.round)."""
+        return self._unary("round", x)
+
+    def trunc(self, x: Value) -> Value:
+        """x rounded toward zero (floats only; torch.trunc)."""
+        return self._unary("trunc", x)
 
     def abs(self, x: Value) -> Value:
         """|x| (any dtype; INT32's -2**31 stays -2**31, as two's complement wraps)."""

@@ -639,8 +639,26 @@ for _op, _name, _float in [
     (aten.erf.default, "erf", True), (aten.log.default, "log", True),
     (aten.silu.default, "silu", True), (aten.relu.default, "relu", False),
     (aten.neg.default, "neg", False), (aten.abs.default, "abs", False),
+    (aten.sin.default, "sin", True), (aten.cos.default, "cos", True),
 ]:
     _register(_op)(_unary(_name, _float))
+
+
+def _rounding(op: str) -> Callable[..., Any]:
+    """floor/ceil/round/trunc: the op on floats, the value itself on integers (as torch)."""
+
+    def lower(L: _Lowering, node: torch.fx.Node, x: _T) -> Any:
+        if not x.dtype.is_floating_point:
+            return x.v
+        return getattr(L.b, op)(L.cast(x, _out(node).dtype))
+
+    lower.__name__ = f"_{op}"
+    return lower
+
+
+for _op, _name in [(aten.floor.default, "floor"), (aten.ceil.default, "ceil"),
+                   (aten.round.default, "round"), (aten.trunc.default, "trunc")]:
+    _register(_op)(_rounding(_name))
 
 
 @_register(aten.gelu.default)
