@@ -307,3 +307,23 @@ def test_timestep_embeddings_and_rounding_run_on_the_device(fresh, on_device_onl
         assert torch.equal(op(x.to("tt")).cpu(), op(x))
     ints = torch.tensor([-3, 4])
     assert torch.equal(torch.floor(ints.to("tt")).cpu(), ints)
+
+
+@pytest.mark.parametrize("options", [{"stride": 2}, {"stride": 2, "padding": 1, "output_padding": 1},
+                                     {"padding": 1, "dilation": 2}, {"stride": 2, "groups": 2, "bias": False}],
+                         ids=["stride", "output_padding", "dilation", "groups"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_transposed_convolution_trains_on_the_device(fresh, on_device_only, options, compiled):
+    """ConvTranspose2d (DCGAN generators, U-Net decoders) as the adjoint of conv2d."""
+    torch.manual_seed(0)
+    cpu = nn.Sequential(nn.ConvTranspose2d(4, 6, 3, **options), nn.ReLU())
+    model = copy.deepcopy(cpu).to("tt")
+    run = torch.compile(model, backend="tt") if compiled else model
+    x = torch.randn(2, 4, 5, 5, requires_grad=True)
+    xt = x.detach().to("tt").requires_grad_()
+    out_cpu, out_tt = cpu(x), run(xt)
+    torch.testing.assert_close(out_tt.cpu(), out_cpu, atol=1e-5, rtol=1e-4)
+    out_cpu.square().sum().backward()
+    out_tt.square().sum().backward()
+    _grads_close(cpu, model)
+    torch.testing.assert_close(xt.grad.cpu(), x.grad, atol=1e-5, rtol=1e-4)

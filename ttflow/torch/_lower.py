@@ -1405,7 +1405,7 @@ def _convolution(L: _Lowering, node: torch.fx.Node, x: _T, w: _T, bias: _T | Non
                  padding: Sequence[int], dilation: Sequence[int], transposed: bool,
                  output_padding: Sequence[int], groups: int) -> Any:
     if transposed:
-        raise L.unsupported("transposed convolution")
+        return _transposed_convolution(L, node, x, w, bias, stride, padding, dilation, output_padding, groups)
     if len(x.shape) != 4:
         raise L.unsupported(f"a {len(x.shape) - 2}-d convolution (input {x.shape}); conv2d on NCHW lowers")
     dtype = _out(node).dtype
@@ -1415,17 +1415,49 @@ def _convolution(L: _Lowering, node: torch.fx.Node, x: _T, w: _T, bias: _T | Non
     return L.nhwc_to_nchw(y)
 
 
+def _transposed_convolution(L: _Lowering, node: torch.fx.Node, x: _T, w: _T, bias: _T | None,
+                            stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
+                            output_padding: Sequence[int], groups: int) -> Any:
+    """ConvTranspose2d is the adjoint of conv2d with the same weight: conv2d's input gradient of
+    x, into the output size torch's formula gives (output_padding picks among the sizes a stride
+    leaves open), plus the bias per channel."""
+    if len(x.shape) != 4:
+        raise L.unsupported(f"a {len(x.shape) - 2}-d transposed convolution (input {x.shape}); 2-d lowers")
+    dtype = _out(node).dtype
+    s, p, d, o = _pair(stride), _pair(padding), _pair(dilation), _pair(output_padding)
+    n, _, h, wd = x.shape
+    k = w.shape[2:]
+    size = [(i - 1) * s[j] - 2 * p[j] + d[j] * (k[j] - 1) + o[j] + 1 for j, i in enumerate((h, wd))]
+    channels = w.shape[1] * groups
+    y = L.b.conv2d_input_grad(L.nchw_to_nhwc(L.cast(x, dtype)), L.cast(w, dtype), (n, size[0], size[1], channels),
+                              stride=s, padding=p, dilation=d, groups=groups)
+    if bias is not None:
+        y = L.b.add(y, L.cast(bias, dtype))
+    return L.nhwc_to_nchw(y)
+
+
 @_register(aten.convolution_backward.default)
 def _convolution_backward(L: _Lowering, node: torch.fx.Node, grad: _T, x: _T, w: _T, bias_sizes: Any,
                           stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
                           transposed: bool, output_padding: Sequence[int], groups: int,
                           output_mask: Sequence[bool]) -> Any:
-    if transposed or groups != 1 or len(x.shape) != 4:
-        raise L.unsupported("only the backward of a 2-d, non-transposed, groups=1 convolution lowers")
+    if len(x.shape) != 4 or (groups != 1 and not transposed):
+        raise L.unsupported("only the backward of a 2-d convolution (groups=1 unless transposed) lowers")
     b, used = L.b, _used(node)
     s, p, d = _pair(stride), _pair(padding), _pair(dilation)
     g = L.nchw_to_nhwc(grad.v)
     gi = gw = gb = None
+    if transposed:  # the adjoint's gradients: conv2d of grad, and conv2d's weight gradient swapped
+        if 0 in used and output_mask[0]:
+            gi = L.nhwc_to_nchw(b.conv2d(g, w.v, None, stride=s, padding=p, dilation=d, groups=groups))
+        if 1 in used and output_mask[1]:
+            gw = b.conv2d_weight_grad(g, L.nchw_to_nhwc(x.v), w.shape, s, p, d, groups)
+        if 2 in used and output_mask[2]:
+            v = grad.v
+            for axis in (0, 2, 3):
+                v = b.sum(v, axis)
+            gb = b.reshape(v, (grad.shape[1],))
+        return gi, gw, gb
     if 0 in used and output_mask[0]:
         n, c, h, wd = x.shape
         gi = L.nhwc_to_nchw(b.conv2d_input_grad(g, w.v, (n, h, wd, c), s, p, d))
