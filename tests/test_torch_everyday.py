@@ -327,3 +327,16 @@ def test_transposed_convolution_trains_on_the_device(fresh, on_device_only, opti
     out_tt.square().sum().backward()
     _grads_close(cpu, model)
     torch.testing.assert_close(xt.grad.cpu(), x.grad, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("options", [{"scale_factor": 2}, {"size": (6, 9)}, {"scale_factor": (2, 3)}],
+                         ids=["scale", "size", "two_scales"])
+def test_eager_nearest_upsampling_by_whole_factors_runs_on_the_device(fresh, on_device_only, options):
+    x = torch.randn(2, 3, 3, 3, requires_grad=True)
+    xt = x.detach().to("tt").requires_grad_()
+    out_cpu = nn.functional.interpolate(x, mode="nearest", **options)
+    out_tt = nn.functional.interpolate(xt, mode="nearest", **options)
+    assert torch.equal(out_tt.cpu(), out_cpu.detach())
+    out_cpu.square().sum().backward()
+    out_tt.square().sum().backward()
+    torch.testing.assert_close(xt.grad.cpu(), x.grad)

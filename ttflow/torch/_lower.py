@@ -222,6 +222,48 @@ def _conv1d_backward_as_2d(grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
     return (None if gi is None else gi.squeeze(2), None if gw is None else gw.squeeze(2), gb)
 
 
+def _nearest_factors(in_hw: Sequence[int], out_hw: Sequence[int], scales: Sequence[float | None]) -> tuple[int, int] | None:
+    """(kh, kw) when nearest upsampling from in_hw to out_hw repeats each pixel kh x kw times."""
+    factors = []
+    for i, o, scale in zip(in_hw, out_hw, scales):
+        if o % i or (scale is not None and scale != o // i):
+            return None
+        factors.append(o // i)
+    return factors[0], factors[1]
+
+
+def _upsample_nearest2d(x: torch.Tensor, output_size: Sequence[int], scales_h: float | None = None,
+                        scales_w: float | None = None) -> Any:
+    """Nearest upsampling by whole factors (U-Net decoders) as a broadcast: each pixel repeated
+    kh x kw times, which is what torch's index rule gives for them."""
+    n, c, h, w = x.shape
+    factors = _nearest_factors((h, w), output_size, (scales_h, scales_w))
+    if factors is None:
+        return NotImplemented
+    kh, kw = factors
+    return x.reshape(n, c, h, 1, w, 1).expand(n, c, h, kh, w, kw).reshape(n, c, h * kh, w * kw)
+
+
+def _upsample_nearest2d_vec(x: torch.Tensor, output_size: Sequence[int] | None,
+                            scale_factors: Sequence[float] | None) -> Any:
+    """`F.interpolate(mode="nearest")`'s overload (what dynamo records)."""
+    if output_size is None:
+        if scale_factors is None or any(float(f) != int(f) or f < 1 for f in scale_factors):
+            return NotImplemented
+        output_size = [x.shape[2] * int(scale_factors[0]), x.shape[3] * int(scale_factors[1])]
+    return _upsample_nearest2d(x, output_size)
+
+
+def _upsample_nearest2d_backward(grad: torch.Tensor, output_size: Sequence[int], input_size: Sequence[int],
+                                 scales_h: float | None = None, scales_w: float | None = None) -> Any:
+    n, c, h, w = input_size
+    factors = _nearest_factors((h, w), output_size, (scales_h, scales_w))
+    if factors is None:
+        return NotImplemented
+    kh, kw = factors
+    return grad.reshape(n, c, h, kh, w, kw).sum((3, 5))
+
+
 def _decompositions() -> dict[Any, Callable[..., Any]]:
     from torch._decomp import core_aten_decompositions, get_decompositions
 
@@ -239,6 +281,9 @@ def _decompositions() -> dict[Any, Callable[..., Any]]:
     table.update(get_decompositions([aten.linalg_vector_norm, aten.native_group_norm,
                                      aten.native_group_norm_backward]))
     table[aten.log1p.default] = _log1p
+    table[aten.upsample_nearest2d.default] = _upsample_nearest2d
+    table[aten.upsample_nearest2d.vec] = _upsample_nearest2d_vec
+    table[aten.upsample_nearest2d_backward.default] = _upsample_nearest2d_backward
     table[aten.convolution.default] = _conv1d_as_2d
     table[aten.convolution_backward.default] = _conv1d_backward_as_2d
     table[aten._scaled_dot_product_flash_attention_for_cpu_backward.default] = _sdpa_cpu_backward
