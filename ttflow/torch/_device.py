@@ -330,8 +330,10 @@ def install() -> None:
     _aten_library = torch.library.Library("aten", "IMPL")
     from . import _foreach, _recurrent
 
-    _foreach.register(_aten_library)
-    _recurrent.register(_aten_library)
+    for op, kernel in _foreach.kernels():
+        _aten_library.impl(op, untraced(kernel), "PrivateUse1")
+    for name, cell in _recurrent.CELLS.items():
+        _aten_library.impl(name, untraced(cell), "AutogradPrivateUse1")
     # torch's convolution reaches a backend through these two hooks, not the fallback.
     _aten_library.impl("convolution_overrideable", untraced(_convolution), "PrivateUse1")
     _aten_library.impl("convolution_backward_overrideable", untraced(_convolution_backward), "PrivateUse1")

@@ -9,7 +9,7 @@ a single small device vector, written per call, so the program does not change a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -17,7 +17,7 @@ import torch
 from . import _eager, _storage
 from ._errors import UnsupportedOpError
 
-__all__ = ["register"]
+__all__ = ["kernels"]
 
 aten = torch.ops.aten
 
@@ -171,10 +171,8 @@ def _loop(op: Any, base: str, in_place: bool, args: tuple[Any, ...], kwargs: dic
     return _cpu_fallback(op, args, kwargs)
 
 
-def register(library: torch.library.Library) -> None:
-    """Registers the foreach kernels for the tt (PrivateUse1) key."""
-    from ._device import untraced  # _device imports this module in install()
-
+def kernels() -> Iterator[tuple[Any, Callable[..., Any]]]:
+    """(op, kernel) for every foreach overload this module runs, for the tt (PrivateUse1) key."""
     names = {n.split("::")[1].split(".")[0] for n in torch._C._dispatch_get_all_op_names()
              if n.startswith("aten::_foreach_")}
     for name in sorted(names):
@@ -186,4 +184,4 @@ def register(library: torch.library.Library) -> None:
             op = getattr(packet, overload)
             if any(str(a.type) == "Tensor" for a in op._schema.arguments):
                 continue  # the `.Tensor` variants: torch's loop
-            library.impl(op, untraced(_kernel(op)), "PrivateUse1")
+            yield op, _kernel(op)

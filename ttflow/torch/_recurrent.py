@@ -8,11 +8,9 @@ backward needs no fused backward kernel (the same formulas as ATen's CUDA kernel
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-__all__ = ["register"]
+__all__ = ["CELLS"]
 
 
 def _gates(input_gates: torch.Tensor, hidden_gates: torch.Tensor, input_bias: torch.Tensor | None,
@@ -48,9 +46,5 @@ def _gru_cell(input_gates: torch.Tensor, hidden_gates: torch.Tensor, hx: torch.T
     return hy, torch.cat([r, z, n, hn], 1)
 
 
-def register(library: Any) -> None:
-    """Registers the cells with `library` (an `aten` IMPL library)."""
-    from ._device import untraced  # _device imports this module in install()
-
-    library.impl("_thnn_fused_lstm_cell", untraced(_lstm_cell), "AutogradPrivateUse1")
-    library.impl("_thnn_fused_gru_cell", untraced(_gru_cell), "AutogradPrivateUse1")
+CELLS = {"_thnn_fused_lstm_cell": _lstm_cell, "_thnn_fused_gru_cell": _gru_cell}
+"""The fused cell ops and their kernels, for the AutogradPrivateUse1 key."""
