@@ -1492,22 +1492,18 @@ def _convolution_backward(L: _Lowering, node: torch.fx.Node, grad: _T, x: _T, w:
     s, p, d = _pair(stride), _pair(padding), _pair(dilation)
     g = L.nchw_to_nhwc(grad.v)
     gi = gw = gb = None
-    if transposed:  # the adjoint's gradients: conv2d of grad, and conv2d's weight gradient swapped
-        if 0 in used and output_mask[0]:
-            gi = L.nhwc_to_nchw(b.conv2d(g, w.v, None, stride=s, padding=p, dilation=d, groups=groups))
-        if 1 in used and output_mask[1]:
-            gw = b.conv2d_weight_grad(g, L.nchw_to_nhwc(x.v), w.shape, s, p, d, groups)
-        if 2 in used and output_mask[2]:
-            v = grad.v
-            for axis in (0, 2, 3):
-                v = b.sum(v, axis)
-            gb = b.reshape(v, (grad.shape[1],))
-        return gi, gw, gb
+    # A transposed convolution is conv2d's adjoint: its input gradient is conv2d of grad, and
+    # its weight gradient is conv2d's with the roles of x and grad swapped.
     if 0 in used and output_mask[0]:
-        n, c, h, wd = x.shape
-        gi = L.nhwc_to_nchw(b.conv2d_input_grad(g, w.v, (n, h, wd, c), s, p, d))
+        if transposed:
+            gi = b.conv2d(g, w.v, None, stride=s, padding=p, dilation=d, groups=groups)
+        else:
+            n, c, h, wd = x.shape
+            gi = b.conv2d_input_grad(g, w.v, (n, h, wd, c), s, p, d)
+        gi = L.nhwc_to_nchw(gi)
     if 1 in used and output_mask[1]:
-        gw = b.conv2d_weight_grad(L.nchw_to_nhwc(x.v), g, w.shape, s, p, d)
+        xv = L.nchw_to_nhwc(x.v)
+        gw = b.conv2d_weight_grad(*((g, xv) if transposed else (xv, g)), w.shape, s, p, d, groups)
     if 2 in used and output_mask[2]:
         v = grad.v
         for axis in (0, 2, 3):
