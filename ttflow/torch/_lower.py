@@ -244,16 +244,6 @@ def _upsample_nearest2d(x: torch.Tensor, output_size: Sequence[int], scales_h: f
     return x.reshape(n, c, h, 1, w, 1).expand(n, c, h, kh, w, kw).reshape(n, c, h * kh, w * kw)
 
 
-def _upsample_nearest2d_vec(x: torch.Tensor, output_size: Sequence[int] | None,
-                            scale_factors: Sequence[float] | None) -> Any:
-    """`F.interpolate(mode="nearest")`'s overload (what dynamo records)."""
-    if output_size is None:
-        if scale_factors is None or any(float(f) != int(f) or f < 1 for f in scale_factors):
-            return NotImplemented
-        output_size = [x.shape[2] * int(scale_factors[0]), x.shape[3] * int(scale_factors[1])]
-    return _upsample_nearest2d(x, output_size)
-
-
 def _upsample_nearest2d_backward(grad: torch.Tensor, output_size: Sequence[int], input_size: Sequence[int],
                                  scales_h: float | None = None, scales_w: float | None = None) -> Any:
     n, c, h, w = input_size
@@ -282,7 +272,6 @@ def _decompositions() -> dict[Any, Callable[..., Any]]:
                                      aten.native_group_norm_backward]))
     table[aten.log1p.default] = _log1p
     table[aten.upsample_nearest2d.default] = _upsample_nearest2d
-    table[aten.upsample_nearest2d.vec] = _upsample_nearest2d_vec
     table[aten.upsample_nearest2d_backward.default] = _upsample_nearest2d_backward
     table[aten.convolution.default] = _conv1d_as_2d
     table[aten.convolution_backward.default] = _conv1d_backward_as_2d
