@@ -316,8 +316,6 @@ def _host_storage_as(slot: Slot, dtype: torch.dtype) -> torch.Tensor:
 
 def host_value(t: torch.Tensor) -> torch.Tensor:
     """`t`'s elements copied to a new CPU tensor (waits for the device)."""
-    if not t.numel():
-        return torch.empty(t.shape, dtype=t.dtype)
     slot = _slot(t)
     storage = _host_storage_as(slot, t.dtype)
     return torch.as_strided(storage, t.shape, t.stride(), t.storage_offset()).clone()
