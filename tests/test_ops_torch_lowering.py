@@ -626,25 +626,6 @@ def torch_pool_grad(kind: str, x: Array, gy: Array, *args: Any, **kwargs: Any) -
     return nhwc(tx.grad)
 
 
-@pytest.mark.parametrize("dtype", FLOATS)
-def test_every_new_op_saves_loads_and_runs_on_the_host(tmp_path: Path, dtype: tt.DataType) -> None:
-    check_saved_and_on_host(tmp_path, *every_new_op(dtype))
-
-
-@pytest.mark.anyio
-@pytest.mark.parametrize("dtype", [F32, BF16])
-async def test_every_new_op_on_the_device(dtype: tt.DataType) -> None:
-    await check_on_device(*every_new_op(dtype))
-
-
-def test_a_version_2_file_cannot_hold_a_version_3_op(tmp_path: Path) -> None:
-    program, _, _ = every_new_op(F32)
-    path = tmp_path / "p.ttb"
-    tt.Binary([program]).save(path)
-    raw = path.read_bytes()
-    path.write_bytes(raw[:8] + struct.pack("<I", 2) + raw[12:])
-    with pytest.raises(tt.BinaryFormatError, match="div is not an op of format version 2"):
-        tt.Binary.load(path)
 
 
 # -- format version 4: sin, cos, floor, ceil, round, trunc ----------------------------------------
@@ -701,23 +682,30 @@ def every_version_4_op(dtype: tt.DataType) -> tuple[tt.Program, list[Array], lis
     return b.build(), [x], refs
 
 
+BUILDS = [every_new_op, every_version_4_op]  # one program holding every op of format version 3, of 4
+
+
+@pytest.mark.parametrize("build", BUILDS, ids=["v3", "v4"])
 @pytest.mark.parametrize("dtype", FLOATS)
-def test_every_version_4_op_saves_loads_and_runs_on_the_host(tmp_path: Path, dtype: tt.DataType) -> None:
-    check_saved_and_on_host(tmp_path, *every_version_4_op(dtype))
+def test_every_new_op_saves_loads_and_runs_on_the_host(tmp_path: Path, build: Any, dtype: tt.DataType) -> None:
+    check_saved_and_on_host(tmp_path, *build(dtype))
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("build", BUILDS, ids=["v3", "v4"])
 @pytest.mark.parametrize("dtype", [F32, BF16])
-async def test_every_version_4_op_on_the_device(dtype: tt.DataType) -> None:
-    await check_on_device(*every_version_4_op(dtype))
+async def test_every_new_op_on_the_device(build: Any, dtype: tt.DataType) -> None:
+    await check_on_device(*build(dtype))
 
 
-def test_a_version_3_file_cannot_hold_a_version_4_op(tmp_path: Path) -> None:
-    program, _, _ = every_version_4_op(F32)
+@pytest.mark.parametrize(("build", "older", "first_op"), [(every_new_op, 2, "div"), (every_version_4_op, 3, "sin")],
+                         ids=["v3_op_in_v2", "v4_op_in_v3"])
+def test_an_older_version_file_cannot_hold_a_newer_op(tmp_path: Path, build: Any, older: int, first_op: str) -> None:
+    program, _, _ = build(F32)
     path = tmp_path / "p.ttb"
     tt.Binary([program]).save(path)
     raw = path.read_bytes()
     assert struct.unpack("<I", raw[8:12]) == (4,)
-    path.write_bytes(raw[:8] + struct.pack("<I", 3) + raw[12:])
-    with pytest.raises(tt.BinaryFormatError, match="sin is not an op of format version 3"):
+    path.write_bytes(raw[:8] + struct.pack("<I", older) + raw[12:])
+    with pytest.raises(tt.BinaryFormatError, match=f"{first_op} is not an op of format version {older}"):
         tt.Binary.load(path)
