@@ -6,7 +6,8 @@ decided once can be run again (trace replay runs the records of a captured seque
 
 A record is a tuple of steps:
 
-- `Store(dst, array)`: a host array (or zeros, for `array=None`) into a storage;
+- `Store(dst, array, staged)`: a host array (or zeros, for `array=None`) into a storage; when
+  `staged`, the array was converted to device pages ahead and only the pages move;
 - `Load(src, shape)`: a storage's value out to a host array (the result of `run`);
 - `Copy(src, dst, shape)`: a value between storages (a page copy, or a conversion of layout or
   dtype through the kernels);
@@ -56,6 +57,7 @@ here, so moving shorter work off the loop would make it slower, not the loop fre
 class Store(NamedTuple):
     dst: Storage
     array: np.ndarray[Any, Any] | None
+    staged: io.Staged | None = None  # the array already in the storage's page format
 
 
 class Load(NamedTuple):
@@ -324,7 +326,9 @@ def _run(record: Record, banks: Banks) -> Any:
         elif kind is Store:
             store = cast(Store, step)
             dst = store.dst
-            if store.array is None:
+            if store.staged is not None:
+                io.land(banks[dst.layout.memory], dst, store.staged)
+            elif store.array is None:
                 io.zero_fill(banks[dst.layout.memory], dst)
             else:
                 io.write_array(banks[dst.layout.memory], dst, store.array)

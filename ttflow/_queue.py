@@ -5,7 +5,7 @@ the command: allocation, residency, conversions) returns a `Record`; `run(record
 bytes (kernels and numpy, which release the GIL) and touches no scheduling state; `commit` gives
 the result back to the scheduler. Small records run inline in the queue's task: a thread
 hand-off costs 85-180 us here, more than a tiny program. Records estimated above
-`INLINE_SECONDS` go to a worker thread, so the event loop is never blocked by a large kernel and
+`INLINE_SECONDS` go to the queue's own worker thread (`_worker.py`), so the event loop is never blocked by a large kernel and
 a CQ1 write overlaps a CQ0 program. Consecutive ready host writes travel together: one hand-off
 carries up to 32 of them, and no more than about a millisecond of work (none completes before the
 whole batch has run, so a larger batch would only delay the program waiting for its first write).
@@ -27,6 +27,7 @@ import anyio.lowlevel
 from ._commands import INLINE_SECONDS, Banks, Record, estimate, run, run_all
 from ._core._dispatch import CommandCore, run_program
 from ._errors import DeviceClosedError
+from ._worker import QueueWorker
 
 __all__ = ["Command", "CommandQueue", "NO_DEPS"]
 
@@ -79,6 +80,17 @@ class Command(CommandCore):
     def failed_input(self) -> BaseException | None:
         """The error of an input that failed (this command then fails with it), or None."""
         return None
+
+    def work_ahead(self) -> Callable[[], Any] | None:
+        """Host-side work this command can do while it waits for its blocker (a write converting
+        its array to device pages), as a function for a worker thread; None when there is none.
+
+        The result goes to `worked_ahead` on the loop thread. The work must touch neither bank
+        memory nor scheduling state: the command has not been decided."""
+        return None
+
+    def worked_ahead(self, result: Any, error: BaseException | None) -> None:
+        """Keeps what `work_ahead`'s function returned (or the error it raised)."""
 
     def preamble(self) -> Command | None:
         """Work that must complete before this command is decided (a program's evictions)."""
@@ -140,6 +152,7 @@ class CommandQueue:
         self._closing = False
         self._aborted: BaseException | None = None
         self.on_complete = on_complete
+        self._worker = QueueWorker(name)
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -169,6 +182,13 @@ class CommandQueue:
             self._wakeup = None
 
     async def serve(self) -> None:
+        self._worker.start()
+        try:
+            await self._serve()
+        finally:
+            self._worker.stop()
+
+    async def _serve(self) -> None:
         pending = self._pending
         banks = self._banks
         on_complete = self.on_complete
@@ -196,7 +216,13 @@ class CommandQueue:
                 continue
             blocker = command.blocker()
             if blocker is not None:
-                await blocker.wait()
+                ahead = command.work_ahead()
+                if ahead is not None:
+                    # As a device's queue fetches a write's data while an earlier command still
+                    # runs: the costly conversion overlaps the wait, only the landing waits.
+                    await self._work_ahead(command, ahead)
+                else:
+                    await blocker.wait()
                 deadline = perf_counter() + _YIELD_EVERY  # the loop was free while it waited
                 continue
             if command.batchable and len(pending) > 1:
@@ -281,8 +307,7 @@ class CommandQueue:
                 errors[i] = exc
         records = [record for i in decided if (record := batch[i].record) is not None]
         if seconds > INLINE_SECONDS:
-            with anyio.CancelScope(shield=True):
-                ran = await anyio.to_thread.run_sync(run_all, records, self._banks)
+            ran = await self._worker.run(run_all, records, self._banks)
         else:
             ran = run_all(records, self._banks)
         for i, error in zip(decided, ran):
@@ -297,6 +322,15 @@ class CommandQueue:
                 command.rollback(record)
                 errors[i] = exc
         return errors
+
+    async def _work_ahead(self, command: Command, work: Callable[[], Any]) -> None:
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            result = await self._worker.run(work)
+        except Exception as exc:
+            error = exc
+        command.worked_ahead(result, error)
 
     async def _phases(self, command: Command) -> BaseException | None:
         command.started = time.perf_counter()
@@ -318,8 +352,7 @@ class CommandQueue:
     async def _run_on_worker(self, command: Command, record: Record) -> BaseException | None:
         """Runs a large record on a worker thread (shielded: it runs to the end), then commits."""
         try:
-            with anyio.CancelScope(shield=True):
-                result = await anyio.to_thread.run_sync(run, record, self._banks)
+            result = await self._worker.run(run, record, self._banks)
             command.commit(record, result)
         except Exception as exc:
             command.rollback(record)

@@ -22,6 +22,7 @@ run in order, so only cross-queue dependencies are recorded.
 from __future__ import annotations
 
 import collections
+import functools
 import math
 import weakref
 from collections.abc import Callable
@@ -29,11 +30,12 @@ from typing import TYPE_CHECKING, Any, final
 
 import numpy as np
 
-from ._commands import (Compute, Copy, Load, PageCode, Plan, Record, Store, estimate, page_kernel,
+from ._commands import (INLINE_SECONDS, Compute, Copy, Load, PageCode, Plan, Record, Store, estimate, page_kernel,
                         pagewise_storages)
 from ._core._dispatch import SchedulerCore, StateCore, submit_program
 from ._errors import OutOfMemoryError, ProgramError, TraceError, detach_frames
 from ._memory import MemorySpaceState, Storage
+from . import _storage_io as io
 from ._storage_io import row_bytes
 from ._queue import NO_DEPS as _NO_DEPS, Command, CommandQueue
 from ._types import DataType, Layout, MemorySpace, TensorLayout, storage_geometry
@@ -114,13 +116,30 @@ class WriteCommand(_Scheduled):
 
     name = "write"
     batchable = True
-    __slots__ = ("array", "new_value")
+    __slots__ = ("array", "new_value", "staged", "tried_ahead")
 
     def __init__(self, scheduler: Scheduler, state: TensorState,
                  array: np.ndarray[Any, Any] | None, new_value: bool) -> None:
         super().__init__(scheduler, (), (state,))
         self.array = array
         self.new_value = new_value
+        self.staged: io.Staged | None = None
+        self.tried_ahead = False
+
+    def work_ahead(self) -> Callable[[], io.Staged | None] | None:
+        """Converts the array to the home storage's pages while an earlier command still reads
+        the tensor (a double-buffered input slot): worth a worker hand-off only when large."""
+        array, state = self.array, self.writes[0]
+        if self.tried_ahead or array is None or not state.storages:
+            return None
+        home = state.storages[0]
+        if home.layout.tensor_layout is not TensorLayout.TILE or estimate(home.nbytes, 0, 0) <= INLINE_SECONDS:
+            return None
+        self.tried_ahead = True
+        return functools.partial(io.stage_array, home, array)
+
+    def worked_ahead(self, result: Any, error: BaseException | None) -> None:
+        self.staged = result  # on an error, decide stores the plain way and reports it then
 
     def blocker(self) -> Command | None:
         moving = self.writes[0].moving
@@ -137,7 +156,11 @@ class WriteCommand(_Scheduled):
                 self.scheduler.free(stale)
             del state.storages[1:]
         target = state.storages[0]
-        return Record((Store(target, self.array),), nbytes=target.nbytes)
+        staged = self.staged
+        if staged is not None and (staged.dtype is not target.layout.dtype or staged.page_size != target.page_size
+                                   or target.layout.tensor_layout is not TensorLayout.TILE):
+            staged = None  # the home storage changed format since (never today; checked anyway)
+        return Record((Store(target, self.array, staged),), nbytes=target.nbytes)
 
     def commit(self, record: Record, result: Any) -> None:
         if self.array is not None:
@@ -145,6 +168,7 @@ class WriteCommand(_Scheduled):
 
     def forget(self) -> None:
         self.array = None
+        self.staged = None
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()

@@ -8,7 +8,7 @@ checks in `ttflow.kernels` cost more than a one-tile kernel.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -18,7 +18,8 @@ from ._ops import to_host_dtype
 from ._memory import Storage
 from ._types import DataType, TensorLayout
 
-__all__ = ["write_array", "read_array", "copy_storage", "zero_fill", "update_row", "row_bytes"]
+__all__ = ["write_array", "read_array", "copy_storage", "zero_fill", "update_row", "row_bytes",
+           "Staged", "stage_array", "land"]
 
 Banks = np.ndarray[Any, np.dtype[np.uint8]]
 
@@ -48,6 +49,44 @@ def write_array(banks: Banks, storage: Storage, array: np.ndarray[Any, Any]) -> 
         _tiles.tilize_into(array.reshape(storage.dims3), banks, banks.shape[0], banks.shape[1],
                            buf.address, buf.aligned_page_size, 0)
     return array
+
+
+class Staged(NamedTuple):
+    """A host array already converted to its device pages (tiles, or BFLOAT8_B blocks), page after
+    page, as tt-metal's host leaves a write in the command queue's system memory before the
+    device copies it into the buffer. `land` then only moves pages."""
+
+    dtype: DataType
+    page_size: int
+    pages: np.ndarray[Any, np.dtype[np.uint8]]
+
+
+def stage_array(storage: Storage, array: np.ndarray[Any, Any]) -> Staged | None:
+    """The array converted to the pages of `storage`'s format, in page order, or None when there
+    is nothing to convert ahead (ROW_MAJOR pages are the array's own rows). Reads no bank memory.
+
+    Raises as `write_array` would (a NaN or infinity for BFLOAT8_B)."""
+    layout = storage.layout
+    dtype = layout.dtype
+    assert dtype is not None
+    if layout.tensor_layout is TensorLayout.ROW_MAJOR:
+        return None
+    array = to_host_dtype(array, dtype)
+    nbytes = storage.num_pages * storage.page_size
+    pages = np.empty((1, nbytes), np.uint8)
+    if dtype is DataType.BFLOAT8_B:
+        if _bfp8.pack_into(array.reshape(storage.dims3), pages, 1, nbytes, 0, storage.page_size, 0):
+            kernels._raise_non_finite(array)
+    else:
+        _tiles.tilize_into(array.reshape(storage.dims3), pages, 1, nbytes, 0, storage.page_size, 0)
+    return Staged(dtype, storage.page_size, pages)
+
+
+def land(banks: Banks, storage: Storage, staged: Staged) -> None:
+    """Moves staged pages into the storage's banks (its format must be the staged one)."""
+    assert staged.dtype is storage.layout.dtype and staged.page_size == storage.page_size
+    _tiles.scatter(staged.pages, banks, storage.num_pages, storage.page_size, storage.address,
+                   storage.aligned_page_size, 0)
 
 
 def read_array(banks: Banks, storage: Storage, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:

@@ -1,9 +1,10 @@
 """Pipeline benchmarks, all in one run and reported as ratios.
 
 (a) double buffering: time per iteration with writes (CQ1) and programs (CQ0) overlapped, against
-    each alone; overlap = max(copy, compute) / pipelined (1.0 ideal, 0.5 serial). Next to it, the
-    same overlap of the same kernels on two plain threads, without the runtime: what this machine
-    gives right now (on two cores that other processes share, it can be well below 1.0).
+    each alone; overlap = max(copy, compute) / pipelined (1.0 ideal, 0.5 serial), the median of
+    interleaved rounds' own ratios. Next to it, in the same rounds, the same overlap of the same
+    kernels on two plain threads, without the runtime: what this machine gives right now (on two
+    cores that other processes share, it can be well below 1.0).
 (b) stitching: two programs chained on the device vs the same two with the intermediate copied
     to the host and back; bytes through the host and time.
 (c) resident weights: weights pushed once vs pushed every iteration.
@@ -12,6 +13,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from typing import Any
 
@@ -34,8 +36,9 @@ TILE = Layout(MemorySpace.DRAM, TensorLayout.TILE, F32)
 BFP8 = Layout(MemorySpace.DRAM, TensorLayout.TILE, DataType.BFLOAT8_B)
 
 
-ROUNDS = 4
-"""Rounds of (copy alone, compute alone, both) the double-buffering figure takes the best of."""
+ROUNDS = 5
+"""Rounds of (copy alone, compute alone, both), for ttflow and for plain threads, that the
+double-buffering figures take the median ratio (and the best times) of."""
 
 
 def _layer(name: str, batch: int, d: int, d_out: int | None = None,
@@ -55,7 +58,7 @@ def _blas_in_force() -> str:
 
 
 async def _double_buffering(device: Device, iterations: int, batch: int, d: int,
-                            d_out: int) -> dict[str, float]:
+                            d_out: int) -> dict[str, Any]:
     # Copy and compute balanced. A program reads its whole input back out of bank memory, and
     # for float32 tiles that untilize costs as much as the write's tilize, so a float32 layer is
     # always slower than its write (2-4x here). Batches streamed as BFLOAT8_B (packing is the
@@ -84,53 +87,67 @@ async def _double_buffering(device: Device, iterations: int, batch: int, d: int,
         return (time.perf_counter() - begin) / iterations
 
     await run(True, True)  # warm up
-    # Interleaved rounds, each figure the best of its rounds: a slow spell of the shared machine
-    # then does not fall on one of the three alone.
+    plain = _PlainThreads(iterations, batches, w)
+    plain.copy_loop()
+    # Interleaved rounds, each of ttflow's three figures and then the plain threads' three. The
+    # overlap is the median of the rounds' own ratios, so that a slow spell of the shared machine
+    # falls on both sides of a ratio (as `ttflow bench dispatch` does); the ratio of the best
+    # times is reported beside it.
     rounds: list[tuple[float, float, float]] = []
+    plain_rounds: list[tuple[float, float, float]] = []
     for _ in range(ROUNDS):
         rounds.append((await run(True, False), await run(False, True), await run(True, True)))
+        plain_rounds.append(plain.round())
     copy, compute, pipelined = (min(r[k] for r in rounds) for k in range(3))
     return {
         "copy_ms": copy * 1e3,
         "compute_ms": compute * 1e3,
         "pipelined_ms": pipelined * 1e3,
         "serial_ms": (copy + compute) * 1e3,
-        "overlap": max(copy, compute) / pipelined,
-        "plain_threads_overlap": _plain_threads_overlap(iterations, batches, w),
+        "overlap": statistics.median(max(c, k) / p for c, k, p in rounds),
+        "overlap_of_best_times": max(copy, compute) / pipelined,
+        "rounds_overlap": [max(c, k) / p for c, k, p in rounds],
+        "plain_threads_overlap": statistics.median(max(c, k) / p for c, k, p in plain_rounds),
+        "rounds_plain_threads_overlap": [max(c, k) / p for c, k, p in plain_rounds],
     }
 
 
-def _plain_threads_overlap(iterations: int, batches: list[np.ndarray[Any, Any]],
-                           w: np.ndarray[Any, Any]) -> float:
-    """max(copy, compute) / both for the kernels the loop above runs (pack into bank bytes;
-    unpack, matmul, relu), each stream on its own plain thread: the ceiling for `overlap`."""
-    tile_bytes = kernels.BFLOAT8_B_TILE_BYTES
-    depth = -(-batches[0].size // (1024 * 12)) * tile_bytes
-    banks = [np.zeros((12, depth), np.uint8) for _ in range(2)]
+class _PlainThreads:
+    """The kernels the loop above runs (pack into bank bytes; unpack, matmul, relu), each stream
+    on its own plain thread, without the runtime and without waiting for each other: the
+    ceiling for `overlap` on this machine right now."""
 
-    def copy_loop() -> None:
-        for i in range(iterations):
-            kernels.pack_bfloat8_b_to_banks(batches[i % len(batches)], banks[i % 2], 0, tile_bytes)
+    def __init__(self, iterations: int, batches: list[np.ndarray[Any, Any]], w: np.ndarray[Any, Any]) -> None:
+        self.iterations, self.batches, self.w = iterations, batches, w
+        self.tile_bytes = kernels.BFLOAT8_B_TILE_BYTES
+        depth = -(-batches[0].size // (1024 * 12)) * self.tile_bytes
+        self.banks = [np.zeros((12, depth), np.uint8) for _ in range(2)]
 
-    def compute_loop() -> None:
-        for i in range(iterations):
-            x = kernels.unpack_bfloat8_b_from_banks(banks[i % 2], 0, tile_bytes, batches[0].shape)
-            np.maximum(x @ w, np.float32(0))
+    def copy_loop(self) -> None:
+        for i in range(self.iterations):
+            kernels.pack_bfloat8_b_to_banks(self.batches[i % len(self.batches)], self.banks[i % 2], 0,
+                                            self.tile_bytes)
 
-    def both() -> None:
-        thread = threading.Thread(target=copy_loop)
+    def compute_loop(self) -> None:
+        for i in range(self.iterations):
+            x = kernels.unpack_bfloat8_b_from_banks(self.banks[i % 2], 0, self.tile_bytes,
+                                                    self.batches[0].shape)
+            np.maximum(x @ self.w, np.float32(0))
+
+    def both(self) -> None:
+        thread = threading.Thread(target=self.copy_loop)
         thread.start()
-        compute_loop()
+        self.compute_loop()
         thread.join()
 
-    def timed(loop: Any) -> float:
-        begin = time.perf_counter()
-        loop()
-        return time.perf_counter() - begin
+    def round(self) -> tuple[float, float, float]:
+        """Seconds per iteration of copy alone, compute alone, and both at once."""
+        def timed(loop: Any) -> float:
+            begin = time.perf_counter()
+            loop()
+            return (time.perf_counter() - begin) / self.iterations
 
-    copy_loop()
-    copy, compute, pipelined = (min(timed(f) for _ in range(2)) for f in (copy_loop, compute_loop, both))
-    return max(copy, compute) / pipelined
+        return timed(self.copy_loop), timed(self.compute_loop), timed(self.both)
 
 
 async def _stitching(device: Device, iterations: int, batch: int, d: int) -> dict[str, float]:
@@ -241,8 +258,9 @@ def format_table(r: dict[str, Any]) -> str:
     return "\n".join([
         f"pipeline on {r['device']} ({r['sizes']}, BLAS threads: {r['blas_threads']})",
         f"  double buffering: copy {db['copy_ms']:.2f} ms, compute {db['compute_ms']:.2f} ms, "
-        f"pipelined {db['pipelined_ms']:.2f} ms per iteration -> overlap {db['overlap']:.2f} "
-        f"(1.0 ideal, 0.5 serial; the same kernels on plain threads: {db['plain_threads_overlap']:.2f})",
+        f"pipelined {db['pipelined_ms']:.2f} ms per iteration (best of {ROUNDS}) -> overlap "
+        f"{db['overlap']:.2f} (median of the rounds; of the best times {db['overlap_of_best_times']:.2f}; "
+        f"1.0 ideal, 0.5 serial; the same kernels on plain threads: {db['plain_threads_overlap']:.2f})",
         f"  stitching: {st['stitched_ms']:.2f} ms vs host round trip {st['host_round_trip_ms']:.2f} ms "
         f"({st['speedup']:.2f}x); host bytes per iteration {st['stitched_host_bytes_per_iteration']} "
         f"vs {st['round_trip_host_bytes_per_iteration']}",

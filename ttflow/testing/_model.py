@@ -318,10 +318,11 @@ async def drain(device: Device) -> None:
 class WorkerThreadHold:
     """Holds every token of anyio's default worker-thread limiter while `held`.
 
-    ttflow runs a large command's bytes on a worker thread (`anyio.to_thread.run_sync`, which
-    takes a token of that limiter) between its bookkeeping on the event loop. While the tokens
-    are held, such a command stops after its decision (allocations made, an eviction under way)
-    and before its run, and everything queued behind it waits: a deterministic way to act (write,
+    ttflow runs a large command's bytes on its queue's worker thread, taking a token of that
+    limiter as `anyio.to_thread.run_sync` does, between its bookkeeping on the event loop. While
+    the tokens are held, such a command stops after its decision (allocations made, an eviction
+    under way) and before its run (a write waiting behind a reader also stops before converting
+    its array ahead), and everything queued behind it waits: a deterministic way to act (write,
     deallocate, submit) while a large write, conversion, eviction or program is in flight. Small
     commands run inline and are not held. Call `acquire` and `release` on the event loop thread;
     release before awaiting any tensor whose work may need a thread.

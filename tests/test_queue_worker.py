@@ -1,0 +1,159 @@
+"""The command queues' worker threads and writes converted ahead.
+
+A queue hands its large records to its own thread at once (not after every other ready task, as
+`anyio.to_thread.run_sync` does), and a write waiting behind a program that still reads its
+tensor converts its array to device pages meanwhile, landing only once the program is done.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import ml_dtypes
+import numpy as np
+import pytest
+
+import ttflow as tt
+from ttflow import _commands, _queue, _storage_io
+from ttflow.testing import hold_worker_threads
+
+pytestmark = pytest.mark.anyio
+
+F32, BF16, BFP8 = tt.DataType.FLOAT32, tt.DataType.BFLOAT16, tt.DataType.BFLOAT8_B
+SPEC = tt.DeviceSpec.wormhole_n150()  # its L1 holds the large slot (the small spec's does not)
+SHAPE = (640, 640)  # large enough to run on a worker thread in every dtype (BFLOAT8_B: 435 KB)
+
+
+def _double(dtype: tt.DataType, space: tt.MemorySpace) -> tt.Binary:
+    layout = tt.Layout(space, tt.TensorLayout.TILE, dtype)
+    b = tt.ProgramBuilder("double")
+    b.output(b.mul(b.input(SHAPE, layout), 2.0), tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, F32))
+    return tt.Binary([b.build()])
+
+
+def _as_stored(array: np.ndarray[Any, Any], dtype: tt.DataType) -> np.ndarray[Any, Any]:
+    """What a tensor of `dtype` holds for `array`, by the kernels' own rules (tested against
+    tt-metal's elsewhere): bfloat16 rounding, or BFLOAT8_B's shared-exponent packing."""
+    if dtype is BF16:
+        return array.astype(ml_dtypes.bfloat16).astype(np.float32)
+    if dtype is BFP8:
+        return tt.kernels.unpack_bfloat8_b(tt.kernels.pack_bfloat8_b(array), array.shape)
+    return array
+
+
+@pytest.mark.parametrize("space", [tt.MemorySpace.DRAM, tt.MemorySpace.L1])
+@pytest.mark.parametrize("dtype", [F32, BF16, BFP8], ids=lambda d: d.name)
+async def test_a_write_behind_a_reader_converts_ahead_and_lands_after_it(
+    dtype: tt.DataType, space: tt.MemorySpace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The program's run is held until the write's conversion has finished (and a little
+    # longer), so a write that landed without waiting for its reader would change what the
+    # program reads.
+    staged: list[tuple[int, ...]] = []
+    conversion_done = threading.Event()
+    stage_array, run = _storage_io.stage_array, _queue.run
+
+    def spy(storage: Any, array: np.ndarray[Any, Any]) -> Any:
+        staged.append(array.shape)
+        try:
+            return stage_array(storage, array)
+        finally:
+            conversion_done.set()
+
+    def held_program(record: Any, banks: Any) -> Any:
+        if any(type(step) is _commands.Compute for step in record.steps):
+            conversion_done.wait(timeout=2)
+            time.sleep(0.05)  # time enough for a landing that does not wait to happen first
+        return run(record, banks)
+
+    monkeypatch.setattr(_storage_io, "stage_array", spy)
+    monkeypatch.setattr(_queue, "run", held_program)
+    rng = np.random.default_rng(0)
+    old, new = (rng.standard_normal(SHAPE).astype(np.float32) for _ in range(2))
+    host_dtype = dtype.host_dtype
+    binary = _double(dtype, space)
+    async with tt.open_device(SPEC) as device:
+        slot = tt.to_device(old.astype(host_dtype), device, tt.Layout(space, tt.TensorLayout.TILE, dtype))
+        await slot
+        async with hold_worker_threads() as hold:
+            (y,) = tt.submit(device, binary, 0, [slot])  # decided, then held before its run
+            tt.write(slot, new.astype(host_dtype))  # blocked by the program: converts ahead
+            await anyio.sleep(0.01)
+            hold.release()
+            assert np.array_equal(await tt.to_host(y), 2 * _as_stored(old, dtype))
+            assert np.array_equal(np.asarray(await tt.to_host(slot), np.float32), _as_stored(new, dtype))
+        assert staged == [SHAPE]
+        # Nothing left behind: only the two tensors' storages are held.
+        tt.deallocate(y)
+        tt.deallocate(slot)
+        await anyio.lowlevel.checkpoint()
+        for memory in tt.MemorySpace:
+            assert device.memory_used(memory) == 0
+
+
+async def test_a_row_major_or_small_write_is_not_converted_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    staged: list[Any] = []
+    monkeypatch.setattr(_storage_io, "stage_array", lambda *a: staged.append(a))
+    rm = tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.ROW_MAJOR, F32)
+    b = tt.ProgramBuilder("double")
+    b.output(b.mul(b.input(SHAPE, rm), 2.0), rm)
+    binary = tt.Binary([b.build()])
+    x = np.arange(np.prod(SHAPE), dtype=np.float32).reshape(SHAPE)
+    async with tt.open_device(SPEC) as device:
+        slot = tt.to_device(x, device, rm)
+        async with hold_worker_threads() as hold:
+            (y,) = tt.submit(device, binary, 0, [slot])
+            tt.write(slot, -x)
+            await anyio.sleep(0.01)
+            hold.release()
+            assert np.array_equal(await tt.to_host(y), 2 * x)
+            assert np.array_equal(await tt.to_host(slot), -x)
+    assert staged == []
+
+
+async def test_a_large_run_starts_while_other_tasks_still_run() -> None:
+    # The host's code goes on after a submit without yielding (here it polls, holding the loop
+    # for up to 5 s): the device's work must start anyway, as on a chip. Through
+    # `anyio.to_thread.run_sync` it would wait for that code to yield first.
+    started = threading.Event()
+    run = _commands.run
+
+    def watched(record: Any, banks: Any) -> Any:
+        started.set()
+        return run(record, banks)
+
+    binary = _double(F32, tt.MemorySpace.DRAM)
+    x = np.ones(SHAPE, np.float32)
+    async with tt.open_device(SPEC) as device:
+        slot = tt.to_device(x, device, tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, F32))
+        await slot
+        original = _queue.run
+        _queue.run = watched
+        try:
+            used = device.memory_used(tt.MemorySpace.DRAM)
+            (y,) = tt.submit(device, binary, 0, [slot])
+            while device.memory_used(tt.MemorySpace.DRAM) == used:
+                await anyio.lowlevel.checkpoint()  # until CQ0's task has decided (allocated the output)
+            deadline = time.monotonic() + 5
+            while not started.is_set() and time.monotonic() < deadline:
+                time.sleep(0.001)  # noqa: ASYNC251 - the loop stays busy with this task, on purpose
+            assert started.is_set(), "the program's run waited for the host's code to yield"
+            assert np.array_equal(await tt.to_host(y), 2 * x)
+        finally:
+            _queue.run = original
+
+
+async def test_the_worker_threads_end_with_the_device() -> None:
+    def workers() -> list[str]:
+        return [t.name for t in threading.enumerate() if t.name.startswith("ttflow-CQ")]
+
+    before = workers()
+    async with tt.open_device(SPEC) as device:
+        big = tt.to_device(np.ones(SHAPE, np.float32), device, tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, F32))
+        await big
+        assert sorted(set(workers()) - set(before)) == ["ttflow-CQ0", "ttflow-CQ1"]
+    assert workers() == before
