@@ -13,12 +13,13 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
+import anyio.to_thread
 import ml_dtypes
 import numpy as np
 import pytest
 
 import ttflow as tt
-from ttflow import _commands, _queue, _storage_io
+from ttflow import _commands, _queue, _scheduler, _storage_io
 from ttflow.testing import hold_worker_threads
 
 pytestmark = pytest.mark.anyio
@@ -157,3 +158,135 @@ async def test_the_worker_threads_end_with_the_device() -> None:
         await big
         assert sorted(set(workers()) - set(before)) == ["ttflow-CQ0", "ttflow-CQ1"]
     assert workers() == before
+
+
+# -- programs decided ahead ---------------------------------------------------------------------
+
+
+def _layer() -> tt.Binary:
+    """y = relu(x @ w): its matmul intermediate is scratch, and it runs on a worker thread."""
+    tile = tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, F32)
+    b = tt.ProgramBuilder("layer")
+    b.output(b.relu(b.matmul(b.input((256, 512), tile), b.input((512, 256), tile))), tile)
+    return tt.Binary([b.build()])
+
+
+def _count_sent(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the programs whose record went to the worker before their turn."""
+    sent = [0]
+    decide_ahead = _queue.CommandQueue._decide_ahead
+
+    def counting(self: Any, running: Any) -> Any:
+        before = len(self._pending) > 1 and self._pending[1].sent is not None
+        result = decide_ahead(self, running)
+        if not before and len(self._pending) > 1 and self._pending[1].sent is not None:
+            sent[0] += 1
+        return result
+
+    monkeypatch.setattr(_queue.CommandQueue, "_decide_ahead", counting)
+    return sent
+
+
+def _relu_matmul(x: np.ndarray[Any, Any], w: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    return np.maximum(x.astype(np.float64) @ w.astype(np.float64), 0)
+
+
+async def test_programs_decided_ahead_give_the_values_and_leave_the_memory_of_one_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Independent programs (each reads resident inputs) are decided while the one before runs;
+    # a program reading the one before's output is not. Values against float64 numpy; memory
+    # afterwards is exactly the tensors held.
+    sent = _count_sent(monkeypatch)
+    binary = _layer()
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal((256, 512)).astype(np.float32) for _ in range(6)]
+    w = (rng.standard_normal((512, 256)) / 16).astype(np.float32)
+    w2 = (rng.standard_normal((256, 512))[:256, :256] / 16).astype(np.float32)
+    tile = tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, F32)
+    sq = tt.ProgramBuilder("square_layer")
+    sq.output(sq.relu(sq.matmul(sq.input((256, 256), tile), sq.input((256, 256), tile))), tile)
+    square = tt.Binary([sq.build()])
+    async with tt.open_device(SPEC) as device:
+        tw, tw2 = tt.to_device(w, device, tile), tt.to_device(w2, device, tile)
+        txs = [tt.to_device(x, device, tile) for x in xs]
+        for t in [tw, tw2, *txs]:
+            await t
+        outs = [tt.submit(device, binary, 0, [tx, tw])[0] for tx in txs]
+        chained = tt.submit(device, square, 0, [outs[-1], tw2])[0]  # reads the one before
+        for x, out in zip(xs, outs):
+            np.testing.assert_allclose(await tt.to_host(out), _relu_matmul(x, w), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(await tt.to_host(chained), _relu_matmul(_relu_matmul(xs[-1], w), w2),
+                                   rtol=1e-4, atol=1e-4)
+        assert sent[0] >= 3, sent
+        held = [tw, tw2, *txs, *outs, chained]
+        for space in tt.MemorySpace:
+            assert device.memory_used(space) == sum(
+                tt.testing.buffer_footprint(b, SPEC) for t in held for _, b in t.storages if b.space is space)
+
+
+async def test_a_program_decided_ahead_of_a_failing_one_still_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    sent = _count_sent(monkeypatch)
+    run = _queue.run
+    failures = [1]
+
+    def failing_once(record: Any, banks: Any) -> Any:
+        if failures[0] and any(type(s) is _commands.Compute for s in record.steps):
+            failures[0] = 0
+            time.sleep(0.05)  # the next program is decided meanwhile
+            raise tt.ProgramError("planted failure")
+        return run(record, banks)
+
+    monkeypatch.setattr(_queue, "run", failing_once)
+    binary = _layer()
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal((256, 512)).astype(np.float32), rng.standard_normal((512, 256)).astype(np.float32)
+    tile = tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, F32)
+    async with tt.open_device(SPEC) as device:
+        tx, tw = tt.to_device(x, device, tile), tt.to_device(w, device, tile)
+        await tx
+        await tw
+        (bad,) = tt.submit(device, binary, 0, [tx, tw])
+        (good,) = tt.submit(device, binary, 0, [tx, tw])
+        np.testing.assert_allclose(await tt.to_host(good), _relu_matmul(x, w), rtol=1e-4, atol=1e-3)
+        with pytest.raises(tt.ProgramError, match="planted failure"):
+            await bad
+        assert sent[0] == 1
+        tt.deallocate(bad)
+        for space in tt.MemorySpace:
+            assert device.memory_used(space) == sum(
+                tt.testing.buffer_footprint(b, SPEC) for t in (tx, tw, good) for _, b in t.storages if b.space is space)
+
+
+async def test_a_decision_ahead_that_cannot_be_sent_is_undone(monkeypatch: pytest.MonkeyPatch) -> None:
+    # With one token in the thread limiter, the running program holds it: the next program is
+    # decided, cannot be handed over, and must give its allocations back; it runs in its turn.
+    binary = _layer()
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((256, 512)).astype(np.float32), rng.standard_normal((512, 256)).astype(np.float32)
+    tile = tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, F32)
+    undone = [0]
+    rollback = _scheduler.ProgramCommand.rollback
+
+    def counting(self: Any, record: Any) -> None:
+        undone[0] += 1
+        rollback(self, record)
+
+    monkeypatch.setattr(_scheduler.ProgramCommand, "rollback", counting)
+    async with tt.open_device(SPEC) as device:
+        limiter = anyio.to_thread.current_default_thread_limiter()
+        tokens = limiter.total_tokens
+        tx, tw = tt.to_device(x, device, tile), tt.to_device(w, device, tile)
+        await tx
+        await tw
+        limiter.total_tokens = 1
+        try:
+            outs = [tt.submit(device, binary, 0, [tx, tw])[0] for _ in range(3)]
+            for out in outs:
+                np.testing.assert_allclose(await tt.to_host(out), _relu_matmul(x, w), rtol=1e-4, atol=1e-3)
+        finally:
+            limiter.total_tokens = tokens
+        assert undone[0] >= 1
+        for space in tt.MemorySpace:
+            assert device.memory_used(space) == sum(
+                tt.testing.buffer_footprint(b, SPEC) for t in (tx, tw, *outs) for _, b in t.storages if b.space is space)

@@ -24,10 +24,10 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from ._commands import INLINE_SECONDS, Banks, Record, estimate, run, run_all
+from ._commands import INLINE_SECONDS, Banks, Compute, Record, estimate, run, run_all
 from ._core._dispatch import CommandCore, run_program
 from ._errors import DeviceClosedError
-from ._worker import QueueWorker
+from ._worker import QueueWorker, Ticket
 
 __all__ = ["Command", "CommandQueue", "NO_DEPS"]
 
@@ -80,6 +80,12 @@ class Command(CommandCore):
     def failed_input(self) -> BaseException | None:
         """The error of an input that failed (this command then fails with it), or None."""
         return None
+
+    def decidable_ahead(self) -> bool:
+        """Whether the command may be decided while the one before it in its queue still runs
+        (its record then goes to the worker right behind that one's): only when its decision
+        cannot depend on that command's commit. False unless a subclass knows better."""
+        return False
 
     def work_ahead(self) -> Callable[[], Any] | None:
         """Host-side work this command can do while it waits for its blocker (a write converting
@@ -203,6 +209,17 @@ class CommandQueue:
                 deadline = perf_counter() + _YIELD_EVERY
                 continue
             command = pending[0]
+            ticket = command.sent
+            if ticket is not None:  # decided ahead: its record is on the worker already
+                command.sent = None
+                record = command.record
+                assert record is not None
+                error = await self._finish(command, record, ticket)
+                pending.popleft()
+                on_complete(command, error)
+                del command, ticket, record
+                deadline = perf_counter() + _YIELD_EVERY
+                continue
             if self._aborted is not None:
                 pending.popleft()
                 on_complete(command, self._aborted)
@@ -274,7 +291,7 @@ class CommandQueue:
             pending.popleft()
             on_complete(command, error)
             del command  # an idle queue must not keep the last command alive
-            if perf_counter() > deadline:
+            if perf_counter() > deadline and not (pending and pending[0].sent is not None):
                 await anyio.lowlevel.checkpoint()
                 deadline = perf_counter() + _YIELD_EVERY
 
@@ -350,11 +367,72 @@ class CommandQueue:
         return None
 
     async def _run_on_worker(self, command: Command, record: Record) -> BaseException | None:
-        """Runs a large record on a worker thread (shielded: it runs to the end), then commits."""
+        """Runs a large record on the worker thread (shielded: it runs to the end), then commits."""
+        ticket = self._worker.send(run, record, self._banks)
+        if ticket is None:  # the thread limiter's tokens are held: wait for one
+            try:
+                result = await self._worker.run(run, record, self._banks)
+                command.commit(record, result)
+            except Exception as exc:
+                command.rollback(record)
+                return exc
+            return None
+        return await self._finish(command, record, ticket)
+
+    async def _finish(self, command: Command, record: Record, ticket: Ticket) -> BaseException | None:
+        """Waits for a record sent to the worker, then commits it (or rolls it back). Meanwhile
+        the next command is decided and sent behind it when it may be, so that the worker goes
+        from one record to the next without waiting for the event loop, as a device's queue
+        runs its commands back to back."""
+        blocker = self._decide_ahead(command)
         try:
-            result = await self._worker.run(run, record, self._banks)
+            if blocker is None:
+                result = await self._worker.wait(ticket)
+            else:  # decide the next one once what it waits for (a write, say) is done
+                with anyio.CancelScope(shield=True):
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(self._decide_ahead_after, command, blocker)
+                        try:
+                            result = await self._worker.wait(ticket)
+                        finally:
+                            tg.cancel_scope.cancel()
             command.commit(record, result)
         except Exception as exc:
             command.rollback(record)
             return exc
+        return None
+
+    async def _decide_ahead_after(self, running: Command, blocker: Command | None) -> None:
+        while blocker is not None:
+            await blocker.wait()
+            blocker = self._decide_ahead(running)
+
+    def _decide_ahead(self, running: Command) -> Command | None:
+        """Decides the command after `running` and sends its record to the worker, when it may
+        be; returns what it still waits for (then try again once that is done), else None."""
+        pending = self._pending
+        if len(pending) < 2 or pending[0] is not running or self._aborted is not None:
+            return None
+        command = pending[1]
+        if command.sent is not None:
+            return None
+        blocker = command.blocker()
+        if blocker is not None:
+            return blocker
+        if not command.decidable_ahead():
+            return None
+        command.started = time.perf_counter()
+        try:
+            record = command.decide()
+        except Exception:  # decided again, in turn, which reports the error then
+            return None
+        steps = record.steps
+        compute = steps[0]
+        ahead = len(steps) == 1 and type(compute) is Compute and record.seconds > INLINE_SECONDS
+        ticket = self._worker.send(run, record, self._banks) if ahead else None
+        if ticket is None:  # a conversion, a small record or no free token: undo
+            command.rollback(record)
+            return None
+        command.record = record
+        command.sent = ticket
         return None

@@ -325,6 +325,29 @@ class ProgramCommand(_Scheduled):
             return None
         return self.scheduler.eviction_for(self)
 
+    def decidable_ahead(self) -> bool:
+        """A program whose inputs are committed and already in the layouts it reads (no
+        conversion), with no eviction due, no donation, no capture or timeline: then its
+        decision is fresh allocations (outputs, scratch), which the running command's commit
+        cannot change; it only frees. The two records' scratch is then held at once."""
+        plan = self.plan
+        s = self.scheduler
+        if plan.donated or s._l1 or s.listeners or self.capture is not None:
+            return False
+        bound = plan.bound
+        if bound is not None and bound.seconds <= INLINE_SECONDS:
+            return False
+        for dep in self.deps:
+            if not dep.done:
+                return False
+        for state, spec in zip(self.reads, self.program.inputs):
+            writer = state.last_writer
+            if state.error is not None or (writer is not None and not writer.done):
+                return False
+            if state.find(spec.layout) is None:
+                return False
+        return True
+
     def decide(self) -> Record:
         # The fast path: every input already has a storage in its declared layout and the
         # program needs no scratch, so the decision is the output allocations (their geometry

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import anyio
 import anyio.to_thread
 
-__all__ = ["QueueWorker"]
+__all__ = ["QueueWorker", "Ticket"]
 
 T = TypeVar("T")
 
@@ -38,6 +38,18 @@ def _call_soon_threadsafe() -> Callable[[Callable[[], None]], Any]:
         return trio.lowlevel.current_trio_token().run_sync_soon
 
 
+class Ticket:
+    """A call handed to a worker: its outcome (value, error) once `done` is set."""
+
+    __slots__ = ("borrower", "done", "limiter", "outcome")
+
+    def __init__(self, limiter: Any, borrower: object) -> None:
+        self.limiter = limiter
+        self.borrower = borrower
+        self.done = anyio.Event()
+        self.outcome: list[Any] = []
+
+
 class QueueWorker:
     """One thread, started and stopped by the queue task that owns it (`running`)."""
 
@@ -46,6 +58,7 @@ class QueueWorker:
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._call_soon: Callable[[Callable[[], None]], Any] | None = None
+        self._outstanding: set[Ticket] = set()
 
     def start(self) -> None:
         """Starts the thread; call on the event loop thread, from the owning task."""
@@ -54,34 +67,61 @@ class QueueWorker:
         self._thread.start()
 
     def stop(self) -> None:
-        """Lets the thread finish (it is idle: every run was awaited) and joins it."""
+        """Lets the thread finish what it was sent (all of it awaited, unless the queue's task
+        was cancelled) and joins it; tokens of calls nobody awaited go back to the limiter."""
         thread, self._thread = self._thread, None
         if thread is not None:
             self._jobs.put(None)
             thread.join()
+        for ticket in list(self._outstanding):
+            self._release(ticket)
+
+    def _release(self, ticket: Ticket) -> None:
+        if ticket in self._outstanding:
+            self._outstanding.discard(ticket)
+            ticket.limiter.release_on_behalf_of(ticket.borrower)
 
     async def run(self, function: Callable[..., T], *args: Any) -> T:
         """Runs `function(*args)` on the thread and returns its result (or raises its error).
         Shielded: once handed over, the call runs to the end and is waited for."""
-        assert self._call_soon is not None, "QueueWorker.run before start"
         limiter = anyio.to_thread.current_default_thread_limiter()
         borrower = object()
         try:
             limiter.acquire_on_behalf_of_nowait(borrower)  # no checkpoint when a token is free
         except anyio.WouldBlock:
             await limiter.acquire_on_behalf_of(borrower)
+        return await self.wait(self._send(function, args, limiter, borrower))  # type: ignore[no-any-return]
+
+    def send(self, function: Callable[..., Any], *args: Any) -> Ticket | None:
+        """Hands `function(*args)` over without waiting, to run after everything sent before;
+        None (nothing sent) when no token of the thread limiter is free. Await the ticket with
+        `wait`, always: it holds the token until then."""
+        limiter = anyio.to_thread.current_default_thread_limiter()
+        borrower = object()
         try:
-            done = anyio.Event()
-            outcome: list[Any] = []
-            self._jobs.put((function, args, outcome, done.set, self._call_soon))
+            limiter.acquire_on_behalf_of_nowait(borrower)
+        except anyio.WouldBlock:
+            return None
+        return self._send(function, args, limiter, borrower)
+
+    def _send(self, function: Callable[..., Any], args: tuple[Any, ...], limiter: Any, borrower: object) -> Ticket:
+        assert self._call_soon is not None, "QueueWorker used before start"
+        ticket = Ticket(limiter, borrower)
+        self._outstanding.add(ticket)
+        self._jobs.put((function, args, ticket.outcome, ticket.done.set, self._call_soon))
+        return ticket
+
+    async def wait(self, ticket: Ticket) -> Any:
+        """The result of a sent call (or its error, raised), once it has run. Shielded."""
+        try:
             with anyio.CancelScope(shield=True):
-                await done.wait()
+                await ticket.done.wait()
         finally:
-            limiter.release_on_behalf_of(borrower)
-        value, error = outcome
+            self._release(ticket)
+        value, error = ticket.outcome
         if error is not None:
             raise error
-        return value  # type: ignore[no-any-return]
+        return value
 
     def _serve(self) -> None:
         jobs = self._jobs

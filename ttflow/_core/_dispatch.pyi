@@ -31,6 +31,7 @@ class CommandCore:
     program: Any
     plan: Any
     converted: list[Any]
+    sent: Any
 
 class StateCore:
     shape: tuple[int, ...]

@@ -98,6 +98,7 @@ cdef class CommandCore:
     cdef public object program
     cdef public object plan
     cdef public list converted
+    cdef public object sent  # the worker's ticket of a command decided ahead (`_queue`)
     cdef object __weakref__
 
 
