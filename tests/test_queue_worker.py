@@ -17,12 +17,14 @@ import anyio.to_thread
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import ttflow as tt
 from ttflow import _commands, _queue, _scheduler, _storage_io
 from ttflow.testing import hold_worker_threads
 
-pytestmark = pytest.mark.anyio
+pytestmark = pytest.mark.anyio  # the async tests; the hypothesis one runs each backend itself
 
 F32, BF16, BFP8 = tt.DataType.FLOAT32, tt.DataType.BFLOAT16, tt.DataType.BFLOAT8_B
 SPEC = tt.DeviceSpec.wormhole_n150()  # its L1 holds the large slot (the small spec's does not)
@@ -290,3 +292,78 @@ async def test_a_decision_ahead_that_cannot_be_sent_is_undone(monkeypatch: pytes
         for space in tt.MemorySpace:
             assert device.memory_used(space) == sum(
                 tt.testing.buffer_footprint(b, SPEC) for t in (tx, tw, *outs) for _, b in t.storages if b.space is space)
+
+
+# -- property: queued work with every record on the workers ---------------------------------------
+
+_TILE = tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, F32)
+_SMALL = (64, 64)
+
+
+def _two_op_binary() -> tt.Binary:
+    """Program 0: a + b, then relu (a scratch intermediate); program 1: 2a (pagewise)."""
+    b = tt.ProgramBuilder("add_relu")
+    b.output(b.relu(b.add(b.input(_SMALL, _TILE), b.input(_SMALL, _TILE))), _TILE)
+    m = tt.ProgramBuilder("double")
+    m.output(m.mul(m.input(_SMALL, _TILE), 2.0), _TILE)
+    return tt.Binary([b.build(), m.build()])
+
+
+_actions = st.lists(
+    st.one_of(
+        st.tuples(st.just("add_relu"), st.integers(0, 7), st.integers(0, 7)),
+        st.tuples(st.just("double"), st.integers(0, 7)),
+        st.tuples(st.just("write"), st.integers(0, 7), st.integers(0, 2**16)),
+        st.tuples(st.just("deallocate"), st.integers(0, 7)),
+        st.tuples(st.just("await"), st.integers(0, 7)),
+    ),
+    min_size=1, max_size=30,
+)
+
+
+async def _run_actions(actions: list[tuple[Any, ...]]) -> None:
+    binary = _two_op_binary()
+    rng = np.random.default_rng(0)
+    async with tt.open_device(tt.DeviceSpec.small()) as device:
+        pool: list[tuple[tt.Tensor, np.ndarray[Any, Any]]] = []
+        for _ in range(3):
+            value = rng.standard_normal(_SMALL).astype(np.float32)
+            pool.append((tt.to_device(value, device, _TILE), value))
+        for action in actions:
+            kind, i = action[0], action[1] % len(pool)
+            tensor, value = pool[i]
+            if kind == "add_relu":
+                other, other_value = pool[action[2] % len(pool)]
+                (out,) = tt.submit(device, binary, 0, [tensor, other])
+                pool.append((out, np.maximum(value + other_value, np.float32(0))))
+            elif kind == "double":
+                (out,) = tt.submit(device, binary, 1, [tensor])
+                pool.append((out, value * np.float32(2)))
+            elif kind == "write":
+                new = np.random.default_rng(action[2]).standard_normal(_SMALL).astype(np.float32)
+                tt.write(tensor, new)
+                pool[i] = (tensor, new)
+            elif kind == "deallocate" and len(pool) > 2:
+                tt.deallocate(tensor)
+                del pool[i]
+            elif kind == "await":
+                assert np.array_equal(await tt.to_host(tensor), value)
+        for tensor, value in pool:
+            assert np.array_equal(await tt.to_host(tensor), value)
+        for space in tt.MemorySpace:
+            assert device.memory_used(space) == sum(
+                tt.testing.buffer_footprint(b, tt.DeviceSpec.small()) for t, _ in pool
+                for _, b in t.storages if b.space is space)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(actions=_actions)
+def test_queued_work_on_the_workers_matches_numpy(
+    backend: str, actions: list[tuple[Any, ...]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every record runs on a worker thread (so writes behind readers convert ahead, and programs
+    # are decided ahead), nothing is awaited until an `await` action: values equal numpy's
+    # (exact: float32 adds, relu and doubling), and the memory held is the tensors held.
+    monkeypatch.setattr(_queue, "INLINE_SECONDS", -1.0)
+    anyio.run(_run_actions, actions, backend=backend)

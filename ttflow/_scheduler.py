@@ -30,13 +30,14 @@ from typing import TYPE_CHECKING, Any, final
 
 import numpy as np
 
-from ._commands import (INLINE_SECONDS, Compute, Copy, Load, PageCode, Plan, Record, Store, estimate, page_kernel,
+from ._commands import (Compute, Copy, Load, PageCode, Plan, Record, Store, estimate, page_kernel,
                         pagewise_storages)
 from ._core._dispatch import SchedulerCore, StateCore, submit_program
 from ._errors import OutOfMemoryError, ProgramError, TraceError, detach_frames
 from ._memory import MemorySpaceState, Storage
 from . import _storage_io as io
 from ._storage_io import row_bytes
+from . import _queue  # its INLINE_SECONDS, read at each use (ttflow.testing's machine lowers it)
 from ._queue import NO_DEPS as _NO_DEPS, Command, CommandQueue
 from ._types import DataType, Layout, MemorySpace, TensorLayout, storage_geometry
 
@@ -133,7 +134,7 @@ class WriteCommand(_Scheduled):
         if self.tried_ahead or array is None or not state.storages:
             return None
         home = state.storages[0]
-        if home.layout.tensor_layout is not TensorLayout.TILE or estimate(home.nbytes, 0, 0) <= INLINE_SECONDS:
+        if home.layout.tensor_layout is not TensorLayout.TILE or estimate(home.nbytes, 0, 0) <= _queue.INLINE_SECONDS:
             return None
         self.tried_ahead = True
         return functools.partial(io.stage_array, home, array)
@@ -335,7 +336,7 @@ class ProgramCommand(_Scheduled):
         if plan.donated or s._l1 or s.listeners or self.capture is not None:
             return False
         bound = plan.bound
-        if bound is not None and bound.seconds <= INLINE_SECONDS:
+        if bound is not None and bound.seconds <= _queue.INLINE_SECONDS:
             return False
         for dep in self.deps:
             if not dep.done:
