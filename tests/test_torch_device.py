@@ -201,3 +201,30 @@ def test_a_view_torch_refuses_is_refused_as_on_cpu(fresh):
     assert str(on_tt.value) == str(on_cpu.value)
     t = x.to("tt")
     assert t.view(2, 6).untyped_storage().data_ptr() == t.untyped_storage().data_ptr()  # an alias
+
+
+def test_add_and_sub_with_alpha_one_are_one_device_op(fresh):
+    # `a + b` (alpha defaults to 1), SGD momentum's `add_(grad, alpha=1 - dampening)` and
+    # `addcmul(value=1)` multiply by nothing: one op each, which the device runs on its pages
+    # with no intermediate buffer (a multiply by 1 had cost the loop thread 4x the op). Other
+    # alphas are still applied, as device values. Values against CPU torch.
+    from ttflow.torch import _eager
+
+    a, b, c = (torch.randn(64, 64) for _ in range(3))
+    ta, tb, tc = a.to("tt"), b.to("tt"), c.to("tt")
+    _eager._entries.clear()
+    cases = {
+        "a + b": (lambda x, y, z: x + y, 1),
+        "sub alpha=1": (lambda x, y, z: torch.sub(x, y, alpha=1), 1),
+        "addcmul value=1": (lambda x, y, z: torch.addcmul(x, y, z, value=1), 2),
+        "add alpha=2.5": (lambda x, y, z: torch.add(x, y, alpha=2.5), None),  # a multiply too
+    }
+    for name, (fn, ops) in cases.items():
+        before = set(_eager._entries)
+        got = fn(ta, tb, tc).cpu()
+        want = fn(a, b, c)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, msg=name)
+        new = [_eager._entries[k] for k in set(_eager._entries) - before]
+        assert len(new) == 1, name
+        steps = new[0].binary.programs[0].steps
+        assert len(steps) == ops if ops is not None else len(steps) > 1, (name, steps)

@@ -36,14 +36,36 @@ aten = torch.ops.aten
 
 # The elementwise ops the optimizers use, with their Scalar arguments as tensors (0-d device
 # inputs); `_foreach` builds its per-element computations from the same bodies.
+_MULTIPLIERS = frozenset({"alpha", "value"})
+"""Scalar arguments that only multiply (see `_times`): when one is 1, it is traced in (the
+program then has no multiply) instead of passed as a device value. SGD's
+`buf.mul_(momentum).add_(grad, alpha=1 - dampening)` passes alpha=1 every step."""
+
+
+def _is_lifted(name: str, value: Any, lift: frozenset[str]) -> bool:
+    """Whether a call's argument is passed to its program as a device value (see the module)."""
+    if name not in lift or not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    return not (value == 1 and name in _MULTIPLIERS)
+
+
+def _times(x: torch.Tensor, factor: Any) -> torch.Tensor:
+    """`x` times an optional Scalar argument: no multiply for an absent one or the schema's
+    default 1 (x * 1 is x, bit for bit), so `a + b` is one op, which the device runs on its
+    pages with no intermediate buffer."""
+    if factor is None or (type(factor) in (int, float) and factor == 1):
+        return x
+    return factor * x
+
+
 ELEMENTWISE: dict[str, Callable[..., torch.Tensor]] = {
-    "add": lambda a, b, alpha=None: a + (b if alpha is None else b * alpha),
-    "sub": lambda a, b, alpha=None: a - (b if alpha is None else b * alpha),
+    "add": lambda a, b, alpha=None: a + _times(b, alpha),
+    "sub": lambda a, b, alpha=None: a - _times(b, alpha),
     "mul": lambda a, b: a * b,
     "div": lambda a, b: a / b,
     "lerp": lambda a, end, weight: a + weight * (end - a),
-    "addcmul": lambda a, t1, t2, value=None: a + (t1 * t2 if value is None else value * (t1 * t2)),
-    "addcdiv": lambda a, t1, t2, value=None: a + (t1 / t2 if value is None else value * (t1 / t2)),
+    "addcmul": lambda a, t1, t2, value=None: a + _times(t1 * t2, value),
+    "addcdiv": lambda a, t1, t2, value=None: a + _times(t1 / t2, value),
 }
 
 # Ops whose Scalar arguments are passed as device values: (those arguments, the body).
@@ -214,7 +236,7 @@ def _run_bound(info: _OpInfo, bound: dict[str, Any], out_index: int | None = Non
         elif isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
             signature.append(tuple((t.shape, t.dtype, t.device.type) for t in value))
             tensors.extend(value)
-        elif argument.name in lift and isinstance(value, (int, float)) and not isinstance(value, bool):
+        elif _is_lifted(argument.name, value, lift):
             signature.append("int" if isinstance(value, int) else "float")
             lifted.append(value)
         else:
@@ -296,7 +318,7 @@ def _trace(info: _OpInfo, bound: dict[str, Any], metas: Sequence[tuple[tuple[int
                 value = next(tensors)
             elif isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
                 value = [next(tensors) for _ in value]
-            elif argument.name in lift and isinstance(value, (int, float)) and not isinstance(value, bool):
+            elif _is_lifted(argument.name, value, lift):
                 value = next(scalars)
             if value is not _MISSING:
                 values[argument.name] = value
