@@ -164,6 +164,22 @@ def test_dropped_tensors_free_their_device_memory(fresh):
     torch.testing.assert_close(keep.cpu() * 2, (keep * 2).cpu())
 
 
+def test_a_loop_of_eager_ops_holds_only_what_it_holds(fresh):
+    # Each `r = a + b` frees the previous r: its device memory must go back as the loop runs,
+    # not at the next tensor torch makes on tt (an op whose result goes straight into its
+    # out= tensor makes none). Nothing here asks how many slots are live (that would free them).
+    a, b = torch.randn(64, 64).to("tt"), torch.randn(64, 64).to("tt")
+    r = a + b
+    r.cpu()
+    used = _dram_used(fresh)
+    for _ in range(50):
+        r = a + b
+        r.add_(a)
+    r.cpu()
+    assert _dram_used(fresh) <= used + 2 * 64 * 64 * 4  # a result in flight, not fifty
+    torch.testing.assert_close(r.cpu(), (a.cpu() + b.cpu()) + a.cpu())
+
+
 def test_an_op_with_no_device_lowering_warns_once_and_runs_on_the_cpu(fresh):
     from ttflow.torch import _device
 

@@ -257,6 +257,7 @@ def read(t: torch.Tensor) -> Pending:
 def write(t: torch.Tensor, value: Pending, shape: tuple[int, ...]) -> None:
     """Makes `value` (a device tensor of `shape`, holding `t`'s elements in `t`'s logical order)
     the content of `t`: the storage's new value when `t` covers it in order, else through the host."""
+    _drain_freed()  # storages torch freed let go of their values (as new_tensor does)
     slot = _slot(t)
     order = _order(t)
     if order == tuple(range(t.dim())) and t.dtype == slot.dtype:
