@@ -636,3 +636,15 @@ async def test_conv_and_pool_forward(dtype: torch.dtype) -> None:
     """The conv case's forward alone (conv2d, max_pool2d with its placeholder indices,
     avg_pool2d): its device ops predate the backward ones."""
     await check_graphs({"fw": captured("conv", dtype)["fw"]}, dtype, "conv")
+
+
+async def test_selecting_from_a_dim_of_one_is_a_reshape_not_a_slice() -> None:
+    # A foreach optimizer step takes each tensor's scalar with select(0, i) from a (1,) list:
+    # on a dim of size 1 that is only a reshape (it had been a slice op per tensor). Forward and
+    # backward against CPU torch.
+    x = _x(1, 8, 16, dtype=torch.float32)
+    graphs = capture(lambda t: t.select(0, 0) * 2 + t.select(0, -1), [x])
+    fw = graphs["fw"]
+    lowered = _lower.lower(fw.gm, fw.example_inputs, "select_dim1")
+    assert "slice" not in {step.op for step in lowered.binary.programs[0].steps}
+    await check_graphs(graphs, torch.float32, "select_dim1")

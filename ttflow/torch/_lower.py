@@ -1033,6 +1033,8 @@ def _expand(L: _Lowering, node: torch.fx.Node, x: _T, size: Any, implicit: bool 
 def _select(L: _Lowering, node: torch.fx.Node, x: _T, dim: int, index: int) -> Any:
     rank = len(x.shape)
     d = _dim(dim, rank)
+    if x.shape[d] == 1:  # the whole dim (a foreach's scalar per tensor): only a reshape
+        return L.fit(x.v, _out(node).shape)
     i = index % x.shape[d]
     v = L.b.slice(x.v, [None] * d + [i], [None] * d + [i + 1])
     return L.fit(v, _out(node).shape)
