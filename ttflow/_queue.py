@@ -5,10 +5,15 @@ the command: allocation, residency, conversions) returns a `Record`; `run(record
 bytes (kernels and numpy, which release the GIL) and touches no scheduling state; `commit` gives
 the result back to the scheduler. Small records run inline in the queue's task: a thread
 hand-off costs 85-180 us here, more than a tiny program. Records estimated above
-`INLINE_SECONDS` go to the queue's own worker thread (`_worker.py`), so the event loop is never blocked by a large kernel and
-a CQ1 write overlaps a CQ0 program. Consecutive ready host writes travel together: one hand-off
-carries up to 32 of them, and no more than about a millisecond of work (none completes before the
-whole batch has run, so a larger batch would only delay the program waiting for its first write).
+`INLINE_SECONDS` go to the queue's own worker thread (`_worker.py`), so the event loop is never
+blocked by a large kernel and a CQ1 write overlaps a CQ0 program. Consecutive ready host writes
+travel together: one hand-off carries up to 32 of them, and no more than about a millisecond of
+work (none completes before the whole batch has run, so a larger batch would only delay the
+program waiting for its first write).
+While a large record runs on the worker, the next program is decided and queued behind it when
+its decision cannot depend on the running one (`Command.decidable_ahead`), and a command
+blocked by another queue may do host-side work meanwhile (`Command.work_ahead`: a write
+converting its array to device pages).
 
 Completion is a flag plus an `anyio.Event` made only when somebody waits: most commands are
 never awaited directly, and an event per command would cost more than the command.
