@@ -60,10 +60,10 @@ async def test_a_write_behind_a_reader_converts_ahead_and_lands_after_it(
     conversion_done = threading.Event()
     stage_array, run = _storage_io.stage_array, _queue.run
 
-    def spy(storage: Any, array: np.ndarray[Any, Any]) -> Any:
+    def spy(dtype: Any, array: np.ndarray[Any, Any]) -> Any:
         staged.append(array.shape)
         try:
-            return stage_array(storage, array)
+            return stage_array(dtype, array)
         finally:
             conversion_done.set()
 

@@ -57,7 +57,7 @@ here, so moving shorter work off the loop would make it slower, not the loop fre
 class Store(NamedTuple):
     dst: Storage
     array: np.ndarray[Any, Any] | None
-    staged: io.Staged | None = None  # the array already in the storage's page format
+    staged: np.ndarray[Any, Any] | None = None  # the array already as the storage's pages
 
 
 class Load(NamedTuple):

@@ -100,8 +100,9 @@ class Command(CommandCore):
         memory nor scheduling state: the command has not been decided."""
         return None
 
-    def worked_ahead(self, result: Any, error: BaseException | None) -> None:
-        """Keeps what `work_ahead`'s function returned (or the error it raised)."""
+    def worked_ahead(self, result: Any) -> None:
+        """Keeps what `work_ahead`'s function returned: None if it raised (the command then does
+        that work in its own run, which reports the error)."""
 
     def preamble(self) -> Command | None:
         """Work that must complete before this command is decided (a program's evictions)."""
@@ -346,13 +347,11 @@ class CommandQueue:
         return errors
 
     async def _work_ahead(self, command: Command, work: Callable[[], Any]) -> None:
-        result: Any = None
-        error: BaseException | None = None
         try:
             result = await self._worker.run(work)
-        except Exception as exc:
-            error = exc
-        command.worked_ahead(result, error)
+        except Exception:  # noqa: BLE001 - redone, and reported, by the command's own run
+            result = None
+        command.worked_ahead(result)
 
     async def _phases(self, command: Command) -> BaseException | None:
         command.started = time.perf_counter()
@@ -373,16 +372,7 @@ class CommandQueue:
 
     async def _run_on_worker(self, command: Command, record: Record) -> BaseException | None:
         """Runs a large record on the worker thread (shielded: it runs to the end), then commits."""
-        ticket = self._worker.send(run, record, self._banks)
-        if ticket is None:  # the thread limiter's tokens are held: wait for one
-            try:
-                result = await self._worker.run(run, record, self._banks)
-                command.commit(record, result)
-            except Exception as exc:
-                command.rollback(record)
-                return exc
-            return None
-        return await self._finish(command, record, ticket)
+        return await self._finish(command, record, await self._worker.send_when_free(run, record, self._banks))
 
     async def _finish(self, command: Command, record: Record, ticket: Ticket) -> BaseException | None:
         """Waits for a record sent to the worker, then commits it (or rolls it back). Meanwhile

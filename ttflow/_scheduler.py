@@ -124,12 +124,13 @@ class WriteCommand(_Scheduled):
         super().__init__(scheduler, (), (state,))
         self.array = array
         self.new_value = new_value
-        self.staged: io.Staged | None = None
+        self.staged: np.ndarray[Any, Any] | None = None  # the array as the home storage's pages
         self.tried_ahead = False
 
-    def work_ahead(self) -> Callable[[], io.Staged | None] | None:
+    def work_ahead(self) -> Callable[[], np.ndarray[Any, Any]] | None:
         """Converts the array to the home storage's pages while an earlier command still reads
-        the tensor (a double-buffered input slot): worth a worker hand-off only when large."""
+        the tensor (a double-buffered input slot): worth a worker hand-off only when large. The
+        home storage's format (dtype, TILE) is the tensor's for life; an eviction only moves it."""
         array, state = self.array, self.writes[0]
         if self.tried_ahead or array is None or not state.storages:
             return None
@@ -137,10 +138,10 @@ class WriteCommand(_Scheduled):
         if home.layout.tensor_layout is not TensorLayout.TILE or estimate(home.nbytes, 0, 0) <= _queue.INLINE_SECONDS:
             return None
         self.tried_ahead = True
-        return functools.partial(io.stage_array, home, array)
+        return functools.partial(io.stage_array, state.dtype, array)
 
-    def worked_ahead(self, result: Any, error: BaseException | None) -> None:
-        self.staged = result  # on an error, decide stores the plain way and reports it then
+    def worked_ahead(self, result: Any) -> None:
+        self.staged = result
 
     def blocker(self) -> Command | None:
         moving = self.writes[0].moving
@@ -157,11 +158,7 @@ class WriteCommand(_Scheduled):
                 self.scheduler.free(stale)
             del state.storages[1:]
         target = state.storages[0]
-        staged = self.staged
-        if staged is not None and (staged.dtype is not target.layout.dtype or staged.page_size != target.page_size
-                                   or target.layout.tensor_layout is not TensorLayout.TILE):
-            staged = None  # the home storage changed format since (never today; checked anyway)
-        return Record((Store(target, self.array, staged),), nbytes=target.nbytes)
+        return Record((Store(target, self.array, self.staged),), nbytes=target.nbytes)
 
     def commit(self, record: Record, result: Any) -> None:
         if self.array is not None:
@@ -327,7 +324,7 @@ class ProgramCommand(_Scheduled):
         return self.scheduler.eviction_for(self)
 
     def decidable_ahead(self) -> bool:
-        """A program whose inputs are committed and already in the layouts it reads (no
+        """(Asked once its cross-queue dependencies are done.) A program whose inputs are committed and already in the layouts it reads (no
         conversion), with no eviction due, no donation, no capture or timeline: then its
         decision is fresh allocations (outputs, scratch), which the running command's commit
         cannot change; it only frees. The two records' scratch is then held at once."""
@@ -338,9 +335,6 @@ class ProgramCommand(_Scheduled):
         bound = plan.bound
         if bound is not None and bound.seconds <= _queue.INLINE_SECONDS:
             return False
-        for dep in self.deps:
-            if not dep.done:
-                return False
         for state, spec in zip(self.reads, self.program.inputs):
             writer = state.last_writer
             if state.error is not None or (writer is not None and not writer.done):

@@ -8,7 +8,7 @@ checks in `ttflow.kernels` cost more than a one-tile kernel.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from ._memory import Storage
 from ._types import DataType, TensorLayout
 
 __all__ = ["write_array", "read_array", "copy_storage", "zero_fill", "update_row", "row_bytes",
-           "Staged", "stage_array", "land"]
+           "stage_array", "land"]
 
 Banks = np.ndarray[Any, np.dtype[np.uint8]]
 
@@ -51,42 +51,19 @@ def write_array(banks: Banks, storage: Storage, array: np.ndarray[Any, Any]) -> 
     return array
 
 
-class Staged(NamedTuple):
-    """A host array already converted to its device pages (tiles, or BFLOAT8_B blocks), page after
-    page, as tt-metal's host leaves a write in the command queue's system memory before the
-    device copies it into the buffer. `land` then only moves pages."""
-
-    dtype: DataType
-    page_size: int
-    pages: np.ndarray[Any, np.dtype[np.uint8]]
-
-
-def stage_array(storage: Storage, array: np.ndarray[Any, Any]) -> Staged | None:
-    """The array converted to the pages of `storage`'s format, in page order, or None when there
-    is nothing to convert ahead (ROW_MAJOR pages are the array's own rows). Reads no bank memory.
-
-    Raises as `write_array` would (a NaN or infinity for BFLOAT8_B)."""
-    layout = storage.layout
-    dtype = layout.dtype
-    assert dtype is not None
-    if layout.tensor_layout is TensorLayout.ROW_MAJOR:
-        return None
-    array = to_host_dtype(array, dtype)
-    nbytes = storage.num_pages * storage.page_size
-    pages = np.empty((1, nbytes), np.uint8)
+def stage_array(dtype: DataType, array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """A TILE storage's pages for `array`, page after page (uint8), converted now, as tt-metal's
+    host leaves a write in the command queue's system memory before the device copies it into
+    the buffer: `land` then only moves pages. Reads no bank memory. Raises as `write_array`
+    would (a NaN or infinity for BFLOAT8_B)."""
     if dtype is DataType.BFLOAT8_B:
-        if _bfp8.pack_into(array.reshape(storage.dims3), pages, 1, nbytes, 0, storage.page_size, 0):
-            kernels._raise_non_finite(array)
-    else:
-        _tiles.tilize_into(array.reshape(storage.dims3), pages, 1, nbytes, 0, storage.page_size, 0)
-    return Staged(dtype, storage.page_size, pages)
+        return kernels.pack_bfloat8_b(array)
+    return kernels.tilize(to_host_dtype(array, dtype)).view(np.uint8)
 
 
-def land(banks: Banks, storage: Storage, staged: Staged) -> None:
-    """Moves staged pages into the storage's banks (its format must be the staged one)."""
-    assert staged.dtype is storage.layout.dtype and staged.page_size == storage.page_size
-    _tiles.scatter(staged.pages, banks, storage.num_pages, storage.page_size, storage.address,
-                   storage.aligned_page_size, 0)
+def land(banks: Banks, storage: Storage, pages: np.ndarray[Any, Any]) -> None:
+    """Moves staged pages (`stage_array`, for the storage's dtype) into the storage's banks."""
+    kernels.scatter_pages(pages, banks, storage.address, storage.page_size, storage.aligned_page_size)
 
 
 def read_array(banks: Banks, storage: Storage, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:

@@ -39,30 +39,31 @@ def _call_soon_threadsafe() -> Callable[[Callable[[], None]], Any]:
 
 
 class Ticket:
-    """A call handed to a worker: its outcome (value, error) once `done` is set."""
+    """A call handed to a worker: its outcome (value, error) once `done` is set. The ticket is
+    also the borrower of the thread-limiter token the call holds until it is awaited."""
 
-    __slots__ = ("borrower", "done", "limiter", "outcome")
+    __slots__ = ("done", "outcome")
 
-    def __init__(self, limiter: Any, borrower: object) -> None:
-        self.limiter = limiter
-        self.borrower = borrower
+    def __init__(self) -> None:
         self.done = anyio.Event()
-        self.outcome: list[Any] = []
+        self.outcome: tuple[Any, BaseException | None] = (None, None)
 
 
 class QueueWorker:
-    """One thread, started and stopped by the queue task that owns it (`running`)."""
+    """One thread, started and stopped by the queue task that owns it."""
 
     def __init__(self, name: str) -> None:
         self._name = name
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._call_soon: Callable[[Callable[[], None]], Any] | None = None
-        self._outstanding: set[Ticket] = set()
+        self._limiter: Any = None
+        self._outstanding: set[Ticket] = set()  # sent, not yet awaited: each holds a token
 
     def start(self) -> None:
         """Starts the thread; call on the event loop thread, from the owning task."""
         self._call_soon = _call_soon_threadsafe()
+        self._limiter = anyio.to_thread.current_default_thread_limiter()
         self._thread = threading.Thread(target=self._serve, name=f"ttflow-{self._name}", daemon=True)
         self._thread.start()
 
@@ -76,40 +77,32 @@ class QueueWorker:
         for ticket in list(self._outstanding):
             self._release(ticket)
 
-    def _release(self, ticket: Ticket) -> None:
-        if ticket in self._outstanding:
-            self._outstanding.discard(ticket)
-            ticket.limiter.release_on_behalf_of(ticket.borrower)
-
-    async def run(self, function: Callable[..., T], *args: Any) -> T:
-        """Runs `function(*args)` on the thread and returns its result (or raises its error).
-        Shielded: once handed over, the call runs to the end and is waited for."""
-        limiter = anyio.to_thread.current_default_thread_limiter()
-        borrower = object()
-        try:
-            limiter.acquire_on_behalf_of_nowait(borrower)  # no checkpoint when a token is free
-        except anyio.WouldBlock:
-            await limiter.acquire_on_behalf_of(borrower)
-        return await self.wait(self._send(function, args, limiter, borrower))  # type: ignore[no-any-return]
-
     def send(self, function: Callable[..., Any], *args: Any) -> Ticket | None:
         """Hands `function(*args)` over without waiting, to run after everything sent before;
         None (nothing sent) when no token of the thread limiter is free. Await the ticket with
         `wait`, always: it holds the token until then."""
-        limiter = anyio.to_thread.current_default_thread_limiter()
-        borrower = object()
+        ticket = Ticket()
         try:
-            limiter.acquire_on_behalf_of_nowait(borrower)
+            self._limiter.acquire_on_behalf_of_nowait(ticket)  # no checkpoint
         except anyio.WouldBlock:
             return None
-        return self._send(function, args, limiter, borrower)
+        return self._put(ticket, function, args)
 
-    def _send(self, function: Callable[..., Any], args: tuple[Any, ...], limiter: Any, borrower: object) -> Ticket:
-        assert self._call_soon is not None, "QueueWorker used before start"
-        ticket = Ticket(limiter, borrower)
-        self._outstanding.add(ticket)
-        self._jobs.put((function, args, ticket.outcome, ticket.done.set, self._call_soon))
+    async def send_when_free(self, function: Callable[..., Any], *args: Any) -> Ticket:
+        """`send`, waiting for a token of the thread limiter when none is free. Shielded: a
+        decided command waiting here runs, so the device is never left half-updated."""
+        ticket = self.send(function, *args)
+        if ticket is None:
+            ticket = Ticket()
+            with anyio.CancelScope(shield=True):
+                await self._limiter.acquire_on_behalf_of(ticket)
+            self._put(ticket, function, args)
         return ticket
+
+    async def run(self, function: Callable[..., T], *args: Any) -> T:
+        """Runs `function(*args)` on the thread and returns its result (or raises its error).
+        Shielded once handed over: the call runs to the end and is waited for."""
+        return await self.wait(await self.send_when_free(function, *args))  # type: ignore[no-any-return]
 
     async def wait(self, ticket: Ticket) -> Any:
         """The result of a sent call (or its error, raised), once it has run. Shielded."""
@@ -123,16 +116,29 @@ class QueueWorker:
             raise error
         return value
 
+    def _put(self, ticket: Ticket, function: Callable[..., Any], args: tuple[Any, ...]) -> Ticket:
+        assert self._call_soon is not None, "QueueWorker used before start"
+        self._outstanding.add(ticket)
+        self._jobs.put((ticket, function, args))
+        return ticket
+
+    def _release(self, ticket: Ticket) -> None:
+        if ticket in self._outstanding:
+            self._outstanding.discard(ticket)
+            self._limiter.release_on_behalf_of(ticket)
+
     def _serve(self) -> None:
-        jobs = self._jobs
+        jobs, call_soon = self._jobs, self._call_soon
+        assert call_soon is not None
         while True:
             job = jobs.get()
             if job is None:
                 return
-            function, args, outcome, notify, call_soon = job
+            ticket, function, args = job
             try:
-                outcome += (function(*args), None)
+                ticket.outcome = (function(*args), None)
             except BaseException as exc:  # noqa: BLE001 - carried back to the awaiting task
-                outcome += (None, exc)
+                ticket.outcome = (None, exc)
             del function, args, job
-            call_soon(notify)
+            call_soon(ticket.done.set)
+            del ticket

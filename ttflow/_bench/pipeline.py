@@ -99,16 +99,18 @@ async def _double_buffering(device: Device, iterations: int, batch: int, d: int,
         rounds.append((await run(True, False), await run(False, True), await run(True, True)))
         plain_rounds.append(plain.round())
     copy, compute, pipelined = (min(r[k] for r in rounds) for k in range(3))
+    overlaps = [max(c, k) / p for c, k, p in rounds]
+    plain_overlaps = [max(c, k) / p for c, k, p in plain_rounds]
     return {
         "copy_ms": copy * 1e3,
         "compute_ms": compute * 1e3,
         "pipelined_ms": pipelined * 1e3,
         "serial_ms": (copy + compute) * 1e3,
-        "overlap": statistics.median(max(c, k) / p for c, k, p in rounds),
+        "overlap": statistics.median(overlaps),
         "overlap_of_best_times": max(copy, compute) / pipelined,
-        "rounds_overlap": [max(c, k) / p for c, k, p in rounds],
-        "plain_threads_overlap": statistics.median(max(c, k) / p for c, k, p in plain_rounds),
-        "rounds_plain_threads_overlap": [max(c, k) / p for c, k, p in plain_rounds],
+        "rounds_overlap": overlaps,
+        "plain_threads_overlap": statistics.median(plain_overlaps),
+        "rounds_plain_threads_overlap": plain_overlaps,
     }
 
 

@@ -34,8 +34,6 @@ __all__ = ["run"]
 
 aten = torch.ops.aten
 
-# The elementwise ops the optimizers use, with their Scalar arguments as tensors (0-d device
-# inputs); `_foreach` builds its per-element computations from the same bodies.
 _MULTIPLIERS = frozenset({"alpha", "value"})
 """Scalar arguments that only multiply (see `_times`): when one is 1, it is traced in (the
 program then has no multiply) instead of passed as a device value. SGD's
@@ -58,6 +56,8 @@ def _times(x: torch.Tensor, factor: Any) -> torch.Tensor:
     return factor * x
 
 
+# The elementwise ops the optimizers use, with their Scalar arguments as tensors (0-d device
+# inputs); `_foreach` builds its per-element computations from the same bodies.
 ELEMENTWISE: dict[str, Callable[..., torch.Tensor]] = {
     "add": lambda a, b, alpha=None: a + _times(b, alpha),
     "sub": lambda a, b, alpha=None: a - _times(b, alpha),
