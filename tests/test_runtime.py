@@ -196,7 +196,7 @@ async def test_eviction_moves_parked_l1_tensor_to_dram_intact() -> None:
     parked = r.standard_normal((64, 64)).astype(np.float32)
     a, b = r.standard_normal((2, 3, 50)).astype(np.float32)
     binary = elementwise_binary()
-    async with tt.open_device(tt.DeviceSpec.small()) as device:
+    async with tt.open_device(tt.DeviceSpec.small(), eviction="eager") as device:
         tp = await tt.to_device(parked, device, L1_TILE)
         assert tp.layout.memory is tt.MemorySpace.L1
         assert device.memory_used(tt.MemorySpace.L1) == 4 * 4096
@@ -215,7 +215,7 @@ async def test_evicting_a_conversion_with_a_dram_copy_moves_no_bytes() -> None:
     x = r.standard_normal((4, 40)).astype(np.float32)
     mlp = mlp_binary()
     other = elementwise_binary()
-    async with tt.open_device(tt.DeviceSpec.small()) as device:
+    async with tt.open_device(tt.DeviceSpec.small(), eviction="eager") as device:
         tw1 = tt.to_device(w1, device, DRAM_TILE)
         tw2 = tt.to_device(w2, device, DRAM_TILE)
         (y1,) = tt.submit(device, mlp, 0, [tt.to_device(x, device, DRAM_TILE), tw1, tw2])
@@ -366,7 +366,7 @@ async def test_evicting_the_home_for_free_keeps_an_exact_home() -> None:
         b.output(b.relu(b.input((3, 50), layout)), DRAM_TILE)
         progs.append(b.build())
     binary = tt.Binary(progs + list(elementwise_binary().programs))
-    async with tt.open_device(tt.DeviceSpec.small()) as device:
+    async with tt.open_device(tt.DeviceSpec.small(), eviction="eager") as device:
         t = tt.to_device(x, device, tt.Layout(tt.MemorySpace.L1, tt.TensorLayout.TILE))
         await tt.submit(device, binary, 0, [t])[0]
         await tt.submit(device, binary, 1, [t])[0]

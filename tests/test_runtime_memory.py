@@ -96,16 +96,18 @@ def _l1_weights_binary() -> tt.Binary:
     return tt.Binary([enc.build(), head.build()])
 
 
+@pytest.mark.parametrize("eviction", ["eager", "lookahead"])
 @pytest.mark.parametrize("batches", [1, 10, 30])
-async def test_chained_l1_weights_are_converted_once(batches: int) -> None:
-    # Each program's L1 weight is evicted by the other program every batch and comes back as a
-    # page copy of its DRAM tile copy: that is residency, not a layout conversion. After the
+async def test_chained_l1_weights_are_converted_once(batches: int, eviction: str) -> None:
+    # Eager: each program's L1 weight is evicted by the other program every batch and comes back
+    # as a page copy of its DRAM tile copy: that is residency, not a layout conversion. After the
     # first eviction copied each weight's tiles to DRAM, evicting them again copies nothing.
+    # Lookahead: both weights fit in L1 together, so nothing is evicted or copied back.
     binary = _l1_weights_binary()
     rng = np.random.default_rng(1)
     w1 = rng.standard_normal((64, 64)).astype(np.float32)
     w2 = rng.standard_normal((64, 32)).astype(np.float32)
-    async with tt.open_device(tt.DeviceSpec.small()) as device:
+    async with tt.open_device(tt.DeviceSpec.small(), eviction=eviction) as device:
         tw1, tw2 = tt.to_device(w1, device), tt.to_device(w2, device)  # DRAM row-major
         for _ in range(batches):
             x = rng.standard_normal((32, 64)).astype(np.float32)
@@ -114,6 +116,10 @@ async def test_chained_l1_weights_are_converted_once(batches: int) -> None:
         np.testing.assert_allclose(await tt.to_host(y), np.maximum(x @ w1, 0) @ w2, rtol=1e-4, atol=1e-3)
         stats = device.stats
         assert stats.layout_conversions == 2
+        if eviction == "lookahead":
+            assert (stats.evictions, stats.eviction_bytes, stats.residency_copies) == (0, 0, 0)
+            assert {s.layout.memory for s in (tw1._state.storages[1], tw2._state.storages[1])} == {L1}
+            return
         # Each batch after the first brings both weights back into L1 by a page copy.
         assert stats.residency_copies == 2 * (batches - 1)
         assert stats.residency_copy_bytes == (batches - 1) * (64 * 64 + 64 * 32) * 4

@@ -78,7 +78,7 @@ class Plan:
     __slots__ = ("values", "steps", "inputs", "outputs", "pagewise", "last_read", "step_attrs",
                  "store_in_output", "copied_out", "compute", "value_dtypes", "scratch", "macs",
                  "page_code", "input_layouts", "output_layouts", "output_shapes", "input_checks",
-                 "bound", "donated", "in_place", "output_states")
+                 "bound", "donated", "in_place", "output_states", "footprint")
 
     def __init__(self, program: Program) -> None:
         # The parts of the program a run reads (not the program: a plan cached under its program
@@ -126,6 +126,8 @@ class Plan:
         self.input_checks = tuple((spec.shape, spec.dtype, spec.dtype.is_float) for spec in program.inputs)
         # What the scheduler of one device precomputes (output geometry), set by it.
         self.bound: Any = None
+        # Per-core L1 bytes of circular buffers while it runs (`_footprint`), set by the scheduler.
+        self.footprint = 0
         self.macs = sum(_macs(program, step) for step in program.steps)
         # Output index -> the input index whose buffer it takes over (`output(donates=)`).
         self.donated = dict(program.donations)

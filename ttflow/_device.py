@@ -16,9 +16,9 @@ import attrs
 
 from ._blas import limit_blas_threads
 from ._errors import DeviceClosedError
-from ._memory import MemorySpaceState
+from ._memory import MemorySpaceState, MemoryView
 from ._queue import Command, CommandQueue
-from ._scheduler import Scheduler
+from ._scheduler import EVICTION_POLICIES, Scheduler
 from ._types import DeviceSpec, MemorySpace
 
 __all__ = ["Device", "DeviceStatistics", "open_device"]
@@ -37,6 +37,9 @@ class DeviceStatistics:
     replays; `trace_replays` counts the replays. `donations` / `donated_bytes` count output buffers
 taken over from donated inputs (no allocation, no copy); `cache_update_bytes` the bytes that
 donated `update_cache` steps wrote in place (the row's band of tiles, not the whole cache).
+`relocations` / `relocation_bytes` count buffers moved within their memory space to make a free
+block (an allocation that would otherwise have failed with memory free, or a program's circular
+buffers where L1 buffers were).
     """
 
     host_to_device_bytes: int = 0
@@ -51,6 +54,8 @@ donated `update_cache` steps wrote in place (the row's band of tiles, not the wh
     donations: int = 0
     donated_bytes: int = 0
     cache_update_bytes: int = 0
+    relocations: int = 0
+    relocation_bytes: int = 0
     l1_peak_bytes: int = 0
     dram_peak_bytes: int = 0
     commands_run: int = 0
@@ -71,7 +76,7 @@ class Device:
     scheduler, the one writer of that state.
     """
 
-    def __init__(self, spec: DeviceSpec) -> None:
+    def __init__(self, spec: DeviceSpec, eviction: str = "lookahead") -> None:
         self.spec = spec
         self.closed = False
         self._spaces = {space: MemorySpaceState(spec, space) for space in MemorySpace}
@@ -79,7 +84,7 @@ class Device:
         scheduler_complete = self._complete
         self._cq0 = CommandQueue("CQ0", self._banks, scheduler_complete)
         self._cq1 = CommandQueue("CQ1", self._banks, scheduler_complete)
-        self._scheduler = Scheduler(self._spaces, self._cq0, self._cq1)
+        self._scheduler = Scheduler(self._spaces, self._cq0, self._cq1, spec, eviction)
         # The queues report straight to the scheduler (one call less per command).
         self._cq0.on_complete = self._cq1.on_complete = self._scheduler.complete
 
@@ -101,13 +106,30 @@ class Device:
         )
 
     def memory_used(self, space: MemorySpace) -> int:
-        """Bytes allocated in `space`, summed over its banks."""
-        self._scheduler.collect_garbage()
-        return self._spaces[space].used_bytes()
+        """Bytes allocated in `space`, summed over its banks. The circular-buffer region kept at
+        the bottom of L1 between programs is room, not use: it counts only while a program runs
+        in it (`memory_view` shows it either way)."""
+        scheduler = self._scheduler
+        scheduler.collect_garbage()
+        used = self._spaces[space].used_bytes()
+        return used - scheduler.idle_footprint_bytes() if space is MemorySpace.L1 else used
 
     def memory_free(self, space: MemorySpace) -> int:
-        self._scheduler.collect_garbage()
-        return self._spaces[space].free_bytes()
+        scheduler = self._scheduler
+        scheduler.collect_garbage()
+        free = self._spaces[space].free_bytes()
+        return free + scheduler.idle_footprint_bytes() if space is MemorySpace.L1 else free
+
+    @property
+    def eviction(self) -> str:
+        """The eviction policy the device was opened with ("lookahead" or "eager")."""
+        return self._scheduler.eviction
+
+    def memory_view(self, space: MemorySpace) -> MemoryView:
+        """What `space` holds now: totals, the largest free block, fragmentation, and every
+        live buffer with what it is (a tensor's home, a conversion, scratch, circular
+        buffers). `print()` it for a table."""
+        return self._scheduler.memory_view(space)
 
     def read_bank(self, space: MemorySpace, bank: int, address: int, nbytes: int) -> bytes:
         """Raw bytes of one bank, for debugging and byte-exact tests."""
@@ -136,7 +158,7 @@ class Device:
 
 @asynccontextmanager
 async def open_device(
-    spec: DeviceSpec | None = None, *, blas_threads: int | None = 1
+    spec: DeviceSpec | None = None, *, blas_threads: int | None = 1, eviction: str = "lookahead"
 ) -> AsyncIterator[Device]:
     """Opens an emulated device (default: a Wormhole n150) and its two command queues.
 
@@ -150,12 +172,20 @@ async def open_device(
     faster than with the library default (one thread per core), and double buffering overlapped
     0.88-1.00 instead of 0.62-0.84 on a quiet machine (docs/performance.md, "BLAS threads").
     A larger number may pay for a large compute-bound program on an idle many-core machine.
+
+    `eviction`: when L1 tensors move to DRAM. "lookahead" (the default) evicts only when an
+    allocation needs the room, the tensors whose next use in the queued work is farthest first;
+    "eager" moves every L1 tensor a starting program does not read (the rule of the first
+    ttflow). On the demo, lookahead copies none of eager's eviction bytes (docs/performance.md,
+    "Memory").
     The limit is process-wide (threadpoolctl) and reference-counted: devices open at once,
     nested or on different threads, run with the smallest limit among them, and the setting
     from before the first one comes back when the last one closes.
     """
+    if eviction not in EVICTION_POLICIES:
+        raise ValueError(f"eviction must be one of {', '.join(map(repr, EVICTION_POLICIES))}, got {eviction!r}")
     blas = nullcontext() if blas_threads is None else limit_blas_threads(blas_threads)
-    device = Device(spec if spec is not None else DeviceSpec())
+    device = Device(spec if spec is not None else DeviceSpec(), eviction)
     body_error: Exception | None = None
     with blas:
         try:

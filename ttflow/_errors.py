@@ -47,17 +47,25 @@ class ShapeError(TTFlowError, ValueError):
 class OutOfMemoryError(TTFlowError, MemoryError):
     """No free block of a memory space is large enough; deallocate something and retry."""
 
-    def __init__(self, space: object, requested: int, largest_free: int) -> None:
+    def __init__(self, space: object, requested: int, largest_free: int, view: object = None,
+                 reason: str = "") -> None:
         self.space = space
         self.requested = requested
         self.largest_free = largest_free
-        super().__init__(
+        self.view = view  # the space's `MemoryView` when the runtime gave up, else None
+        self.reason = reason
+        message = (
             f"out of {space} memory: asked for {requested} bytes per bank, "
             f"largest free block is {largest_free} bytes"
         )
+        if reason:
+            message += f" ({reason})"
+        if view is not None:
+            message += f"\n{view}"
+        super().__init__(message)
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.space, self.requested, self.largest_free))
+        return (type(self), (self.space, self.requested, self.largest_free, self.view, self.reason))
 
 
 class DeallocatedTensorError(TTFlowError):

@@ -22,9 +22,10 @@ import numpy as np
 from ._core._allocator import Allocator
 from ._core._dispatch import StorageCore
 from ._errors import OutOfMemoryError, ShapeError
-from ._types import DeviceSpec, Layout, MemorySpace
+from ._types import DataType, DeviceSpec, Layout, MemorySpace
 
-__all__ = ["BufferInfo", "Storage", "BankMemory", "Allocator", "MemorySpaceState"]
+__all__ = ["BufferInfo", "BufferView", "MemoryView", "Storage", "BankMemory", "Allocator",
+           "MemorySpaceState"]
 
 _MAP_NORESERVE = 0x4000  # Linux; Python < 3.13 does not export it.
 
@@ -39,6 +40,77 @@ class BufferInfo:
     page_size: int
     aligned_page_size: int
     num_pages: int
+
+
+@final
+@attrs.frozen
+class BufferView:
+    """One live allocation of a memory space, as `Device.memory_view` shows it.
+
+    `address` is the same in every bank (lockstep allocation) and `depth` the bytes it takes in
+    each; `nbytes` is `depth` summed over the banks. `kind` says why it is there:
+    "home" (a tensor's own copy), "conversion" (a copy of a tensor in another layout, kept for
+    reuse), "pending" (an output or move target of a command that is running), "scratch" (a
+    running program's intermediate), "circular_buffers" (the L1 footprint of the running
+    program, at the bottom of L1), "trace" (kept for a captured trace's replays).
+    """
+
+    address: int
+    depth: int
+    nbytes: int
+    kind: str
+    shape: tuple[int, ...] | None = None
+    dtype: DataType | None = None
+    layout: Layout | None = None
+
+
+@final
+@attrs.frozen
+class MemoryView:
+    """A snapshot of one memory space (tt-mlir's `getMemoryView`, with the buffers in it).
+
+    Bytes are summed over the space's banks. `fragmentation` is 1 - largest_free_block / free:
+    0 when the free memory is one block, near 1 when it is scattered in small holes (then an
+    allocation can fail with plenty free; the runtime relocates buffers before that happens).
+    """
+
+    space: MemorySpace
+    num_banks: int
+    total: int
+    used: int
+    free: int
+    largest_free_block: int
+    buffers: tuple[BufferView, ...]
+    free_blocks: tuple[tuple[int, int], ...] = ()
+    """(address, depth) of each free block of the address line."""
+
+    @property
+    def fragmentation(self) -> float:
+        return 0.0 if self.free == 0 else 1.0 - self.largest_free_block / self.free
+
+    def __str__(self) -> str:
+        lines = [
+            f"{self.space.name}: {_mib(self.used)} used of {_mib(self.total)} "
+            f"({self.used / self.total:.1%}), {_mib(self.free)} free, largest free block "
+            f"{_mib(self.largest_free_block)}, fragmentation {self.fragmentation:.2f}, "
+            f"{len(self.buffers)} buffers"
+        ]
+        shown = sorted(self.buffers, key=lambda b: -b.nbytes)[:_SHOWN]
+        for b in sorted(shown, key=lambda b: b.address):
+            what = ""
+            if b.shape is not None and b.layout is not None and b.dtype is not None:
+                what = f"{b.shape} {b.dtype.name} {b.layout.tensor_layout.name}"
+            lines.append(f"  0x{b.address:08x}  {_mib(b.nbytes):>11}  {b.kind:<16} {what}".rstrip())
+        if len(self.buffers) > _SHOWN:
+            lines.append(f"  ... and {len(self.buffers) - _SHOWN} smaller buffers")
+        return "\n".join(lines)
+
+
+_SHOWN = 12  # buffers a printed view lists (the largest)
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.2f} MiB" if nbytes >= 2**16 else f"{nbytes} B"
 
 
 @final

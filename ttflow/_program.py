@@ -61,8 +61,9 @@ import attrs
 import numpy as np
 
 from ._errors import LayoutError, ProgramError, ShapeError
+from ._footprint import program_footprint
 from ._ops import OPS, arange_length, store_as, to_host_dtype
-from ._types import DataType, Layout, MemorySpace, TensorLayout, check_shape
+from ._types import DataType, DeviceSpec, Layout, MemorySpace, TensorLayout, check_shape
 
 __all__ = [
     "TensorSpec", "Step", "Program", "ProgramBuilder", "Value", "run_on_host",
@@ -128,6 +129,13 @@ class Program:
         for value in self.outputs:
             last[value] = len(self.steps)
         return tuple(last)
+
+    def l1_footprint(self, spec: DeviceSpec | None = None) -> int:
+        """Bytes of L1 circular buffers each core needs while the program runs (sized from
+        its ops' tile counts as tt-metal's op factories size them; see `_footprint`). The
+        runtime holds them at the bottom of L1 during the run, beside the program's outputs
+        and intermediates, and moves L1 buffers that are in the way first."""
+        return program_footprint(self.values, self.steps, spec if spec is not None else DeviceSpec())
 
     def same_as(self, other: Program) -> bool:
         """Field-by-field equality (programs hash by identity, so the runtime can cache plans)."""

@@ -31,10 +31,17 @@ import anyio.lowlevel
 
 from ._commands import INLINE_SECONDS, Banks, Compute, Record, estimate, run, run_all
 from ._core._dispatch import CommandCore, run_program
-from ._errors import DeviceClosedError
+from ._errors import DeviceClosedError, OutOfMemoryError
 from ._worker import QueueWorker, Ticket
 
-__all__ = ["Command", "CommandQueue", "NO_DEPS"]
+__all__ = ["Command", "CommandQueue", "NO_DEPS", "RETRY"]
+
+RETRY = object()
+"""What `Command.make_room` returns when the command only needs to decide again (it changed
+how it allocates: its L1 allocations spill to DRAM)."""
+
+_ROOM_ATTEMPTS = 16
+"""Times a command that ran out of memory has room made and decides again before it fails."""
 
 NO_DEPS: list[Any] = []
 """The shared empty list of a command with no dependencies (saves a list per command): never
@@ -107,6 +114,15 @@ class Command(CommandCore):
     def preamble(self) -> Command | None:
         """Work that must complete before this command is decided (a program's evictions)."""
         return None
+
+    def make_room(self, error: OutOfMemoryError) -> Command | object | None:
+        """After `decide` ran out of memory: a command that makes room (evictions, relocations)
+        to run before deciding again, `RETRY` to decide again at once, or None to fail."""
+        return None
+
+    def out_of_memory(self, error: OutOfMemoryError) -> OutOfMemoryError:
+        """The error to fail with when no room could be made (with the memory view)."""
+        return error
 
     def decide(self) -> Record:
         """Decides what the command does (allocations, sources) as a record. Raises to fail;
@@ -275,13 +291,23 @@ class CommandQueue:
                     on_complete(preamble, error)
             if error is None:
                 command.started = perf_counter()
+                record = None
                 try:
-                    record = command.record = command.decide()
-                    if command.capture is not None:
-                        command.capture.decided(command, record)  # before a commit can free anything
+                    record = command.decide()
+                except OutOfMemoryError as exc:  # room is made in queue order, then decided again
+                    record, error = await self._decide_with_room(command, exc)
+                    deadline = perf_counter() + _YIELD_EVERY
                 except Exception as exc:
                     error = exc
-                else:
+                if record is not None:
+                    command.record = record
+                    if command.capture is not None:
+                        try:
+                            command.capture.decided(command, record)  # before a commit can free anything
+                        except Exception as exc:
+                            command.rollback(record)
+                            error = exc
+                if error is None and record is not None:
                     if estimate(record.nbytes, record.kernel_bytes, record.macs) > INLINE_SECONDS:
                         error = await self._run_on_worker(command, record)
                         # The loop was free while the worker ran: go straight on to the next
@@ -300,6 +326,32 @@ class CommandQueue:
             if perf_counter() > deadline and not (pending and pending[0].sent is not None):
                 await anyio.lowlevel.checkpoint()
                 deadline = perf_counter() + _YIELD_EVERY
+
+    async def _decide_with_room(self, command: Command,
+                                error: OutOfMemoryError) -> tuple[Record | None, BaseException | None]:
+        """Has room made for `command` (see `Command.make_room`) and decides it again, a few
+        times; the record, or the error to fail it with."""
+        for _ in range(_ROOM_ATTEMPTS):
+            room = command.make_room(error)
+            if room is None:
+                break
+            if isinstance(room, Command):
+                room.queue = self
+                blocker = room.blocker()
+                while blocker is not None:  # a write running into a buffer that must move
+                    await blocker.wait()
+                    blocker = room.blocker()
+                failed = await self._phases(room)
+                self.on_complete(room, failed)
+                if failed is not None:
+                    return None, failed
+            try:
+                return command.decide(), None
+            except OutOfMemoryError as exc:
+                error = exc
+            except Exception as exc:
+                return None, exc
+        return None, command.out_of_memory(error)
 
     def _ready_batch(self) -> list[Command]:
         batch: list[Command] = []

@@ -25,7 +25,7 @@ import collections
 import functools
 import math
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, final
 
 import numpy as np
@@ -34,17 +34,30 @@ from ._commands import (Compute, Copy, Load, PageCode, Plan, Record, Store, esti
                         pagewise_storages)
 from ._core._dispatch import SchedulerCore, StateCore, submit_program
 from ._errors import OutOfMemoryError, ProgramError, TraceError, detach_frames
-from ._memory import MemorySpaceState, Storage
+from ._memory import BufferView, MemorySpaceState, MemoryView, Storage
+from . import _room
 from . import _storage_io as io
 from ._storage_io import row_bytes
 from . import _queue  # its INLINE_SECONDS, read at each use (ttflow.testing's machine lowers it)
-from ._queue import NO_DEPS as _NO_DEPS, Command, CommandQueue
-from ._types import DataType, Layout, MemorySpace, TensorLayout, storage_geometry
+from ._queue import NO_DEPS as _NO_DEPS, RETRY, Command, CommandQueue
+from ._types import DataType, DeviceSpec, Layout, MemorySpace, TensorLayout, storage_geometry
 
 if TYPE_CHECKING:
     from ._program import Program
 
-__all__ = ["Scheduler", "TensorState", "ReadCommand", "Capture"]
+__all__ = ["Scheduler", "TensorState", "ReadCommand", "Capture", "EVICTION_POLICIES"]
+
+EVICTION_POLICIES = ("lookahead", "eager")
+"""`open_device(eviction=...)`: the first is the default (docs/performance.md, "Memory")."""
+
+
+
+class FootprintClash(OutOfMemoryError):
+    """A program's circular buffers (the bottom `requested` bytes of each core's L1) overlap
+    live L1 buffers, which must move first; raised to the queue, which asks for room."""
+
+    allowed: frozenset[int] = frozenset()  # addresses that may stay (see `hold_footprint`)
+
 
 
 @final
@@ -106,6 +119,14 @@ class _Scheduled(Command):
                 return state.error
         return None
 
+    def make_room(self, error: OutOfMemoryError) -> Command | object | None:
+        """What to run before deciding again, after `decide` ran out of memory (see
+        `Scheduler.make_room`)."""
+        return self.scheduler.make_room(self, error)
+
+    def out_of_memory(self, error: OutOfMemoryError) -> OutOfMemoryError:
+        return self.scheduler.out_of_memory(error)
+
     def complete(self, error: BaseException | None = None) -> None:
         self.reads = ()
         self.writes = ()
@@ -152,6 +173,8 @@ class WriteCommand(_Scheduled):
     def decide(self) -> Record:
         state = self.writes[0]
         if not state.storages:
+            if state.error is not None:  # its home could not be allocated (`AllocateCommand`)
+                raise state.error
             raise ProgramError("the tensor has no device storage: its producer failed")
         if self.new_value:
             for stale in state.storages[1:]:
@@ -210,7 +233,7 @@ class ConvertCommand(_Scheduled):
         if not source.storages:
             raise ProgramError("the source tensor has no device storage")
         src = source.conversion_source(self.layout)
-        dst = self.scheduler.allocate(self.layout, target.shape, target)
+        dst = self.scheduler.allocate(spilled(self.layout, self.spill), target.shape, target)
         return Record((Copy(src, dst, source.shape),), nbytes=src.nbytes + dst.nbytes)
 
     def commit(self, record: Record, result: Any) -> None:
@@ -225,43 +248,139 @@ class ConvertCommand(_Scheduled):
             self.scheduler.free(step.dst)
 
 
+def _footprint_of(command: Command) -> int:
+    """The circular-buffer bytes a command runs with (a program's, a trace replay's)."""
+    if isinstance(command, ProgramCommand):
+        return int(command.plan.footprint)
+    if isinstance(command, ReplayCommand):
+        return command.target.footprint
+    return 0
+
+
+def spilled(layout: Layout, spill: bool) -> Layout:
+    """`layout`, or its DRAM twin when the command spills (L1 cannot hold its allocations)."""
+    if spill and layout.memory is MemorySpace.L1:
+        return Layout(MemorySpace.DRAM, layout.tensor_layout, layout.dtype)
+    return layout
+
+
+class AllocateCommand(_Scheduled):
+    """A new tensor's home, when it did not fit at `to_device` / `empty` time although the
+    space may make room (free but scattered, or L1 holding buffers that can be evicted): in
+    CQ0's order, after what it must move, and before the tensor's write (which waits for it)."""
+
+    name = "allocate"
+    __slots__ = ("storage",)
+
+    def __init__(self, scheduler: Scheduler, state: TensorState) -> None:
+        super().__init__(scheduler, (), (state,))
+        self.storage: Storage | None = None
+
+    def decide(self) -> Record:
+        state = self.writes[0]
+        self.storage = self.scheduler.allocate(spilled(state.declared, self.spill), state.shape, state)
+        return Record(())
+
+    def commit(self, record: Record, result: Any) -> None:
+        assert self.storage is not None
+        self.writes[0].storages.append(self.storage)
+        self.storage = None
+
+    def rollback(self, record: Record) -> None:
+        if self.storage is not None:
+            self.scheduler.free(self.storage)
+            self.storage = None
+
+
 class EvictCommand(Command):
-    """Moves L1 storages to DRAM; a storage whose value DRAM already holds is just freed."""
+    """Moves live storages out of the way.
+
+    An eviction moves an L1 storage to DRAM (a storage whose value DRAM already holds is just
+    freed). A relocation (`relocate`) moves a storage to a new address in its own space, to make
+    a free block: in place, i.e. the `Storage` keeps its identity and takes the new address, so
+    that what refers to it (its tensor, a trace's recorded steps) follows it. A relocated storage
+    may have no tensor (`state` None): a buffer a trace replays into after its tensor let go.
+    While the targets are allocated, the free parts of the block being made (`guards`) are
+    held, so that no target lands in it."""
 
     name = "evict"
-    __slots__ = ("victims", "moves")
+    __slots__ = ("victims", "moves", "guards", "relocated")
 
-    def __init__(self, scheduler: Scheduler, victims: list[tuple[TensorState, Storage]]) -> None:
+    def __init__(self, scheduler: Scheduler, victims: Sequence[tuple[TensorState | None, Storage]],
+                 relocate: frozenset[Storage] = frozenset(),
+                 guards: tuple[MemorySpace, list[tuple[int, int]]] | None = None) -> None:
         super().__init__()
         self.scheduler = scheduler
-        self.victims = victims
-        self.moves: list[tuple[TensorState, Storage, Storage | None]] = []
+        self.victims = list(victims)
+        self.relocated = relocate
+        self.guards = guards
+        self.moves: list[tuple[TensorState | None, Storage, Storage | None]] = []
+
+    def blocker(self) -> Command | None:
+        """A write that is running into a victim (a queued write decides its target later)."""
+        for state, _ in self.victims:
+            writer = state.last_writer if state is not None else None
+            if writer is not None and not writer.done and writer.record is not None:
+                return writer
+        return None
 
     def decide(self) -> Record:
         s = self.scheduler
         steps = []
         nbytes = 0
         self.moves = []
+        guards = self.guards
+        held: list[int] = []
+        if guards is not None:
+            allocator = s._spaces[guards[0]].allocator
+            for start, depth in guards[1]:
+                if allocator.claim(start, depth):
+                    held.append(start)
         try:
             for state, storage in self.victims:
-                layout = Layout(MemorySpace.DRAM, storage.layout.tensor_layout, storage.layout.dtype)
+                if state is None:
+                    if storage not in s._orphans:
+                        continue  # released since it was chosen
+                elif storage not in state.storages or state.moving not in (None, self):
+                    continue  # freed or moved since it was chosen
                 target = None
-                if state.find(layout) is None:
-                    target = s.allocate(layout, state.shape, state)
-                    steps.append(Copy(storage, target, state.shape))
+                if storage in self.relocated:
+                    target = s.allocate_geometry(s.geometry_of(storage), None)
+                    steps.append(Copy(storage, target, storage.dims3))
                     nbytes += storage.nbytes + target.nbytes
+                else:
+                    assert state is not None
+                    layout = Layout(MemorySpace.DRAM, storage.layout.tensor_layout, storage.layout.dtype)
+                    if state.find(layout) is None:
+                        target = s.allocate(layout, state.shape, state)
+                        steps.append(Copy(storage, target, state.shape))
+                        nbytes += storage.nbytes + target.nbytes
                 self.moves.append((state, storage, target))
-                state.moving = self
-                state.pending += 1  # deallocating it now must wait for the move
+                if state is not None:
+                    state.moving = self
+                    state.pending += 1  # deallocating it now must wait for the move
         except BaseException:
             self._undo()
             raise
+        finally:
+            for start in held:
+                allocator.free(start)
         return Record(tuple(steps), nbytes=nbytes)
 
     def commit(self, record: Record, result: Any) -> None:
         s = self.scheduler
-        copied = 0
+        copied = relocated = moved = 0
         for state, storage, target in self.moves:
+            if storage in self.relocated:
+                assert target is not None
+                s.move_in_place(storage, target)
+                relocated += target.nbytes
+                moved += 1
+                if state is not None:
+                    state.moving = None
+                    s.settle(state)
+                continue
+            assert state is not None
             storages = state.storages
             index = storages.index(storage)
             if target is not None:
@@ -280,8 +399,11 @@ class EvictCommand(Command):
             s.free(storage)
             state.moving = None
             s.settle(state)
-        s.count("evictions", len(self.moves))
+        s.count("evictions", len(self.moves) - moved)
         s.count("eviction_bytes", copied)
+        if moved:
+            s.count("relocations", moved)
+            s.count("relocation_bytes", relocated)
 
     def rollback(self, record: Record) -> None:
         self._undo()
@@ -290,18 +412,27 @@ class EvictCommand(Command):
         for state, _, target in self.moves:
             if target is not None:
                 self.scheduler.free(target)
-            state.moving = None
-            self.scheduler.settle(state)
+            if state is not None:
+                state.moving = None
+                self.scheduler.settle(state)
         self.moves = []
 
     def forget(self) -> None:
         self.victims = []
         self.moves = []
+        self.relocated = frozenset()
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()
         info["tensors"] = len(self.victims)
         return info
+
+
+class RelocateCommand(EvictCommand):
+    """An `EvictCommand` that relocates (some of) its victims: named apart on the timeline."""
+
+    name = "relocate"
+    __slots__ = ()
 
 
 _new_tuple = tuple.__new__  # a NamedTuple made without its Python-level __new__
@@ -319,9 +450,10 @@ class ProgramCommand(_Scheduled):
     # shared empty list until `_decide` converts).
 
     def preamble(self) -> Command | None:
-        if not self.scheduler._l1:
+        s = self.scheduler
+        if not s._l1 or not s.evict_eagerly:
             return None
-        return self.scheduler.eviction_for(self)
+        return s.eviction_for(self)
 
     def decidable_ahead(self) -> bool:
         """(Asked once its cross-queue dependencies are done.) A program whose inputs are committed and already in the layouts it reads (no
@@ -330,7 +462,7 @@ class ProgramCommand(_Scheduled):
         cannot change; it only frees. The two records' scratch is then held at once."""
         plan = self.plan
         s = self.scheduler
-        if plan.donated or s._l1 or s.listeners or self.capture is not None:
+        if plan.donated or (s._l1 and s.evict_eagerly) or s.listeners or self.capture is not None:
             return False
         bound = plan.bound
         if bound is not None and bound.seconds <= _queue.INLINE_SECONDS:
@@ -349,7 +481,7 @@ class ProgramCommand(_Scheduled):
         # is precomputed per plan and device) and one Compute step.
         plan = self.plan
         bound = plan.bound
-        if bound is None:
+        if bound is None or self.spill:
             return self._decide()
         sources = []
         for state, layout in zip(self.reads, plan.input_layouts):
@@ -360,13 +492,18 @@ class ProgramCommand(_Scheduled):
             else:
                 return self._decide()
         s = self.scheduler
+        if plan.footprint:
+            s.hold_footprint(self, plan.footprint)
         outputs = []
         try:
             for state, geometry in zip(self.writes, bound.outputs):
                 outputs.append(s.allocate_geometry(geometry, state))
-        except BaseException:
+        except BaseException as exc:
+            s.note_needed(exc, outputs)
             for storage in outputs:
                 s.free(storage)
+            if self.footprint:
+                s.release_footprint(self)
             raise
         sources_, outputs_ = tuple(sources), tuple(outputs)
         if plan.pagewise and bound.kernel is not None:
@@ -382,6 +519,9 @@ class ProgramCommand(_Scheduled):
     def _decide(self) -> Record:
         """The general decision: conversions, scratch (L1, else DRAM), and outputs."""
         s = self.scheduler
+        spill = self.spill
+        if self.plan.footprint:
+            s.hold_footprint(self, self.plan.footprint)
         self.converted = []
         program = self.program
         steps: list[Any] = []
@@ -391,15 +531,16 @@ class ProgramCommand(_Scheduled):
         try:
             sources = []
             for state, spec in zip(self.reads, program.inputs):
-                storage = state.find(spec.layout) or made.get((id(state), spec.layout))
+                layout = spilled(spec.layout, spill)
+                storage = state.find(layout) or made.get((id(state), layout))
                 if storage is None:
                     if not state.storages:
                         raise ProgramError("an input tensor has no device storage")
-                    storage = s.allocate(spec.layout, state.shape, state)
+                    storage = s.allocate(layout, state.shape, state)
                     allocated.append(storage)
-                    steps.append(Copy(state.conversion_source(spec.layout), storage, state.shape))
+                    steps.append(Copy(state.conversion_source(layout), storage, state.shape))
                     self.converted.append(state)
-                    made[id(state), spec.layout] = storage
+                    made[id(state), layout] = storage
                     nbytes += 2 * storage.nbytes
                 sources.append(storage)
                 nbytes += storage.nbytes
@@ -409,23 +550,26 @@ class ProgramCommand(_Scheduled):
                 if k in donated:  # the donated input's buffer, as its source found or made it
                     outputs.append(sources[donated[k]])
                     continue
-                storage = s.allocate(spec.layout, spec.shape, state)
+                storage = s.allocate(spilled(spec.layout, spill), spec.shape, state)
                 allocated.append(storage)
                 outputs.append(storage)
                 nbytes += storage.nbytes
             scratch = {}
             for value, shape, l1_layout, dram_layout in self.plan.scratch:
                 try:
-                    storage = s.allocate(l1_layout, shape, None)
+                    storage = s.allocate(spilled(l1_layout, spill), shape, None)
                 except OutOfMemoryError:
                     storage = s.allocate(dram_layout, shape, None)
                 allocated.append(storage)
                 scratch[value] = storage
                 nbytes += 2 * storage.nbytes
-        except BaseException:
+        except BaseException as exc:
+            s.note_needed(exc, allocated)
             for storage in allocated:
                 s.free(storage)
             self.converted = _NO_DEPS
+            if self.footprint:
+                s.release_footprint(self)
             raise
         sources_, outputs_ = tuple(sources), tuple(outputs)
         operands = (*sources_, *outputs_, *scratch.values())
@@ -438,6 +582,8 @@ class ProgramCommand(_Scheduled):
 
     def commit(self, record: Record, result: Any) -> None:
         s = self.scheduler
+        if self.footprint:
+            s.release_footprint(self)
         steps = record.steps
         if len(steps) == 1 and not self.plan.donated:  # no conversion
             compute = steps[0]
@@ -468,6 +614,8 @@ class ProgramCommand(_Scheduled):
 
     def rollback(self, record: Record) -> None:
         s = self.scheduler
+        if self.footprint:
+            s.release_footprint(self)
         donated = self.plan.donated
         for step in record.steps:
             if isinstance(step, Copy):
@@ -533,18 +681,31 @@ class Scheduler(SchedulerCore):
     command needs (allocate_geometry, free, release, collect_garbage, settle_all)."""
 
     def __init__(self, spaces: dict[MemorySpace, MemorySpaceState], cq0: CommandQueue,
-                 cq1: CommandQueue) -> None:
+                 cq1: CommandQueue, spec: DeviceSpec | None = None, eviction: str = "lookahead") -> None:
+        if eviction not in EVICTION_POLICIES:
+            raise ValueError(f"eviction must be one of {EVICTION_POLICIES}, got {eviction!r}")
         self._spaces = spaces
+        self._spec = spec if spec is not None else DeviceSpec()
         self.cq0 = cq0
         self.cq1 = cq1
+        self.eviction = eviction
+        self.evict_eagerly = eviction == "eager"
+        self.l1_allocator = spaces[MemorySpace.L1].allocator
+        # The circular-buffer region at the bottom of L1 (see `hold_footprint`): its depth, the
+        # allocator blocks that make it, and how many commands run in it now (the running
+        # program, and one decided ahead of it that fits in the same region).
+        self.cb_depth = 0
+        self._cb_blocks: list[int] = []
+        self._cb_holders = 0
         self.counters: dict[str, int] = collections.defaultdict(int)
-        self._owned: dict[Storage, None] = {}
+        self._owned: dict[Storage, TensorState | None] = {}  # each buffer, with its tensor if any
         self._l1: dict[Storage, TensorState] = {}
         # Storages a trace replays into stay allocated while it lives, even when their tensor
         # lets go of them (an orphan): replay allocates nothing.
         self._pins: dict[Storage, int] = {}
         self._orphans: dict[Storage, None] = {}
         self.capturing: Capture | None = None
+        self._captures: weakref.WeakSet[Capture] = weakref.WeakSet()  # to rebind after a relocation
         # States whose handle was garbage-collected, appended from any thread, freed on the loop.
         self._dropped: collections.deque[TensorState] = collections.deque()
         # Per-program plans die with their program: a front-end that builds programs on the fly
@@ -581,6 +742,28 @@ class Scheduler(SchedulerCore):
             dims3 = (math.prod(shape[:-2]), shape[-2], shape[-1])
         return layout, space, page_size, aligned, num_pages, depth, dims3
 
+    def geometry_of(self, storage: Storage) -> _Geometry:
+        """The geometry of an existing storage (to allocate its twin elsewhere in its space)."""
+        space = self._spaces[storage.layout.memory]
+        depth = -(-storage.num_pages // space.num_banks) * storage.aligned_page_size
+        return (storage.layout, space, storage.page_size, storage.aligned_page_size,
+                storage.num_pages, depth, storage.dims3)
+
+    def move_in_place(self, storage: Storage, target: Storage) -> None:
+        """`storage` takes `target`'s address (its bytes were copied there); its old block is
+        freed and `target`, a placeholder, disappears. Records that captured a trace are bound
+        to addresses again."""
+        space = self._spaces[storage.layout.memory]
+        space.allocator.free(storage.address)
+        storage.address = target.address
+        storage._buffer = None
+        storage.pages = None
+        del self._owned[target]
+        self._l1.pop(target, None)
+        if storage in self._pins:
+            for capture in self._captures:
+                capture.rebind()
+
     def allocate(self, layout: Layout, shape: tuple[int, ...], owner: TensorState | None) -> Storage:
         return self.allocate_geometry(self.geometry(layout, shape), owner)
 
@@ -600,6 +783,8 @@ class Scheduler(SchedulerCore):
     def adopt(self, state: TensorState, storage: Storage) -> None:
         """A pinned storage becomes one of the state's storages again (a replay refilled it)."""
         self._orphans.pop(storage, None)
+        if storage in self._owned:
+            self._owned[storage] = state
         if storage.layout.memory is MemorySpace.L1:
             self._l1[storage] = state
 
@@ -607,6 +792,8 @@ class Scheduler(SchedulerCore):
         """A donated buffer changes owner: the consumed input no longer frees it."""
         if storage in donor.storages:
             donor.storages.remove(storage)
+        if storage in self._owned:
+            self._owned[storage] = receiver
         if storage.layout.memory is MemorySpace.L1:
             self._l1[storage] = receiver
         self.count("donations", 1)
@@ -635,6 +822,244 @@ class Scheduler(SchedulerCore):
         command.capture = program.capture  # a captured program's evictions are part of its trace
         return command
 
+    # -- room: circular buffers, evictions on demand, relocation ---------------------------
+
+    def hold_footprint(self, command: Command, depth: int, allowed: frozenset[int] = frozenset()) -> None:
+        """Runs `command` with its circular buffers at the bottom of L1, as tt-metal places a
+        program's; FootprintClash when live L1 buffers are in the way.
+
+        The region stays allocated between programs, as deep as the largest program run so far
+        (its high-water mark), so that L1 buffers, allocated top-down, keep out of it while L1
+        has room; an L1 allocation that finds no room gives it back first (`make_room`), and
+        the next program takes it again, moving what is in the way.
+
+        `allowed`: addresses of buffers that may stay in the region (a trace replay's own pinned
+        buffers: each of its programs ran around them at capture). Then only the free parts of
+        the region are held."""
+        if depth <= self.cb_depth:
+            self._cb_holders += 1
+            command.footprint = depth
+            return
+        if self._cb_holders:  # a program decided ahead, larger than the running one's region
+            raise FootprintClash(MemorySpace.L1, depth, self.cb_depth,
+                                 reason="the running program's circular buffers are smaller")
+        allocator = self.l1_allocator
+        start = self.cb_depth
+        if allocator.claim(start, depth - start):
+            self._cb_blocks.append(start)
+        else:
+            inside = [a for a, size in allocator.allocations().items()
+                      if start <= a < depth and a not in self._cb_blocks]
+            if not allowed or any(a not in allowed for a in inside):
+                clash = FootprintClash(
+                    MemorySpace.L1, depth, allocator.bottom_free,
+                    reason=f"the program's circular buffers need the bottom {depth} bytes of "
+                    "each core's L1, where L1 buffers are",
+                )
+                clash.allowed = allowed
+                raise clash
+            for gap_start, gap in _room.gaps(allocator, start, depth - start):
+                if allocator.claim(gap_start, gap):
+                    self._cb_blocks.append(gap_start)
+        self.cb_depth = depth
+        self._cb_holders += 1
+        command.footprint = depth
+
+    def release_footprint(self, command: Command) -> None:
+        command.footprint = 0
+        self._cb_holders -= 1
+
+    def _give_back_footprint(self) -> bool:
+        """Frees the idle circular-buffer region for L1 buffers; False if there is none, or a
+        command runs in it."""
+        if self._cb_holders or not self._cb_blocks:
+            return False
+        for start in self._cb_blocks:
+            self.l1_allocator.free(start)
+        self._cb_blocks = []
+        self.cb_depth = 0
+        return True
+
+    def idle_footprint_bytes(self) -> int:
+        """L1 bytes (all banks) of the circular-buffer region while no command runs in it:
+        room kept, not memory in use (`memory_used` leaves it out)."""
+        if self._cb_holders or not self._cb_blocks:
+            return 0
+        sizes = self.l1_allocator.allocations()
+        return sum(sizes[start] for start in self._cb_blocks) * self._spaces[MemorySpace.L1].num_banks
+
+    def _movable(self, state: TensorState | None, storage: Storage, wait: bool = False) -> bool:
+        """Whether a tensor's storage may be moved now, in CQ0's order: not being moved, not a
+        committed command's output yet, and not being written (a write still queued decides
+        its target when it runs, after the move). With `wait`, a write running into it is no
+        obstacle: the move waits for it (`EvictCommand.blocker`)."""
+        if state is None or state.moving is not None:
+            return False
+        if storage not in state.storages:
+            return False  # the output or move target of a command not yet committed
+        writer = state.last_writer
+        return wait or writer is None or writer.done or writer.record is None
+
+    def _relocatable(self, owner: TensorState | None,
+                     storage: Storage) -> tuple[TensorState | None, Storage] | None:
+        """The victim entry that relocates `storage`, or None when it may not move: a running
+        program's scratch or output. A buffer kept for a trace whose tensor let go of it
+        (an orphan) moves without a tensor."""
+        if storage in self._orphans:
+            return (None, storage)
+        if self._movable(owner, storage, wait=True):
+            return (owner, storage)
+        return None
+
+    def make_room(self, command: Command, error: OutOfMemoryError) -> Command | object | None:
+        """What makes `command`'s failed allocation fit, to run before it decides again:
+
+        1. L1, under "lookahead": evict the fewest L1 buffers, farthest next use first
+           (`_room.choose_victims`), among those `command` does not read;
+        2. any space: relocate live buffers to make a free block when the space's free bytes
+           would hold it, cheapest block first; in L1 a buffer that does not fit elsewhere in L1
+           moves to DRAM; for a clash with circular buffers, the block is the bottom of L1;
+        3. L1: spill, i.e. the command's L1 allocations go to DRAM (`RETRY`).
+
+        None when nothing helps; the error then carries the space's memory view."""
+        self.collect_garbage()
+        space = error.space
+        if not isinstance(space, MemorySpace):
+            return None
+        state_space = self._spaces[space]
+        allocator = state_space.allocator
+        depth = error.requested
+        clash = isinstance(error, FootprintClash)
+        if clash and self._cb_holders:
+            return None  # only a program decided ahead meets this; it is decided again in turn
+        depth = -(-depth // allocator.alignment) * allocator.alignment
+        # What the whole decision needs there (it gave back what it had allocated as it failed).
+        needed = max(depth, getattr(error, "needed", depth))
+        if depth > allocator.size:
+            return None  # larger than the whole space: no room can ever be made (nor spilled)
+        if space is MemorySpace.L1 and not clash and _footprint_of(command) == 0 \
+                and self._give_back_footprint():
+            return RETRY
+        keep = set(command.reads or ())
+        if space is MemorySpace.L1 and not clash:
+            uses = _room.next_uses(self.cq0._pending)
+            candidates = []
+            sizes = allocator.allocations()
+            dram_twins: dict[Layout, Layout] = {}
+            for storage, state in self._l1.items():
+                if state in keep or storage in self._pins or not self._movable(state, storage):
+                    continue
+                layout = storage.layout
+                dram = dram_twins.get(layout)
+                if dram is None:
+                    dram = dram_twins[layout] = Layout(MemorySpace.DRAM, layout.tensor_layout, layout.dtype)
+                free = state.find(dram) is not None
+                candidates.append(((state, storage), storage.address, sizes[storage.address],
+                                   uses.get(state, _room.NEVER), free))
+            victims = (_room.choose_victims(candidates, allocator.free_blocks(), depth, needed)
+                       if candidates else None)
+            if victims:
+                return EvictCommand(self, victims)
+        movable: dict[int, tuple[TensorState | None, Storage]] = {}
+        for storage, owner in self._owned.items():
+            if storage.layout.memory is space:
+                entry = self._relocatable(owner, storage)
+                if entry is not None:
+                    movable[storage.address] = entry
+        if clash:  # the block is the bottom of L1, except buffers allowed to stay there
+            assert isinstance(error, FootprintClash)
+            allocations = allocator.allocations()
+            inside = [a for a in allocations
+                      if a < depth and a not in error.allowed and a not in self._cb_blocks]
+            if not inside or any(a not in movable for a in inside):
+                return None
+            return self._clear_block(space, 0, depth, inside, movable, frozenset())
+        free_bytes = allocator.size - allocator.used_bytes
+        if free_bytes >= needed or space is MemorySpace.L1:
+            for start, inside in _room.windows(allocator.allocations(), set(movable), allocator.size,
+                                               allocator.alignment, needed, allocator.top_down):
+                room = self._clear_block(space, start, needed, inside, movable, keep) if inside else None
+                if room is not None:
+                    return room
+        if space is MemorySpace.L1 and not command.spill and command.name != "evict":
+            command.spill = True
+            return RETRY
+        return None
+
+    def note_needed(self, error: BaseException, allocated: list[Storage]) -> None:
+        """Notes on an out-of-memory error of a decision how much of the space the decision
+        needs in all (`needed`, bytes per bank): what it had allocated there before the failing
+        allocation (it gives that back as it fails) plus the failing request."""
+        if isinstance(error, OutOfMemoryError) and not isinstance(error, FootprintClash) \
+                and isinstance(error.space, MemorySpace):
+            sizes = self._spaces[error.space].allocator.allocations()
+            held = sum(sizes.get(storage.address, 0) for storage in allocated
+                       if storage.layout.memory is error.space)
+            error.needed = error.requested + held  # type: ignore[attr-defined]
+
+    def _clear_block(self, space: MemorySpace, start: int, depth: int, inside: list[int],
+                     movable: dict[int, tuple[TensorState | None, Storage]],
+                     keep: set[TensorState] | frozenset[TensorState]) -> EvictCommand | None:
+        """The moves that empty [start, start + depth): each buffer in it relocates where the
+        allocator would place it outside; one that does not fit is evicted to DRAM if it may
+        be (an L1 tensor's, not pinned by a trace, not read by the command that needs the
+        room), else the block cannot be made (None)."""
+        allocator = self._spaces[space].allocator
+        sizes = allocator.allocations()
+        places = _room.placement(allocator, (start, depth), inside)
+        for address, place in places.items():
+            state, storage = movable[address]
+            if place is None and (space is not MemorySpace.L1 or state is None or state in keep
+                                  or storage in self._pins):
+                return None
+        victims = [movable[a] for a in sorted(inside, key=lambda a: -sizes[a])]
+        relocate = frozenset(movable[a][1] for a, p in places.items() if p is not None)
+        kind = RelocateCommand if relocate else EvictCommand
+        return kind(self, victims, relocate, (space, _room.gaps(allocator, start, depth)))
+
+    def out_of_memory(self, error: OutOfMemoryError) -> OutOfMemoryError:
+        """`error` as the runtime gives up: with the space's memory view in its message."""
+        if error.view is not None or not isinstance(error.space, MemorySpace):
+            return error
+        return OutOfMemoryError(error.space, error.requested, error.largest_free,
+                                self.memory_view(error.space), error.reason)
+
+    def memory_view(self, space: MemorySpace) -> MemoryView:
+        """Every live allocation of `space`, with what it is (see `MemoryView`)."""
+        self.collect_garbage()
+        state_space = self._spaces[space]
+        allocator = state_space.allocator
+        banks = state_space.num_banks
+        sizes = allocator.allocations()
+        buffers = []
+        seen = set()
+        for storage, owner in self._owned.items():
+            if storage.layout.memory is not space:
+                continue
+            depth = sizes.get(storage.address, 0)
+            seen.add(storage.address)
+            if storage in self._orphans:
+                kind = "trace"
+            elif owner is None:
+                kind = "scratch"
+            elif owner.storages and owner.storages[0] is storage:
+                kind = "home"
+            elif storage in owner.storages:
+                kind = "conversion"
+            else:
+                kind = "pending"
+            shape = owner.shape if owner is not None else None
+            buffers.append(BufferView(storage.address, depth, depth * banks, kind, shape,
+                                      storage.layout.dtype, storage.layout))
+        for address, depth in sizes.items():
+            if address not in seen:  # the circular buffers of the running program
+                buffers.append(BufferView(address, depth, depth * banks, "circular_buffers"))
+        buffers.sort(key=lambda b: b.address)
+        return MemoryView(space, banks, allocator.size * banks, allocator.used_bytes * banks,
+                          (allocator.size - allocator.used_bytes) * banks,
+                          allocator.largest_free * banks, tuple(buffers),
+                          tuple(allocator.free_blocks()))
+
     def plan(self, program: Program) -> Plan:
         last = self._last_plan
         if last is not None and last[0]() is program:
@@ -642,6 +1067,7 @@ class Scheduler(SchedulerCore):
         plan = self._plans.get(program)
         if plan is None:
             plan = self._plans[program] = Plan(program)
+            plan.footprint = program.l1_footprint(self._spec)
             plan.bound = self._bind(plan)
         self._last_plan = (weakref.ref(program), plan)
         return plan
@@ -691,9 +1117,23 @@ class Scheduler(SchedulerCore):
         if self.capturing is not None:
             self.capturing.admit_transfer()
         state = TensorState(shape, layout.dtype, layout)
-        state.storages.append(self.allocate(layout, shape, state))
+        try:
+            state.storages.append(self.allocate(layout, shape, state))
+        except OutOfMemoryError as error:
+            self._allocate_in_order(state, error)
         self.enqueue(WriteCommand(self, state, array, new_value=False), self.cq1)
         return state
+
+    def _allocate_in_order(self, state: TensorState, error: OutOfMemoryError) -> None:
+        """A new tensor that does not fit now: allocated on CQ0 once room is made (its write
+        waits for that), when room can be made; otherwise the error, with the memory view."""
+        space = self._spaces[state.declared.memory]
+        allocator = space.allocator
+        depth = -(-error.requested // space.alignment) * space.alignment
+        if depth > allocator.size or (space.space is MemorySpace.DRAM
+                                      and allocator.size - allocator.used_bytes < depth):
+            raise self.out_of_memory(error) from None  # larger than the space, or than DRAM's free bytes
+        self.enqueue(AllocateCommand(self, state), self.cq0)
 
     def write(self, state: TensorState, array: np.ndarray[Any, Any]) -> None:
         self.enqueue(WriteCommand(self, state, array, new_value=True), self.cq1)
@@ -796,6 +1236,7 @@ class Scheduler(SchedulerCore):
         if self.capturing is not None:
             raise TraceError("a trace is already being captured on this device; captures do not nest")
         capture = self.capturing = Capture(self)
+        self._captures.add(capture)
         return capture
 
     def end_capture(self, capture: Capture, error: BaseException | None) -> None:
@@ -842,7 +1283,7 @@ class Capture:
 
     __slots__ = ("scheduler", "outputs", "inputs", "steps", "external", "pinned", "snapshot",
                  "programs", "nbytes", "kernel_bytes", "macs", "error", "released",
-                 "replays_pending")
+                 "replays_pending", "footprint", "__weakref__")
 
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
@@ -859,6 +1300,7 @@ class Capture:
         self.error: BaseException | None = None
         self.released = False
         self.replays_pending = 0
+        self.footprint = 0  # the largest circular-buffer region of its programs
 
     @staticmethod
     def admit_transfer() -> None:
@@ -913,6 +1355,7 @@ class Capture:
                 self._pin(storage)
             self.steps.append(compute)
             self.programs.append(command.program.name)
+            self.footprint = max(self.footprint, command.plan.footprint)
             self.macs += record.macs
         elif isinstance(command, ConvertCommand):
             (copy,) = record.steps
@@ -938,6 +1381,16 @@ class Capture:
         self.snapshot = [
             (state, tuple(state.storages)) for state in self.outputs if not state.deallocated
         ]
+
+    def rebind(self) -> None:
+        """Recomputes the C kernel operands (addresses) of its recorded programs: a pinned
+        storage was relocated in place."""
+        s = self.scheduler
+        for index, step in enumerate(self.steps):
+            if type(step) is Compute and step.kernel is not None:
+                operands = (*step.sources, *step.outputs, *step.scratch.values())
+                kernel = page_kernel(step.plan, operands, s.num_banks(operands[0].layout.memory))
+                self.steps[index] = step._replace(kernel=kernel)
 
     def unpin_if_idle(self) -> None:
         if self.released and self.replays_pending == 0 and self.pinned:
@@ -983,6 +1436,7 @@ class ReplayCommand(_Scheduled):
             raise TraceError(f"the capture failed: {capture.error}") from capture.error
         steps: list[Any] = []
         nbytes = capture.nbytes
+        self.refilled = []  # (decided again after room was made)
         for state, storage in capture.external:
             if storage in state.storages:
                 continue
@@ -996,13 +1450,23 @@ class ReplayCommand(_Scheduled):
             nbytes += source.nbytes + storage.nbytes
             self.refilled.append((state, storage))
         steps.extend(capture.steps)
+        if capture.footprint:  # its programs' circular buffers, for the whole replay
+            pinned = frozenset(storage.address for storage in capture.pinned
+                               if storage.layout.memory is MemorySpace.L1)
+            self.scheduler.hold_footprint(self, capture.footprint, pinned)
         # Each program's span is for the timeline: timed only while a recorder listens.
         timed = bool(self.scheduler.listeners)
         return Record(tuple(steps), nbytes=nbytes, macs=capture.macs, timed=timed,
                       kernel_bytes=capture.kernel_bytes)
 
+    def rollback(self, record: Record) -> None:
+        if self.footprint:
+            self.scheduler.release_footprint(self)
+
     def commit(self, record: Record, result: Any) -> None:
         s = self.scheduler
+        if self.footprint:
+            s.release_footprint(self)
         self.spans = result if record.timed else []
         for state, storage in self.refilled:
             if state.find(storage.layout) is None:

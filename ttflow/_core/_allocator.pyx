@@ -119,6 +119,44 @@ cdef class Allocator:
         self.used_bytes += size
         return address
 
+    cpdef bint claim(self, i64 start, i64 nbytes):
+        """Takes [start, start + nbytes) (rounded up to the alignment) if it is wholly free:
+        a placement at a given address, as tt-metal places a program's circular buffers at the
+        bottom of L1. False, changing nothing, when any of it is in use."""
+        if nbytes <= 0 or start < 0 or start % self.alignment:
+            return False
+        cdef i64 size = (nbytes + self.alignment - 1) // self.alignment * self.alignment
+        cdef i64 end = start + size, block_end
+        cdef Py_ssize_t i
+        for i in range(self._count):
+            if self._starts[i] > start:
+                return False
+            block_end = self._starts[i] + self._sizes[i]
+            if block_end < end:
+                continue
+            # block i holds [start, end): keep what is left of it on either side
+            if self._starts[i] == start:
+                if block_end == end:
+                    self._remove(i)
+                else:
+                    self._starts[i] = end
+                    self._sizes[i] = block_end - end
+            else:
+                self._sizes[i] = start - self._starts[i]
+                if block_end > end:
+                    self._insert(i + 1, end, block_end - end)
+            self._used[start] = size
+            self.used_bytes += size
+            return True
+        return False
+
+    @property
+    def bottom_free(self):
+        """Bytes free from address 0 up to the lowest allocation (what a claim at 0 may take)."""
+        if self._count and self._starts[0] == 0:
+            return self._sizes[0]
+        return 0
+
     cpdef free(self, i64 address):
         cdef i64 size = self._used.pop(address)
         cdef i64 start = address, end = address + size

@@ -32,6 +32,8 @@ class CommandCore:
     plan: Any
     converted: list[Any]
     sent: Any
+    footprint: int
+    spill: bool
 
 class StateCore:
     shape: tuple[int, ...]
@@ -62,7 +64,7 @@ def wrap(cls: type, device: Any, state: StateCore) -> Any: ...
 class SchedulerCore:
     _spaces: dict[Any, Any]
     counters: Any
-    _owned: dict[Any, None]
+    _owned: dict[Any, Any]
     _l1: dict[Any, Any]
     _pins: dict[Any, int]
     _orphans: dict[Any, None]
@@ -72,6 +74,9 @@ class SchedulerCore:
     _last_plan: Any
     cq0: Any
     cq1: Any
+    l1_allocator: Any
+    evict_eagerly: bool
+    cb_depth: int
     def allocate_geometry(self, geometry: tuple[Any, ...], owner: Any) -> Any: ...
     def free(self, storage: Any) -> None: ...
     def release(self, state: Any) -> None: ...

@@ -99,6 +99,8 @@ cdef class CommandCore:
     cdef public object plan
     cdef public list converted
     cdef public object sent  # the worker's ticket of a command decided ahead (`_queue`)
+    cdef public Py_ssize_t footprint  # per-core L1 circular-buffer bytes it holds while it runs
+    cdef public bint spill  # its L1 allocations go to DRAM (L1 cannot hold them: `make_room`)
     cdef object __weakref__
 
 
@@ -169,6 +171,9 @@ cdef class SchedulerCore:
     cdef public object _last_plan
     cdef public object cq0
     cdef public object cq1
+    cdef public object l1_allocator
+    cdef public bint evict_eagerly  # the "eager" policy: evictions are due before every program
+    cdef public Py_ssize_t cb_depth  # the circular-buffer region at the bottom of L1 (`_scheduler`)
     cdef object __weakref__
 
     cpdef StorageCore allocate_geometry(self, tuple geometry, object owner):
@@ -185,7 +190,7 @@ cdef class SchedulerCore:
         storage.num_pages = num_pages
         storage.dims3 = dims3
         storage.nbytes = storage.page_size * storage.num_pages
-        self._owned[storage] = None
+        self._owned[storage] = owner
         if owner is not None and layout.memory is _l1:
             self._l1[storage] = owner
         return storage
@@ -370,7 +375,7 @@ def run_program(CommandCore command, banks, double inline_seconds):
         if not dep.done:
             return False
     cdef SchedulerCore s = command.scheduler
-    if s._l1 or s.listeners:  # an eviction may be due; a timeline records every command
+    if (s._l1 and s.evict_eagerly) or s.listeners:  # an eviction may be due; a timeline records every command
         return False
     cdef StateCore state
     for state in command.reads:
@@ -379,6 +384,12 @@ def run_program(CommandCore command, banks, double inline_seconds):
     plan = command.plan
     bound = plan.bound
     if bound is None or bound.kernel is None or not plan.pagewise or bound.seconds > inline_seconds:
+        return False
+    space, code, rows, depth = bound.kernel
+    # Its circular buffers go in the region at the bottom of L1, as deep as the largest so far
+    # (nothing is allocated in L1 during an inline run of DRAM operands); an L1 program, or one
+    # whose circular buffers need a deeper region, takes the general path.
+    if space is _l1 or plan.footprint > s.cb_depth:
         return False
     cdef list addresses = []
     cdef StorageCore storage
@@ -399,7 +410,6 @@ def run_program(CommandCore command, banks, double inline_seconds):
         for storage in outputs:
             s.free(storage)
         return False
-    space, code, rows, depth = bound.kernel
     try:
         _kernel_run(banks[space], code, tuple(addresses), rows, depth)
     except BaseException:
