@@ -209,3 +209,98 @@ def test_bench_torch_reports_the_step_against_cpu_torch(capsys: pytest.CaptureFi
     assert result["host_to_device_bytes_per_step"] == 64 * 64 * 4 + 64 * 4
     # Only the last step's loss comes back, once per round (`loss.item()`, 4 bytes).
     assert result["device_to_host_bytes_per_step"] * result["steps_per_round"] == pytest.approx(4)
+
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_demo_prints_the_memory_views_at_the_end(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--small", "--batches", "3", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "max |error| vs numpy" in out  # the summary table is still there, before the views
+    views = out[out.index("memory at the end"):]
+    assert "\n  L1: " in views and "\n  DRAM: " in views
+    assert views.count("(32, 32) FLOAT32 TILE") == 3  # every batch's logits, in L1
+    assert "(64, 64) FLOAT32 ROW_MAJOR" in views and "conversion" in views  # w1, and its TILE copy
+
+
+def test_the_demo_draws_a_memory_map(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "not" / "yet" / "map.png"
+    assert main(["demo", "--small", "--batches", "3", "--no-progress", "--memory-map", str(png)]) == 0
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    assert f"memory map: {png}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_the_memory_map_records_the_commands_the_timeline_does(backend: str, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    result = anyio.run(_demo.demo, 4, None, True, False, 1, None, backend=backend)
+    assert result["memory_map_commands"] is None  # not asked for: not recorded
+    png = tmp_path / "map.png"
+    with_map = anyio.run(_demo.demo, 4, None, True, False, 1, str(png), backend=backend)
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    assert with_map["memory_map_commands"] == with_map["commands"] == result["commands"]
+
+
+def test_a_memory_map_path_that_is_a_folder_is_an_argument_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit:
+        main(["demo", "--small", "--memory-map", str(tmp_path)])
+    assert exit.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "argument --memory-map" in err and "is a folder" in err
+
+
+def test_a_memory_map_without_matplotlib_fails_before_the_demo_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ttflow import cli
+
+    monkeypatch.setattr(cli, "_has_matplotlib", lambda: False)
+    with pytest.raises(SystemExit) as exit:
+        main(["demo", "--small", "--memory-map", str(tmp_path / "map.png")])
+    assert exit.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "pip install 'ttflow-runtime[plot]'" in err
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    extras = project["project"]["optional-dependencies"]
+    assert any(d.startswith("matplotlib") for d in extras["plot"])
+    assert any(d.startswith("matplotlib") for d in extras["test"])  # CI draws the map too
+
+
+def test_memory_prints_both_views(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["memory", "--small"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("ttflow memory:") and "\n  L1: " in out and "\n  DRAM: " in out
+    assert out.count("(32, 32) FLOAT32 TILE") == _demo.MEMORY_BATCHES
+
+
+def test_memory_json_lists_every_buffer(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["memory", "--small", "--json"]) == 0
+    views = json.loads(capsys.readouterr().out)
+    assert list(views) == ["L1", "DRAM"]
+    spec = ttflow.DeviceSpec.small()
+    for view in views.values():
+        assert set(view) == {"num_banks", "total", "used", "free", "largest_free_block",
+                             "fragmentation", "buffers"}
+        assert view["used"] + view["free"] == view["total"]
+        assert view["used"] == sum(b["nbytes"] for b in view["buffers"])
+        assert 0 <= view["fragmentation"] < 1
+        for b in view["buffers"]:
+            assert set(b) == {"address", "depth", "nbytes", "kind", "shape", "dtype", "layout"}
+            assert b["nbytes"] == b["depth"] * view["num_banks"]
+    logits = [b for b in views["L1"]["buffers"] if b["shape"] == [32, 32]]
+    assert len(logits) == _demo.MEMORY_BATCHES
+    assert all(b["kind"] == "home" and b["dtype"] == "FLOAT32" and b["layout"] == "TILE" for b in logits)
+    # One 32x32 float32 tile on 4 banks: one tile deep, in the top half of L1 (it fills top-down).
+    assert all(b["depth"] == 32 * 32 * 4 and b["address"] >= spec.l1_bank_bytes // 2 for b in logits)
+    weights = {(tuple(b["shape"]), b["layout"], b["kind"]) for b in views["DRAM"]["buffers"]}
+    assert {((64, 64), "ROW_MAJOR", "home"), ((64, 32), "ROW_MAJOR", "home"),
+            ((64, 64), "TILE", "conversion"), ((64, 32), "TILE", "conversion")} <= weights
+
+
+def test_memory_help_says_what_it_shows(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["memory", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--json" in out and "--small" in out and "memory_view" in out

@@ -62,9 +62,12 @@ def test_examples_run_as_scripts(name: str, says: str) -> None:
     assert says in done.stdout
 
 
-def test_demo_runs_and_its_trace_accounts_for_every_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("eviction", ["eager", "lookahead"])
+def test_demo_runs_and_its_trace_accounts_for_every_command(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                            eviction: str) -> None:
     trace = tmp_path / "demo.trace.json"
-    assert cli_main(["demo", "--small", "--batches", "6", "--trace", str(trace), "--no-progress"]) == 0
+    assert cli_main(["demo", "--small", "--batches", "6", "--trace", str(trace), "--no-progress",
+                     "--eviction", eviction]) == 0
     out = capsys.readouterr().out
     for label in ("programs run", "host -> device", "evictions", "layout conversions", "L1 peak", "wall time"):
         assert label in out
@@ -78,7 +81,9 @@ def test_demo_runs_and_its_trace_accounts_for_every_command(tmp_path: Path, caps
         assert e["dur"] >= 0 and e["tid"] in (0, 1) and "bytes" in e["args"]
     assert by_name["write"] == 2 + 6 and by_name["zero_fill"] == 2
     assert by_name["encoder"] == by_name["head"] == 6 and by_name["read"] == 4
-    assert by_name.get("evict", 0) >= 1
+    # Eager moves every batch's logits out of L1 when the next encoder starts; lookahead leaves
+    # them, since L1 has room for all of them.
+    assert (by_name.get("evict", 0) >= 1) if eviction == "eager" else ("evict" not in by_name)
     assert {e["tid"] for e in spans if e["name"] in ("write", "zero_fill")} == {1}
     assert {e["tid"] for e in spans if e["name"] in ("encoder", "head", "read", "evict")} == {0}
     counters = [e for e in events if e["ph"] == "C"]

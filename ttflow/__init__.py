@@ -17,6 +17,11 @@ from ._trace import capture_trace as capture_trace
 from ._trace import execute_trace as execute_trace
 from ._trace import release_trace as release_trace
 from ._memory import BufferInfo as BufferInfo
+from ._memory import BufferView as BufferView
+from ._memory import MemoryView as MemoryView
+from ._memory_map import MemoryMapRecorder as MemoryMapRecorder
+from ._memory_map import draw_memory_map as draw_memory_map
+from ._memory_map import record_memory_map as record_memory_map
 from ._binary import Binary as Binary
 from ._program import Program as Program
 from ._program import ProgramBuilder as ProgramBuilder
@@ -60,6 +65,7 @@ __all__ = [
     "OutOfMemoryError", "ProgramError", "ShapeError", "TTFlowError", "TraceError",
     "Trace", "capture_trace", "execute_trace", "release_trace",
     "Device", "DeviceStatistics", "open_device", "BufferInfo",
+    "MemoryView", "BufferView", "MemoryMapRecorder", "record_memory_map", "draw_memory_map",
     "Binary", "Program", "ProgramBuilder", "get_layout",
     "deallocate", "empty", "submit", "to_device", "to_host", "to_layout", "wait", "write",
     "Tensor", "TimelineRecorder", "record_timeline", "record_trace", "TraceRecorder",

@@ -9,16 +9,20 @@ room (an eviction). At the end a few batches are checked against numpy.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
+from contextlib import ExitStack
 from typing import Any, TextIO
 
 import anyio
 import numpy as np
 
-from ._device import open_device
 from ._binary import Binary
+from ._device import Device, open_device
+from ._memory import MemoryView
+from ._memory_map import SPACES, draw_memory_map, record_memory_map, view_as_dict
 from ._program import ProgramBuilder
 from ._runtime import empty, submit, to_device, to_host, write
 from ._tensor import Tensor
@@ -75,40 +79,68 @@ def _isatty(stream: TextIO) -> bool:
         return False
 
 
-async def demo(batches: int = 64, trace: str | None = None, small: bool = False,
-               progress: bool = True, blas_threads: int | None = 1) -> dict[str, Any]:
-    """Runs the pipeline and returns its figures; `blas_threads` goes to `open_device`."""
-    if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
-        raise ValueError(f"batches must be a whole number of at least 1, got {batches!r}")
+def _weights(small: bool) -> tuple[DeviceSpec, tuple[int, int, int, int], np.ndarray[Any, Any],
+                                   np.ndarray[Any, Any], list[np.ndarray[Any, Any]]]:
+    """The device, the sizes (batch, d_in, hidden, classes), the weights and up to 4 inputs."""
     spec = DeviceSpec.small() if small else DeviceSpec.wormhole_n150()
-    batch, d_in, hidden, classes = (32, 64, 64, 32) if small else (256, 1024, 1024, 256)
+    sizes = (32, 64, 64, 32) if small else (256, 1024, 1024, 256)
+    batch, d_in, hidden, classes = sizes
     rng = np.random.default_rng(0)
     w1 = (rng.standard_normal((d_in, hidden)) / math.sqrt(d_in)).astype(np.float32)
     w2 = (rng.standard_normal((hidden, classes)) / math.sqrt(hidden)).astype(np.float32)
-    inputs = [rng.standard_normal((batch, d_in)).astype(np.float32) for _ in range(min(batches, 4))]
+    inputs = [rng.standard_normal((batch, d_in)).astype(np.float32) for _ in range(4)]
+    return spec, sizes, w1, w2, inputs
+
+
+async def _pipeline(device: Device, sizes: tuple[int, int, int, int], w1: np.ndarray[Any, Any],
+                    w2: np.ndarray[Any, Any], inputs: list[np.ndarray[Any, Any]], batches: int,
+                    bar: _Progress | None = None) -> tuple[list[Tensor], list[Tensor]]:
+    """Runs `batches` batches, two in flight. Returns every batch's logits, all ready, and the
+    weights and input slots: while the caller keeps them, they hold their memory."""
+    batch, d_in, hidden, classes = sizes
     binary = build_binary(batch, d_in, hidden, classes)
+    tw1, tw2 = to_device(w1, device), to_device(w2, device)  # pushed once, row-major
+    slots = [empty((batch, d_in), F32, device, DRAM_TILE) for _ in range(2)]
+    outputs: list[Tensor] = []
+    for i in range(batches):
+        slot = slots[i % 2]
+        write(slot, inputs[i % len(inputs)])  # CQ1, overlaps the other slot's programs
+        (h,) = submit(device, binary, 0, [slot, tw1])
+        (logits,) = submit(device, binary, 1, [h, tw2])  # stitched through L1
+        outputs.append(logits)
+        if i >= 2:  # keep two batches in flight
+            await outputs[i - 2]
+            if bar is not None:
+                bar.advance()
+    for out in outputs[max(0, batches - 2) :]:
+        await out
+        if bar is not None:
+            bar.advance()
+    return outputs, [tw1, tw2, *slots]
+
+
+async def demo(batches: int = 64, trace: str | None = None, small: bool = False,
+               progress: bool = True, blas_threads: int | None = 1,
+               memory_map: str | None = None, eviction: str = "lookahead") -> dict[str, Any]:
+    """Runs the pipeline and returns its figures; `blas_threads` goes to `open_device`.
+
+    `memory_map`: a PNG path for `draw_memory_map` (recording it costs an L1 and a DRAM
+    memory view per command, so only when asked). `result["memory_views"]` holds what L1 and DRAM held at the end.
+    """
+    if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
+        raise ValueError(f"batches must be a whole number of at least 1, got {batches!r}")
+    spec, sizes, w1, w2, inputs = _weights(small)
+    inputs = inputs[: min(batches, len(inputs))]
     bar = _Progress(batches, progress and batches >= 8)
     began = time.perf_counter()
-    async with open_device(spec, blas_threads=blas_threads) as device:
-        with record_timeline(device) as recorder:
-            tw1, tw2 = to_device(w1, device), to_device(w2, device)  # pushed once, row-major
-            slots = [empty((batch, d_in), F32, device, DRAM_TILE) for _ in range(2)]
-            outputs: list[Tensor] = []
-            for i in range(batches):
-                slot = slots[i % 2]
-                write(slot, inputs[i % len(inputs)])  # CQ1, overlaps the other slot's programs
-                (h,) = submit(device, binary, 0, [slot, tw1])
-                (logits,) = submit(device, binary, 1, [h, tw2])  # stitched through L1
-                outputs.append(logits)
-                if i >= 2:  # keep two batches in flight
-                    await outputs[i - 2]
-                    bar.advance()
-            for out in outputs[max(0, batches - 2) :]:
-                await out
-                bar.advance()
-            checked = [await to_host(outputs[i]) for i in range(min(batches, len(inputs)))]
+    async with open_device(spec, blas_threads=blas_threads, eviction=eviction) as device:
+        with record_timeline(device) as recorder, ExitStack() as stack:
+            mapper = stack.enter_context(record_memory_map(device)) if memory_map else None
+            outputs, resident = await _pipeline(device, sizes, w1, w2, inputs, batches, bar)
+            checked = [await to_host(outputs[i]) for i in range(len(inputs))]
         wall = time.perf_counter() - began
         stats = device.stats
+        views = {space.name: device.memory_view(space) for space in SPACES}
         worst = max(
             float(np.abs(got - _softmax(np.maximum(x @ w1, 0) @ w2)).max())
             for got, x in zip(checked, inputs)
@@ -117,12 +149,16 @@ async def demo(batches: int = 64, trace: str | None = None, small: bool = False,
             recorder.save(trace)
         queues = recorder.queue_summary()
         l1_capacity = spec.l1_banks * spec.l1_bank_bytes
+        del outputs, resident  # alive until the views were taken
+    if mapper is not None and memory_map:
+        draw_memory_map(mapper, memory_map)
     return {
         "device": spec.name,
         "batches": batches,
         "programs_run": stats.programs_run,
         "host_to_device_bytes": stats.host_to_device_bytes,
         "device_to_host_bytes": stats.device_to_host_bytes,
+        "eviction_policy": eviction,
         "evictions": stats.evictions,
         "eviction_bytes": stats.eviction_bytes,
         "layout_conversions": stats.layout_conversions,
@@ -138,6 +174,8 @@ async def demo(batches: int = 64, trace: str | None = None, small: bool = False,
         "max_abs_error": worst,
         "trace_events": len(recorder.events),
         "commands": recorder.commands,
+        "memory_views": views,
+        "memory_map_commands": mapper.commands if mapper is not None else None,
     }
 
 
@@ -157,10 +195,11 @@ def format_summary(r: dict[str, Any]) -> str:
         ("batches / programs run", f"{r['batches']} / {r['programs_run']}"),
         ("host -> device", _size(r["host_to_device_bytes"])),
         ("device -> host", _size(r["device_to_host_bytes"])),
-        ("evictions (bytes moved)", f"{r['evictions']} ({_size(r['eviction_bytes'])})"),
+        ("evictions (bytes moved)",
+         f"{r['evictions']} ({_size(r['eviction_bytes'])}; policy {r['eviction_policy']!r})"),
         ("layout conversions", str(r["layout_conversions"])),
-        ("L1 peak / capacity", f"{_size(r['l1_peak_bytes'])} / {_size(r['l1_capacity_bytes'])} "
-         f"({r['l1_peak_bytes'] / r['l1_capacity_bytes']:.1%})"),
+        ("L1 peak / capacity", (f"{_size(r['l1_peak_bytes'])} / {_size(r['l1_capacity_bytes'])} "
+                                f"({r['l1_peak_bytes'] / r['l1_capacity_bytes']:.1%})")),
         ("wall time", f"{r['wall_seconds'] * 1e3:,.0f} ms (BLAS threads: {r['blas_threads']})"),
         ("CQ0 busy / CQ1 busy", f"{r['cq0_busy_seconds'] * 1e3:,.0f} ms / {r['cq1_busy_seconds'] * 1e3:,.0f} ms"),
         ("CQ0 / CQ1 bytes moved", f"{_size(r['cq0_bytes'])} / {_size(r['cq1_bytes'])}"),
@@ -171,12 +210,46 @@ def format_summary(r: dict[str, Any]) -> str:
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
 
 
+def format_views(views: dict[str, MemoryView]) -> str:
+    """The memory views as the summary shows them, indented under the table."""
+    return "\n".join("  " + str(view).replace("\n", "\n  ") for view in views.values())
+
+
 def run_demo(batches: int = 64, trace: str | None = None, small: bool = False,
-             progress: bool = True, blas_threads: int | None = 1) -> int:
+             progress: bool = True, blas_threads: int | None = 1,
+             memory_map: str | None = None, eviction: str = "lookahead") -> int:
     print("ttflow demo: an MLP classifier, encoder and head stitched on the device, "
           "weights resident, inputs double-buffered")
-    result = anyio.run(demo, batches, trace, small, progress, blas_threads)
+    result = anyio.run(demo, batches, trace, small, progress, blas_threads, memory_map, eviction)
     print(format_summary(result))
+    print("memory at the end (weights, input slots and every batch's logits still alive):")
+    print(format_views(result["memory_views"]))
     if trace:
         print(f"  trace: {trace} ({result['trace_events']} events; open it at ui.perfetto.dev)")
+    if memory_map:
+        print(f"  memory map: {memory_map} ({result['memory_map_commands']} commands)")
+    return 0
+
+
+MEMORY_BATCHES = 4  # a few outputs in L1 beside the weights and their conversions; quick on n150
+
+
+async def memory(small: bool = False, batches: int = MEMORY_BATCHES) -> dict[str, MemoryView]:
+    """What L1 and DRAM hold after a few batches of the demo pipeline, outputs kept alive."""
+    spec, sizes, w1, w2, inputs = _weights(small)
+    async with open_device(spec) as device:
+        outputs, resident = await _pipeline(device, sizes, w1, w2, inputs, batches)
+        views = {space.name: device.memory_view(space) for space in SPACES}
+        del outputs, resident  # alive until the views were taken
+    return views
+
+
+def run_memory(small: bool = False, as_json: bool = False) -> int:
+    views = anyio.run(memory, small)
+    if as_json:
+        print(json.dumps({name: view_as_dict(view) for name, view in views.items()}, indent=2))
+    else:
+        print(f"ttflow memory: after {MEMORY_BATCHES} batches of the demo pipeline, "
+              "the weights, input slots and every batch's logits still alive")
+        print(format_views(views))
     return 0

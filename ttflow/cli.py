@@ -1,9 +1,10 @@
-"""The `ttflow` command: `ttflow demo`, `ttflow bench {kernels,dispatch,pipeline,decode,torch}`, `ttflow --version`."""
+"""The `ttflow` command: `ttflow demo`, `ttflow memory`, `ttflow bench {kernels,dispatch,pipeline,decode,torch}`, `ttflow --version`."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -16,6 +17,7 @@ BENCHMARKS = {
     "pipeline": "ttflow._bench.pipeline",
     "decode": "ttflow._bench.decode",
     "torch": "ttflow._bench.torch_step",
+    "memory": "ttflow._bench.memory",
 }
 
 
@@ -68,28 +70,58 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--trace", metavar="FILE",
                       help="write a Chrome/Perfetto trace-event JSON to FILE; missing folders "
                       "on its path are created")
+    demo.add_argument("--memory-map", metavar="FILE",
+                      help="draw where every L1 and DRAM buffer sat, command by command, as a "
+                      "PNG in FILE (needs matplotlib: pip install 'ttflow-runtime[plot]'); "
+                      "missing folders on its path are created")
     demo.add_argument("--small", action="store_true", help="use the tiny test device and sizes")
     demo.add_argument("--no-progress", action="store_true",
                       help="no progress bar (it is drawn only when stderr is a terminal)")
     demo.add_argument("--blas-threads", type=_blas_threads, default=1, metavar="N",
                       help="threads numpy's BLAS may use while the device is open, or 'default' "
                       "for the library's own setting (default 1; see docs/performance.md)")
+    demo.add_argument("--eviction", choices=["lookahead", "eager"], default="lookahead",
+                      help="when L1 tensors move to DRAM: only when room is needed, farthest next "
+                      "use first (lookahead, the default), or every L1 tensor a starting program "
+                      "does not read (eager, the first ttflow's rule); see docs/performance.md")
+    memory = commands.add_parser(
+        "memory",
+        help="run a few batches of the demo pipeline and print what L1 and DRAM hold",
+        description="Runs a few batches of the demo's pipeline on an emulated Wormhole n150, "
+        "keeping every batch's output, and prints the L1 and DRAM memory views: totals, the "
+        "largest free block, fragmentation and every buffer with its kind (device.memory_view).",
+    )
+    memory.add_argument("--small", action="store_true", help="use the tiny test device and sizes")
+    memory.add_argument("--json", action="store_true", help="print the views as JSON")
     parser.set_defaults(subparser=None)
     demo.set_defaults(subparser=demo)
+    memory.set_defaults(subparser=memory)
     return parser
 
 
-def _prepare_trace(parser: argparse.ArgumentParser, trace: str) -> None:
-    """Checks the trace path before anything runs; creates its missing folders."""
-    path = Path(trace)
+def _prepare_output(parser: argparse.ArgumentParser, option: str, file: str, example: str) -> None:
+    """Checks an output path before anything runs; creates its missing folders."""
+    path = Path(file)
     if path.is_dir():
-        parser.error(f"argument --trace: {trace} is a folder; give a file name, e.g. {path / 'demo.json'}")
+        parser.error(f"argument {option}: {file} is a folder; give a file name, e.g. {path / example}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        parser.error(f"argument --trace: cannot create the folder {path.parent}: {exc.strerror or exc}")
+        parser.error(f"argument {option}: cannot create the folder {path.parent}: {exc.strerror or exc}")
     if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        parser.error(f"argument --trace: cannot write {trace}: permission denied")
+        parser.error(f"argument {option}: cannot write {file}: permission denied")
+
+
+def _has_matplotlib() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def _prepare_memory_map(parser: argparse.ArgumentParser, file: str) -> None:
+    """Fails before the demo runs, not after, when the map could not be drawn."""
+    if not _has_matplotlib():
+        parser.error("argument --memory-map: drawing the map needs matplotlib: "
+                     "pip install 'ttflow-runtime[plot]'")
+    _prepare_output(parser, "--memory-map", file, "memory.png")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -100,12 +132,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = module.run(**({"quick": True} if args.quick else {})) if _takes_quick(module) else module.run()
         print(json.dumps(result, indent=2) if args.json else module.format_table(result))
         return 0
+    if args.command == "memory":
+        from ._demo import run_memory
+
+        return run_memory(small=args.small, as_json=args.json)
     if args.trace is not None:
-        _prepare_trace(args.subparser, args.trace)
+        _prepare_output(args.subparser, "--trace", args.trace, "demo.json")
+    if args.memory_map is not None:
+        _prepare_memory_map(args.subparser, args.memory_map)
     from ._demo import run_demo
 
     return run_demo(batches=args.batches, trace=args.trace, small=args.small,
-                    progress=not args.no_progress, blas_threads=args.blas_threads)
+                    progress=not args.no_progress, blas_threads=args.blas_threads,
+                    memory_map=args.memory_map, eviction=args.eviction)
 
 
 def _takes_quick(module: object) -> bool:

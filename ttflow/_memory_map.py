@@ -1,0 +1,200 @@
+"""The memory map: where every buffer of L1 and DRAM sat, command by command, as a PNG.
+
+`record_memory_map(device)` snapshots both memory spaces after each completed command (only
+address, depth and kind per buffer, so a long run stays cheap to keep); `draw_memory_map`
+draws one panel per space: time (commands completed) across, the bank address line up, each
+buffer a rectangle coloured by its kind. It shows what a table of totals cannot: where
+fragmentation comes from, how long conversions and pending outputs live, and that L1 fills
+top-down while the circular buffers sit at its bottom.
+
+matplotlib is optional (`pip install 'ttflow-runtime[plot]'`): only drawing needs it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, final
+
+from ._types import MemorySpace
+
+if TYPE_CHECKING:
+    from ._device import Device
+    from ._memory import MemoryView
+    from ._queue import Command
+
+__all__ = ["Block", "MemoryMapRecorder", "draw_memory_map", "record_memory_map", "view_as_dict"]
+
+Block = tuple[int, int, str]
+"""(address, depth, kind) of one buffer: `depth` bytes from `address` in every bank."""
+
+SPACES = (MemorySpace.L1, MemorySpace.DRAM)
+
+# Fixed colours, so that a kind looks the same in every map.
+KIND_COLORS = {
+    "home": "#1f77b4",
+    "conversion": "#ff7f0e",
+    "pending": "#7f7f7f",
+    "scratch": "#d62728",
+    "circular_buffers": "#2ca02c",
+    "trace": "#9467bd",
+}
+_OTHER_COLOR = "#000000"  # a kind this module does not know yet still shows
+
+INSTALL_HINT = "pip install 'ttflow-runtime[plot]'"
+
+
+@final
+class MemoryMapRecorder:
+    """Snapshots of L1 and DRAM after each command completed while attached to a device.
+
+    `snapshots[space]` is a list of `(index, blocks)`: `index` counts the commands completed
+    since recording began (0 is the state when it began) and `blocks` the space's buffers,
+    sorted by address. A snapshot equal to the one before it shares its tuple.
+    """
+
+    def __init__(self, device: Device) -> None:
+        self.device = device
+        self.commands = 0
+        self.num_banks: dict[MemorySpace, int] = {}
+        self.line_bytes: dict[MemorySpace, int] = {}  # the size of each bank's address line
+        self.high_water: dict[MemorySpace, int] = dict.fromkeys(SPACES, 0)
+        self.snapshots: dict[MemorySpace, list[tuple[int, tuple[Block, ...]]]] = {s: [] for s in SPACES}
+        self._snapshot()
+
+    def on_command(self, command: Command, error: BaseException | None) -> None:
+        self.commands += 1
+        self._snapshot()
+
+    def _snapshot(self) -> None:
+        for space in SPACES:
+            view = self.device.memory_view(space)
+            self.num_banks[space] = view.num_banks
+            self.line_bytes[space] = view.total // view.num_banks
+            blocks = tuple([(b.address, b.depth, b.kind) for b in view.buffers])
+            taken = self.snapshots[space]
+            if taken and taken[-1][1] == blocks:
+                blocks = taken[-1][1]
+            elif blocks:
+                top = max(address + depth for address, depth, _ in blocks)
+                self.high_water[space] = max(self.high_water[space], top)
+            taken.append((self.commands, blocks))
+
+    def spans(self, space: MemorySpace) -> list[tuple[int, int, Block]]:
+        """`(first, end, block)`: the block stayed unchanged from snapshot `first` until `end`
+        (exclusive), so a buffer that lived through many commands is one rectangle. (A buffer
+        freed and replaced by an equal block between two snapshots continues the span.)"""
+        spans: list[tuple[int, int, Block]] = []
+        open_: dict[Block, int] = {}
+        for index, blocks in self.snapshots[space]:
+            now = set(blocks)
+            for block in [b for b in open_ if b not in now]:
+                spans.append((open_.pop(block), index, block))
+            for block in blocks:
+                open_.setdefault(block, index)
+        end = self.commands + 1
+        spans.extend((first, end, block) for block, first in open_.items())
+        spans.sort(key=lambda s: (s[0], s[2][0]))
+        return spans
+
+
+def view_as_dict(view: MemoryView) -> dict[str, Any]:
+    """A memory view as plain JSON data (`ttflow memory --json`): bytes summed over banks,
+    except a buffer's `address` and `depth`, which are per bank (the same in every bank)."""
+    return {
+        "num_banks": view.num_banks,
+        "total": view.total,
+        "used": view.used,
+        "free": view.free,
+        "largest_free_block": view.largest_free_block,
+        "fragmentation": view.fragmentation,
+        "buffers": [
+            {
+                "address": b.address,
+                "depth": b.depth,
+                "nbytes": b.nbytes,
+                "kind": b.kind,
+                "shape": list(b.shape) if b.shape is not None else None,
+                "dtype": b.dtype.name if b.dtype is not None else None,
+                "layout": b.layout.tensor_layout.name if b.layout is not None else None,
+            }
+            for b in view.buffers
+        ],
+    }
+
+
+@contextmanager
+def record_memory_map(device: Device) -> Iterator[MemoryMapRecorder]:
+    """Snapshots L1 and DRAM after every command the device completes inside the block."""
+    recorder = MemoryMapRecorder(device)
+    device._scheduler.listeners.append(recorder.on_command)
+    try:
+        yield recorder
+    finally:
+        device._scheduler.listeners.remove(recorder.on_command)
+
+
+def draw_memory_map(recorder: MemoryMapRecorder, path: str | os.PathLike[str]) -> None:
+    """Writes the map as a PNG: one panel per space, time across, bank addresses up.
+
+    DRAM's panel shows only the addresses ever used (its banks are a GiB each). RuntimeError
+    when matplotlib is missing; the hint says how to install it.
+    """
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.patches import Patch, Rectangle
+        from matplotlib.ticker import FuncFormatter, MaxNLocator, MultipleLocator
+    except ImportError as exc:
+        raise RuntimeError(f"drawing a memory map needs matplotlib: {INSTALL_HINT}") from exc
+
+    # A bare Figure on the Agg canvas: no pyplot state, no display, safe off the main thread.
+    figure = Figure(figsize=(11, 7.5), dpi=100, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(len(SPACES), 1, sharex=True)
+    end = recorder.commands + 1
+    shown: set[str] = set()
+    for ax, space in zip(axes, SPACES):
+        line = recorder.line_bytes.get(space, 0)
+        top = line if space is MemorySpace.L1 else recorder.high_water[space]
+        top = max(top, 1)
+        for first, stop, (address, depth, kind) in recorder.spans(space):
+            shown.add(kind)
+            # A white outline separates neighbours, but would wash out a buffer a pixel high.
+            ax.add_patch(Rectangle((first, address), stop - first, depth,
+                                   linewidth=0.3 if depth * 100 >= top else 0, edgecolor="white",
+                                   facecolor=KIND_COLORS.get(kind, _OTHER_COLOR)))
+        ax.set_xlim(0, end)
+        ax.set_ylim(0, top)
+        # Ticks a power of two apart, so that they read as round sizes (256 KiB, not 195.3).
+        ax.yaxis.set_major_locator(MultipleLocator(1 << max(0, (top // 8 - 1).bit_length())))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: _size(y)))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("address in each bank")
+        ax.set_title(_title(recorder, space, top), fontsize=10, loc="left")
+        ax.grid(axis="y", linewidth=0.3, alpha=0.5)
+    axes[-1].set_xlabel("commands completed")
+    kinds = [k for k in KIND_COLORS if k in shown] + sorted(shown - KIND_COLORS.keys())
+    handles: list[Any] = [Patch(facecolor=KIND_COLORS.get(k, _OTHER_COLOR), label=k) for k in kinds]
+    if handles:
+        figure.legend(handles=handles, loc="outside upper center", ncols=len(handles), frameon=False)
+    figure.savefig(path, format="png")
+
+
+def _title(recorder: MemoryMapRecorder, space: MemorySpace, top: int) -> str:
+    banks = recorder.num_banks.get(space, 0)
+    line = recorder.line_bytes.get(space, 0)
+    if space is MemorySpace.L1:
+        return f"L1: {banks} banks of {_size(line)}, allocated top-down"
+    return (f"DRAM: {banks} banks of {_size(line)}, allocated bottom-up; "
+            f"shown up to the highest address used, {_size(top)}")
+
+
+def _size(n: float) -> str:
+    """An address as a tick label: 0 B, 512 B, 96 KiB, 1.5 MiB."""
+    for unit in ("B", "KiB", "MiB"):
+        if abs(n) < 1024:
+            return f"{n:.4g} {unit}"
+        n /= 1024
+    return f"{n:.4g} GiB"
