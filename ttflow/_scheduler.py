@@ -1451,9 +1451,13 @@ class ReplayCommand(_Scheduled):
             self.refilled.append((state, storage))
         steps.extend(capture.steps)
         if capture.footprint:  # its programs' circular buffers, for the whole replay
-            pinned = frozenset(storage.address for storage in capture.pinned
-                               if storage.layout.memory is MemorySpace.L1)
-            self.scheduler.hold_footprint(self, capture.footprint, pinned)
+            s = self.scheduler
+            try:
+                s.hold_footprint(self, capture.footprint)
+            except FootprintClash:  # its own pinned buffers may stay (each program ran around them)
+                pinned = frozenset(storage.address for storage in capture.pinned
+                                   if storage.layout.memory is MemorySpace.L1)
+                s.hold_footprint(self, capture.footprint, pinned)
         # Each program's span is for the timeline: timed only while a recorder listens.
         timed = bool(self.scheduler.listeners)
         return Record(tuple(steps), nbytes=nbytes, macs=capture.macs, timed=timed,
