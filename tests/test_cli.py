@@ -261,7 +261,7 @@ def test_a_memory_map_without_matplotlib_fails_before_the_demo_runs(
         main(["demo", "--small", "--memory-map", str(tmp_path / "map.png")])
     assert exit.value.code == 2
     out, err = capsys.readouterr()
-    assert out == "" and "pip install 'ttflow-runtime[plot]'" in err
+    assert out == "" and "pip install '.[plot]'" in err
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     extras = project["project"]["optional-dependencies"]
     assert any(d.startswith("matplotlib") for d in extras["plot"])

@@ -143,5 +143,5 @@ def test_drawing_without_matplotlib_says_how_to_install_it(monkeypatch: pytest.M
     recorder = MemoryMapRecorder.__new__(MemoryMapRecorder)
     with pytest.raises(RuntimeError, match="needs matplotlib") as error:
         draw_memory_map(recorder, tmp_path / "map.png")
-    assert INSTALL_HINT in str(error.value) and "ttflow-runtime[plot]" in INSTALL_HINT
+    assert INSTALL_HINT in str(error.value) and "[plot]" in INSTALL_HINT
     assert not (tmp_path / "map.png").exists()

@@ -7,7 +7,7 @@ buffer a rectangle coloured by its kind. It shows what a table of totals cannot:
 fragmentation comes from, how long conversions and pending outputs live, and that L1 fills
 top-down while the circular buffers sit at its bottom.
 
-matplotlib is optional (`pip install 'ttflow-runtime[plot]'`): only drawing needs it.
+matplotlib is optional (`pip install '.[plot]'` from the ttflow checkout): only drawing needs it.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ KIND_COLORS = {
 }
 _OTHER_COLOR = "#000000"  # a kind this module does not know yet still shows
 
-INSTALL_HINT = "pip install 'ttflow-runtime[plot]'"
+INSTALL_HINT = "pip install '.[plot]' from the ttflow checkout"
 
 
 @final

@@ -914,8 +914,10 @@ class Scheduler(SchedulerCore):
     def make_room(self, command: Command, error: OutOfMemoryError) -> Command | object | None:
         """What makes `command`'s failed allocation fit, to run before it decides again:
 
-        1. L1, under "lookahead": evict the fewest L1 buffers, farthest next use first
-           (`_room.choose_victims`), among those `command` does not read;
+        0. L1, for a command that runs no circular buffers: take back the idle region;
+        1. L1: evict the fewest L1 buffers, farthest next use first (`_room.choose_victims`),
+           among those `command` does not read (under "eager", the preamble evicted the rest
+           already);
         2. any space: relocate live buffers to make a free block when the space's free bytes
            would hold it, cheapest block first; in L1 a buffer that does not fit elsewhere in L1
            moves to DRAM; for a clash with circular buffers, the block is the bottom of L1;

@@ -72,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
                       "on its path are created")
     demo.add_argument("--memory-map", metavar="FILE",
                       help="draw where every L1 and DRAM buffer sat, command by command, as a "
-                      "PNG in FILE (needs matplotlib: pip install 'ttflow-runtime[plot]'); "
+                      "PNG in FILE (needs matplotlib: pip install '.[plot]' from the ttflow checkout); "
                       "missing folders on its path are created")
     demo.add_argument("--small", action="store_true", help="use the tiny test device and sizes")
     demo.add_argument("--no-progress", action="store_true",
@@ -120,7 +120,7 @@ def _prepare_memory_map(parser: argparse.ArgumentParser, file: str) -> None:
     """Fails before the demo runs, not after, when the map could not be drawn."""
     if not _has_matplotlib():
         parser.error("argument --memory-map: drawing the map needs matplotlib: "
-                     "pip install 'ttflow-runtime[plot]'")
+                     "pip install '.[plot]' from the ttflow checkout")
     _prepare_output(parser, "--memory-map", file, "memory.png")
 
 
