@@ -169,6 +169,29 @@ async def test_a_clash_with_a_trace_buffer_relocates_it_and_replays_stay_right()
         tt.release_trace(trace)
 
 
+async def test_a_trace_buffer_that_l1_cannot_hold_moves_to_dram_in_place() -> None:
+    small = unary("relu_l1", (32, 256), L1_TILE, L1_TILE)
+    big = add((32, 32))
+    rng = np.random.default_rng(4)
+    async with tt.open_device(SMALL) as device:
+        fillers, _ = await _fill_l1(device, 8, (32, 128))  # free: [0, 32768), held to the end
+        x = tt.to_device(rng.standard_normal((32, 256)).astype(np.float32), device, L1_TILE)
+        with tt.capture_trace(device) as trace:
+            (y,) = tt.submit(device, tt.Binary([small]), 0, [x])
+        await y
+        assert y.buffer.address == 16384
+        ones = tt.to_device(np.ones((32, 32), np.float32), device, DRAM_TILE)
+        await tt.submit(device, tt.Binary([big]), 0, [ones, ones])[0]  # L1 is full: y must leave
+        assert y.layout == DRAM_TILE and device.stats.evictions == 1
+        for _ in range(2):
+            new = rng.standard_normal((32, 256)).astype(np.float32)
+            tt.write(x, new)
+            tt.execute_trace(trace)  # writes y where it now is
+            np.testing.assert_array_equal(await tt.to_host(y), relu(new))
+        tt.release_trace(trace)
+        assert len(fillers) == 8
+
+
 async def test_outputs_and_scratch_never_land_in_the_running_programs_circular_buffers() -> None:
     b = tt.ProgramBuilder("two_steps")  # relu's result is scratch (L1 first), exp's the output
     b.output(b.exp(b.relu(b.input((32, 256), DRAM_TILE))), L1_TILE)

@@ -233,7 +233,7 @@ class ConvertCommand(_Scheduled):
         if not source.storages:
             raise ProgramError("the source tensor has no device storage")
         src = source.conversion_source(self.layout)
-        dst = self.scheduler.allocate(spilled(self.layout, self.spill), target.shape, target)
+        dst = self.scheduler.allocate_spilling(self.layout, target.shape, target, self.spill)
         return Record((Copy(src, dst, source.shape),), nbytes=src.nbytes + dst.nbytes)
 
     def commit(self, record: Record, result: Any) -> None:
@@ -278,7 +278,7 @@ class AllocateCommand(_Scheduled):
 
     def decide(self) -> Record:
         state = self.writes[0]
-        self.storage = self.scheduler.allocate(spilled(state.declared, self.spill), state.shape, state)
+        self.storage = self.scheduler.allocate_spilling(state.declared, state.shape, state, self.spill)
         return Record(())
 
     def commit(self, record: Record, result: Any) -> None:
@@ -296,8 +296,9 @@ class EvictCommand(Command):
     """Moves live storages out of the way.
 
     An eviction moves an L1 storage to DRAM (a storage whose value DRAM already holds is just
-    freed). A relocation (`relocate`) moves a storage to a new address in its own space, to make
-    a free block: in place, i.e. the `Storage` keeps its identity and takes the new address, so
+    freed). A relocation (`relocate`: storage -> the space it goes to) moves a storage to a new
+    address, in its own space to make a free block, or to DRAM for a buffer a trace replays into:
+    in place, i.e. the `Storage` keeps its identity and takes the new address (and space), so
     that what refers to it (its tensor, a trace's recorded steps) follows it. A relocated storage
     may have no tensor (`state` None): a buffer a trace replays into after its tensor let go.
     While the targets are allocated, the free parts of the block being made (`guards`) are
@@ -307,12 +308,12 @@ class EvictCommand(Command):
     __slots__ = ("victims", "moves", "guards", "relocated")
 
     def __init__(self, scheduler: Scheduler, victims: Sequence[tuple[TensorState | None, Storage]],
-                 relocate: frozenset[Storage] = frozenset(),
+                 relocate: dict[Storage, MemorySpace] | None = None,
                  guards: tuple[MemorySpace, list[tuple[int, int]]] | None = None) -> None:
         super().__init__()
         self.scheduler = scheduler
         self.victims = list(victims)
-        self.relocated = relocate
+        self.relocated = relocate if relocate is not None else {}
         self.guards = guards
         self.moves: list[tuple[TensorState | None, Storage, Storage | None]] = []
 
@@ -344,8 +345,9 @@ class EvictCommand(Command):
                 elif storage not in state.storages or state.moving not in (None, self):
                     continue  # freed or moved since it was chosen
                 target = None
-                if storage in self.relocated:
-                    target = s.allocate_geometry(s.geometry_of(storage), None)
+                where = self.relocated.get(storage)
+                if where is not None:
+                    target = s.allocate_geometry(s.geometry_of(storage, where), None)
                     steps.append(Copy(storage, target, storage.dims3))
                     nbytes += storage.nbytes + target.nbytes
                 else:
@@ -373,9 +375,13 @@ class EvictCommand(Command):
         for state, storage, target in self.moves:
             if storage in self.relocated:
                 assert target is not None
+                within = target.layout.memory is storage.layout.memory
                 s.move_in_place(storage, target)
-                relocated += target.nbytes
-                moved += 1
+                if within:
+                    relocated += target.nbytes
+                    moved += 1
+                else:  # evicted in place (a buffer a trace replays into)
+                    copied += target.nbytes
                 if state is not None:
                     state.moving = None
                     s.settle(state)
@@ -420,7 +426,7 @@ class EvictCommand(Command):
     def forget(self) -> None:
         self.victims = []
         self.moves = []
-        self.relocated = frozenset()
+        self.relocated = {}
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()
@@ -531,12 +537,16 @@ class ProgramCommand(_Scheduled):
         try:
             sources = []
             for state, spec in zip(self.reads, program.inputs):
-                layout = spilled(spec.layout, spill)
+                layout = spec.layout
                 storage = state.find(layout) or made.get((id(state), layout))
+                if storage is None and spill:  # a DRAM twin made or kept earlier will do
+                    layout = spilled(layout, True)
+                    storage = state.find(layout) or made.get((id(state), layout))
                 if storage is None:
                     if not state.storages:
                         raise ProgramError("an input tensor has no device storage")
-                    storage = s.allocate(layout, state.shape, state)
+                    storage = s.allocate_spilling(spec.layout, state.shape, state, spill)
+                    layout = storage.layout
                     allocated.append(storage)
                     steps.append(Copy(state.conversion_source(layout), storage, state.shape))
                     self.converted.append(state)
@@ -550,14 +560,14 @@ class ProgramCommand(_Scheduled):
                 if k in donated:  # the donated input's buffer, as its source found or made it
                     outputs.append(sources[donated[k]])
                     continue
-                storage = s.allocate(spilled(spec.layout, spill), spec.shape, state)
+                storage = s.allocate_spilling(spec.layout, spec.shape, state, spill)
                 allocated.append(storage)
                 outputs.append(storage)
                 nbytes += storage.nbytes
             scratch = {}
             for value, shape, l1_layout, dram_layout in self.plan.scratch:
                 try:
-                    storage = s.allocate(spilled(l1_layout, spill), shape, None)
+                    storage = s.allocate(l1_layout, shape, None)
                 except OutOfMemoryError:
                     storage = s.allocate(dram_layout, shape, None)
                 allocated.append(storage)
@@ -742,12 +752,17 @@ class Scheduler(SchedulerCore):
             dims3 = (math.prod(shape[:-2]), shape[-2], shape[-1])
         return layout, space, page_size, aligned, num_pages, depth, dims3
 
-    def geometry_of(self, storage: Storage) -> _Geometry:
-        """The geometry of an existing storage (to allocate its twin elsewhere in its space)."""
-        space = self._spaces[storage.layout.memory]
-        depth = -(-storage.num_pages // space.num_banks) * storage.aligned_page_size
-        return (storage.layout, space, storage.page_size, storage.aligned_page_size,
-                storage.num_pages, depth, storage.dims3)
+    def geometry_of(self, storage: Storage, where: MemorySpace | None = None) -> _Geometry:
+        """The geometry of a twin of an existing storage, in its own space or in `where`."""
+        layout = storage.layout
+        if where is not None and where is not layout.memory:
+            layout = self._layouts.setdefault(
+                Layout(where, layout.tensor_layout, layout.dtype),
+                Layout(where, layout.tensor_layout, layout.dtype))
+        space = self._spaces[layout.memory]
+        aligned = space.aligned(storage.page_size)
+        depth = -(-storage.num_pages // space.num_banks) * aligned
+        return (layout, space, storage.page_size, aligned, storage.num_pages, depth, storage.dims3)
 
     def move_in_place(self, storage: Storage, target: Storage) -> None:
         """`storage` takes `target`'s address (its bytes were copied there); its old block is
@@ -755,6 +770,12 @@ class Scheduler(SchedulerCore):
         to addresses again."""
         space = self._spaces[storage.layout.memory]
         space.allocator.free(storage.address)
+        if target.layout.memory is not storage.layout.memory:  # a pinned buffer evicted in place
+            owner = self._l1.pop(storage, None)
+            if owner is not None and target.layout.memory is MemorySpace.L1:
+                self._l1[storage] = owner
+            storage.layout = target.layout
+            storage.aligned_page_size = target.aligned_page_size
         storage.address = target.address
         storage._buffer = None
         storage.pages = None
@@ -766,6 +787,17 @@ class Scheduler(SchedulerCore):
 
     def allocate(self, layout: Layout, shape: tuple[int, ...], owner: TensorState | None) -> Storage:
         return self.allocate_geometry(self.geometry(layout, shape), owner)
+
+    def allocate_spilling(self, layout: Layout, shape: tuple[int, ...], owner: TensorState | None,
+                          spill: bool) -> Storage:
+        """`allocate`; for a command that spills, an L1 allocation that does not fit goes to
+        DRAM (only that one: the others stay in L1, and DRAM keeps its room)."""
+        if spill and layout.memory is MemorySpace.L1:
+            try:
+                return self.allocate(layout, shape, owner)
+            except OutOfMemoryError:
+                layout = spilled(layout, True)
+        return self.allocate(layout, shape, owner)
 
     def num_banks(self, space: MemorySpace) -> int:
         return self._spaces[space].num_banks
@@ -1003,20 +1035,25 @@ class Scheduler(SchedulerCore):
                      movable: dict[int, tuple[TensorState | None, Storage]],
                      keep: set[TensorState] | frozenset[TensorState]) -> EvictCommand | None:
         """The moves that empty [start, start + depth): each buffer in it relocates where the
-        allocator would place it outside; one that does not fit is evicted to DRAM if it may
-        be (an L1 tensor's, not pinned by a trace, not read by the command that needs the
-        room), else the block cannot be made (None)."""
+        allocator would place it outside; one that does not fit is evicted to DRAM (in place
+        when a trace replays into it) unless the command that needs the room reads it; then,
+        or in DRAM, the block cannot be made (None)."""
         allocator = self._spaces[space].allocator
         sizes = allocator.allocations()
         places = _room.placement(allocator, (start, depth), inside)
         for address, place in places.items():
             state, storage = movable[address]
-            if place is None and (space is not MemorySpace.L1 or state is None or state in keep
-                                  or storage in self._pins):
+            if place is None and (space is not MemorySpace.L1 or state in keep):
                 return None
         victims = [movable[a] for a in sorted(inside, key=lambda a: -sizes[a])]
-        relocate = frozenset(movable[a][1] for a, p in places.items() if p is not None)
-        kind = RelocateCommand if relocate else EvictCommand
+        relocate: dict[Storage, MemorySpace] = {}
+        for address, place in places.items():
+            state, storage = movable[address]
+            if place is not None:
+                relocate[storage] = space
+            elif state is None or storage in self._pins:
+                relocate[storage] = MemorySpace.DRAM  # evicted in place: a trace replays into it
+        kind = RelocateCommand if space in relocate.values() else EvictCommand
         return kind(self, victims, relocate, (space, _room.gaps(allocator, start, depth)))
 
     def out_of_memory(self, error: OutOfMemoryError) -> OutOfMemoryError:
@@ -1385,14 +1422,17 @@ class Capture:
         ]
 
     def rebind(self) -> None:
-        """Recomputes the C kernel operands (addresses) of its recorded programs: a pinned
-        storage was relocated in place."""
+        """Recomputes how its recorded programs run on their storages (pagewise or not, the C
+        kernel's operand addresses): a pinned storage was moved in place."""
         s = self.scheduler
         for index, step in enumerate(self.steps):
-            if type(step) is Compute and step.kernel is not None:
+            if type(step) is Compute and step.plan.pagewise:
+                # a buffer moved to DRAM may leave the operands in two spaces: then numpy runs it
                 operands = (*step.sources, *step.outputs, *step.scratch.values())
-                kernel = page_kernel(step.plan, operands, s.num_banks(operands[0].layout.memory))
-                self.steps[index] = step._replace(kernel=kernel)
+                pagewise = pagewise_storages(step.plan, operands)
+                kernel = (page_kernel(step.plan, operands, s.num_banks(operands[0].layout.memory))
+                          if pagewise else None)
+                self.steps[index] = step._replace(pagewise=pagewise, kernel=kernel)
 
     def unpin_if_idle(self) -> None:
         if self.released and self.replays_pending == 0 and self.pinned:

@@ -287,8 +287,10 @@ def program_cases(
             out = (b.softmax(v), e / e.sum(-1, keepdims=True))
         elif op == "gram":
             out = (b.matmul(v, b.transpose(v)), ref @ ref.T)
-        else:
+        elif v.shape[0] * v.shape[1] <= max_side * max_side:
             out = (b.reshape(v, (v.shape[0] * v.shape[1], 1)), ref.reshape(-1, 1))
+        else:  # a column of a Gram matrix's every element: 16 MiB a bank, more than the device's DRAM
+            out = (b.relu(v), np.maximum(ref, 0))
         values.append(out)
     chosen = draw(st.lists(st.integers(0, len(values) - 1), min_size=1, max_size=max_outputs))
     expected = []
