@@ -95,6 +95,9 @@ class MemoryView:
             f"{_mib(self.largest_free_block)}, fragmentation {self.fragmentation:.2f}, "
             f"{len(self.buffers)} buffers"
         ]
+        circular = sum(b.nbytes for b in self.buffers if b.kind == "circular_buffers")
+        if circular:
+            lines[0] += f" (used includes {_mib(circular)} of circular buffers)"
         shown = sorted(self.buffers, key=lambda b: -b.nbytes)[:_SHOWN]
         for b in sorted(shown, key=lambda b: b.address):
             what = ""
