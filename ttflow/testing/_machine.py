@@ -21,6 +21,7 @@ real bugs, where a naive portal-driven machine cannot:
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
@@ -28,7 +29,9 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 import attrs
+import ml_dtypes
 import numpy as np
+from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -39,10 +42,10 @@ from .._binary import Binary
 from .._program import Program, TensorSpec
 from .._runtime import deallocate, empty, submit, to_device, to_host, to_layout, wait, write
 from .._tensor import Tensor
-from .._types import DataType, DeviceSpec, Layout, MemorySpace
+from .._types import DataType, DeviceSpec, Layout, MemorySpace, TensorLayout
 from ._model import DeviceModel, ModelTensor, WorkerThreadHold, drain
 from ._reference import ExpectedValue, space_capacity, storage_geometry, stored
-from ._strategies import arrays, layouts
+from ._strategies import INT_RANGE, _seeded_floats, _seeded_ints, arrays, layouts
 
 __all__ = ["ModelProgram", "RuntimeStateMachine"]
 
@@ -175,12 +178,16 @@ class RuntimeStateMachine(RuleBasedStateMachine):
     `deallocate` (then checks that a use of the handle raises DeallocatedTensorError),
     `deallocate_many` (a batch at once, as at the end of a front-end's step), `to_host`
 
-    (compares with the model), `wait` (`tt.wait` or `await t`) and `drain`. The waiting rules let
-    the device run until idle, then read every live tensor back and check it and the accounting
-    exactly (`drain_and_check`, `DeviceModel.check_drained`); the invariant `memory_within_bounds`
-    runs after every step and waits for nothing (`DeviceModel.check_bounds`). Teardown
-    deallocates every handle, drains, checks that nothing is left allocated, and closes the
-    device.
+    (compares with the model), `wait` (`tt.wait` or `await t`) and `drain`; for memory
+    planning, `fragment` (fill a share of L1 or DRAM with tensors, free every other one) and
+    `request` (then a tensor larger than any hole but within the free bytes: the runtime must
+    relocate, evict or spill, never lose a byte). The waiting rules let the device run until
+    idle, then read every live tensor back and check it and the accounting exactly
+    (`drain_and_check`, `DeviceModel.check_drained`); the invariants run after every step and
+    wait for nothing: `memory_within_bounds` (`DeviceModel.check_bounds`) and
+    `memory_views_consistent` (each space's `memory_view` adds up, nothing in it overlaps, every
+    storage a tensor lists is in it). Teardown deallocates every handle, drains, checks that
+    nothing is left allocated, and closes the device.
 
     To add a rule, use the helpers: `pick` (a tracked tensor), `push`, `convert`, `run_program`,
     `observe`, `call` (a synchronous runtime call on the loop: never awaits its result), `run`
@@ -208,17 +215,41 @@ class RuntimeStateMachine(RuleBasedStateMachine):
     stop, the others run inline. Process-wide while the machine runs, restored at teardown."""
     settle_checkpoints: ClassVar[int] = 8
     """Checkpoints the loop gets after each rule before the invariant (see `_settled`)."""
+    eviction: ClassVar[str] = "lookahead"
+    """The device's L1 eviction policy (`open_device(eviction=...)`)."""
+    strict_relocation: ClassVar[bool] = False
+    """`request` expects any DRAM request within DRAM's free bytes to be made on an idle device
+    (buffers compacted as needed). False: only when the runtime's documented relocation (empty
+    one block by moving the buffers in it into free blocks elsewhere) can make it with one move;
+    otherwise the request may fail with OutOfMemoryError."""
+    fragment_dram: ClassVar[bool] = False
+    """Whether `fragment` also fragments DRAM: it fills DRAM to the brim (a zero "ballast"
+    tensor over all of it but the fragments' room and a few KiB) until `request` runs. Meanwhile
+    `room()` is False: set it only if every rule of yours that allocates checks `room()`. Only
+    on devices whose DRAM takes at most `max_ballast_bytes` (the small one's 64 MiB, not an
+    n150's 12 GiB). L1 is fragmented in any case."""
+    max_ballast_bytes: ClassVar[int] = 128 * 2**20
 
     def __init__(self) -> None:
         super().__init__()
         self._inline_seconds = _queue.INLINE_SECONDS
+        self._ballasts: list[ModelTensor] = []
+        # Tensors the other rules leave alone (never picked, freed, or counted by `room`): the
+        # ballasts and requests of `request`, whose shapes depend on the device's memory view.
+        # Drawing from them would make an example play differently when it is replayed.
+        self._aside: set[ModelTensor] = set()
+        # The tensors of `fragment` and their conversions, of shapes not among `shapes`: only
+        # the rules here that take any shape pick them (`pick`).
+        self._fragments: set[ModelTensor] = set()
+        self._fragmented: dict[MemorySpace, list[ModelTensor]] = {}
         if self.inline_seconds is not None:
             _queue.INLINE_SECONDS = self.inline_seconds
         self.hold = WorkerThreadHold()
         self._portal_cm = anyio.from_thread.start_blocking_portal(self.backend)
         self.portal = self._portal_cm.__enter__()
         try:
-            self._device_cm = self.portal.wrap_async_context_manager(open_device(self.spec))
+            self._device_cm = self.portal.wrap_async_context_manager(
+                open_device(self.spec, eviction=self.eviction))
             self.device: Device = self._device_cm.__enter__()
             self.model = DeviceModel(self.spec)
             if self.hold_workers:
@@ -262,23 +293,45 @@ class RuntimeStateMachine(RuleBasedStateMachine):
     # -- the model ----------------------------------------------------------------------------
 
     def pick(self, data: st.DataObject, where: Callable[[ModelTensor], bool] | None = None,
-             label: str = "tensor") -> ModelTensor:
-        """Draws a tracked tensor (deallocated and failed ones too, unless `where` says)."""
+             label: str = "tensor", *, any_shape: bool = False) -> ModelTensor:
+        """Draws a tracked tensor (deallocated and failed ones too, unless `where` says).
+
+        Not the tensors of `fragment` (and their conversions), whose shapes are not among
+        `shapes`, unless `any_shape` (the machine's own rules that take any shape); never a
+        ballast or request (`request`).
+        """
         # Newest first: an example shrinks toward using the latest tensor, and deleting an
         # unrelated earlier step does not change which tensor a later step picks.
-        candidates = [e for e in reversed(self.model.tensors) if where is None or where(e)]
+        candidates = [e for e in reversed(self.model.tensors)
+                      if (where is None or where(e)) and self._pickable(e, any_shape)]
         if not candidates:
             raise ValueError(f"no tracked tensor for {label}: guard the rule with a precondition")
         return data.draw(st.sampled_from(candidates), label=label)
 
-    def has(self, where: Callable[[ModelTensor], bool] | None = None) -> bool:
-        return any(where is None or where(e) for e in self.model.tensors)
+    def has(self, where: Callable[[ModelTensor], bool] | None = None, *, any_shape: bool = False) -> bool:
+        """Whether `pick` has a candidate."""
+        return any((where is None or where(e)) and self._pickable(e, any_shape) for e in self.model.tensors)
+
+    def _pickable(self, entry: ModelTensor, any_shape: bool) -> bool:
+        return entry not in self._aside and (any_shape or entry not in self._fragments)
+
+    def _is_ballast(self, entry: ModelTensor) -> bool:
+        return any(entry is b for b in self._ballasts)
 
     def room(self) -> bool:
-        """Whether new tensors are welcome: few enough, and DRAM far from full."""
+        """Whether new tensors are welcome: few enough, and DRAM far from full (no ballast)."""
         return (
-            len(self.model.tensors) < self.max_tensors
-            and self.model.dram_estimate() < space_capacity(self.spec, MemorySpace.DRAM) // 4
+            len(self.model.tensors) - len(self._aside) < self.max_tensors
+            and not self._ballasts  # DRAM is full until `request` lets go of it
+            and self.model.dram_estimate() - self._aside_estimate()
+            < space_capacity(self.spec, MemorySpace.DRAM) // 4
+        )
+
+    def _aside_estimate(self) -> int:
+        """`DeviceModel.dram_estimate` of the live tensors set aside."""
+        return sum(
+            3 * storage_geometry(e.shape, attrs.evolve(e.home, memory=MemorySpace.DRAM), self.spec).footprint
+            for e in self._aside if not e.deallocated
         )
 
     def _usable_l1_bank(self) -> int:
@@ -291,19 +344,31 @@ class RuntimeStateMachine(RuleBasedStateMachine):
         return storage_geometry(shape, layout, self.spec).depth
 
     def push(self, array: Any, layout: Layout, label: str | None = None) -> ModelTensor | None:
-        """`to_device(array, layout)`, tracked; None when L1 had no room (which it checks)."""
+        """`to_device(array, layout)`, tracked; None when it is an L1 tensor larger than an L1
+        bank, which must raise OutOfMemoryError at once. Any other L1 tensor must be made (the
+        runtime evicts, relocates or spills it to DRAM), and so must a DRAM one (`room`)."""
         layout = layout.resolve(DataType.from_numpy(array.dtype))
         assert layout.dtype is not None
         depth = self._l1_depth(tuple(array.shape), layout)
         try:
             tensor = self.call(to_device, array, self.device, layout)
-        except OutOfMemoryError:
-            assert layout.memory is MemorySpace.L1, "to_device ran out of DRAM far below capacity"
+        except OutOfMemoryError as exc:
+            self._check_refused("to_device", layout, depth, exc)
             return None
         assert depth <= self._usable_l1_bank(), (
             f"to_device gave an L1 tensor of {depth} bytes per bank; banks hold {self.spec.l1_bank_bytes}"
         )
         return self.model.track(tensor, layout, stored(array, layout.dtype), label=label)
+
+    def _check_refused(self, what: str, layout: Layout, depth: int, exc: OutOfMemoryError) -> None:
+        """An OutOfMemoryError at call time: only for an L1 request larger than an L1 bank (the
+        machine keeps DRAM far from full outside `fragment`), with the memory view."""
+        assert layout.memory is MemorySpace.L1, f"{what} ran out of DRAM far below capacity: {exc}"
+        assert depth > self._usable_l1_bank(), (
+            f"{what} of an L1 tensor of {depth} bytes per bank raised {exc}; it fits in an L1 bank "
+            f"({self._usable_l1_bank()} bytes): the runtime must make room, or spill it to DRAM"
+        )
+        assert exc.view is not None, f"{what}: the OutOfMemoryError carries no memory view: {exc}"
 
     def convert(self, source: ModelTensor, layout: Layout) -> ModelTensor | None:
         """`to_layout(source, layout)`, tracked (a deallocated source must raise)."""
@@ -314,13 +379,18 @@ class RuntimeStateMachine(RuleBasedStateMachine):
         resolved = layout.resolve(source.dtype)
         assert resolved.dtype is not None
         expected = source.expected.stored_as(resolved.dtype) if source.expected is not None else None
+        # Into L1: larger than an L1 bank, it fails; otherwise the runtime makes room (evicts,
+        # relocates) or spills the copy to DRAM: it cannot fail on its own.
         depth = self._l1_depth(source.shape, resolved)
-        return self.model.track(
+        entry = self.model.track(
             target, resolved, expected,
             label=f"{self._next_label()} = to_layout({source.name})",
             fails_with=OutOfMemoryError if depth > self._usable_l1_bank() else None,
-            may_fail=depth > 0, parents=(source,),
+            parents=(source,),
         )
+        if source in self._fragments:
+            self._fragments.add(entry)
+        return entry
 
     def run_program(self, model_program: ModelProgram, inputs: Sequence[ModelTensor],
                     submitted: Sequence[Tensor] | None = None) -> list[ModelTensor]:
@@ -329,15 +399,18 @@ class RuntimeStateMachine(RuleBasedStateMachine):
         program = model_program.program
         outputs = submitted if submitted is not None else self.call(
             submit, self.device, model_program.binary, model_program.index, [e.tensor for e in inputs])
-        # The L1 it needs at once: its L1 inputs (once per tensor and layout) and L1 outputs
-        # (but a donated output, which takes its input's buffer).
+        # The L1 it allocates: its L1 inputs (once per tensor and layout) and L1 outputs (but a
+        # donated output, which takes its input's buffer). One larger than an L1 bank fails it;
+        # otherwise the runtime evicts, relocates or spills to DRAM, but the program's circular
+        # buffers at the bottom of L1 may still clash with what it reads there: it may fail.
         l1_inputs = {(id(e), spec.layout): self._l1_depth(e.shape, spec.layout)
                      for e, spec in zip(inputs, program.inputs)}
         donated = dict(program.donations)
-        need = sum(l1_inputs.values()) + sum(
+        sizes = [*l1_inputs.values()] + [
             self._l1_depth(s.shape, s.layout) for k, s in enumerate(program.output_specs)
             if k not in donated
-        )
+        ]
+        need, largest = sum(sizes), max(sizes, default=0)
         expected: list[ExpectedValue | None] = [None] * len(outputs)
         if all(e.expected is not None for e in inputs):
             args = [e.expected.stored_as(s.dtype) for e, s in zip(inputs, program.inputs)]  # type: ignore[union-attr]
@@ -349,7 +422,7 @@ class RuntimeStateMachine(RuleBasedStateMachine):
             self.model.track(
                 tensor, spec.layout, value,
                 label=f"{self._next_label()} = {program.name}({names})[{k}]",
-                fails_with=OutOfMemoryError if need > self._usable_l1_bank() else None,
+                fails_with=OutOfMemoryError if largest > self._usable_l1_bank() else None,
                 may_fail=need > 0, parents=tuple(inputs),
             )
             for k, (tensor, spec, value) in enumerate(zip(outputs, program.output_specs, expected))
@@ -381,7 +454,8 @@ class RuntimeStateMachine(RuleBasedStateMachine):
     def drain_and_check(self) -> None:
         """Waits for every queued command, then reads every live tensor back and checks its
         value or its error against the model, and the device's memory exactly."""
-        live = [e for e in self.model.tensors if not e.deallocated]
+        # A ballast of `fragment` (tens of MiB of zeros) is read back once, by `request`.
+        live = [e for e in self.model.tensors if not e.deallocated and not self._is_ballast(e)]
         outcomes = self.run(_drained_outcomes, self.device, [e.tensor for e in live])
         for entry, outcome in zip(live, outcomes):
             if isinstance(outcome, BaseException):
@@ -391,6 +465,11 @@ class RuntimeStateMachine(RuleBasedStateMachine):
                 assert entry.expected is not None
                 entry.expected.check(outcome, what=repr(entry))
         self.call(self.model.check_drained, self.device)
+        done = [e for e in self.model.tensors
+                if e in self._aside and not e.deallocated and not self._is_ballast(e)]
+        self.call(_deallocate_all, [e.tensor for e in done])
+        for entry in done:
+            entry.deallocated = True
 
     def _unsettled_ancestors(self, entry: ModelTensor) -> list[ModelTensor]:
         found: dict[int, ModelTensor] = {}
@@ -453,16 +532,16 @@ class RuntimeStateMachine(RuleBasedStateMachine):
         assert layout.dtype is not None
         try:
             tensor = self.call(empty, shape, layout.dtype, self.device, layout)
-        except OutOfMemoryError:
-            assert layout.memory is MemorySpace.L1, "empty ran out of DRAM far below capacity"
+        except OutOfMemoryError as exc:
+            self._check_refused("empty", layout, self._l1_depth(shape, layout), exc)
             return
         zeros = stored(arrays_zeros(shape, layout.dtype), layout.dtype)
         self.model.track(tensor, layout, zeros, label=f"{self._next_label()} = empty")
 
-    @precondition(lambda self: self.room() and self.has())
+    @precondition(lambda self: self.room() and self.has(any_shape=True))
     @rule(data=st.data())
     def to_layout(self, data: st.DataObject) -> None:
-        source = self.pick(data, label="source")
+        source = self.pick(data, label="source", any_shape=True)
         if source.dtype.is_float:
             floats = [DataType.FLOAT32, DataType.BFLOAT16, DataType.BFLOAT8_B]
             dtype = data.draw(st.sampled_from([None, *floats]), label="dtype")
@@ -533,11 +612,11 @@ class RuntimeStateMachine(RuleBasedStateMachine):
         target.expected = stored(array, target.dtype)
         self.run_program(chosen, inputs)
 
-    @precondition(lambda self: self.has(lambda e: e.deallocated or e.known_ok))
+    @precondition(lambda self: self.has(lambda e: e.deallocated or e.known_ok, any_shape=True))
     @rule(data=st.data())
     def write(self, data: st.DataObject) -> None:
 
-        entry = self.pick(data, lambda e: e.deallocated or e.known_ok)
+        entry = self.pick(data, lambda e: e.deallocated or e.known_ok, any_shape=True)
         array = data.draw(arrays(entry.dtype, entry.shape), label="array")
         if entry.deallocated:
             self.expect_raises(DeallocatedTensorError, write, entry.tensor, array)
@@ -545,10 +624,10 @@ class RuntimeStateMachine(RuleBasedStateMachine):
         self.call(write, entry.tensor, array)
         entry.expected = stored(array, entry.dtype)
 
-    @precondition(lambda self: self.has(lambda e: not e.deallocated))
+    @precondition(lambda self: self.has(lambda e: not e.deallocated, any_shape=True))
     @rule(data=st.data())
     def deallocate(self, data: st.DataObject) -> None:
-        entry = self.pick(data, lambda e: not e.deallocated)
+        entry = self.pick(data, lambda e: not e.deallocated, any_shape=True)
         self.call(deallocate, entry.tensor)
         if data.draw(st.booleans(), label="twice"):
             self.call(deallocate, entry.tensor)  # a no-op
@@ -572,24 +651,24 @@ class RuntimeStateMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def deallocate_many(self, data: st.DataObject) -> None:
         """Frees a batch at once, as a front-end does at the end of a step."""
-        live = [e for e in self.model.tensors if not e.deallocated]
+        live = [e for e in self.model.tensors if not e.deallocated and e not in self._aside]
         chosen = [e for e in live if data.draw(st.booleans(), label=f"free {e.name}")]
         self.call(_deallocate_all, [e.tensor for e in chosen])
         for entry in chosen:
             entry.deallocated = True
 
-    @precondition(lambda self: self.has())
+    @precondition(lambda self: self.has(any_shape=True))
     @rule(data=st.data())
     def to_host(self, data: st.DataObject) -> None:
 
-        self.observe(self.pick(data), "to_host")
+        self.observe(self.pick(data, any_shape=True), "to_host")
         if self.hold_workers:  # the device is idle: check it exactly
             self.drain_and_check()
 
-    @precondition(lambda self: self.has())
+    @precondition(lambda self: self.has(any_shape=True))
     @rule(data=st.data())
     def wait(self, data: st.DataObject) -> None:
-        entry = self.pick(data)
+        entry = self.pick(data, any_shape=True)
         self.observe(entry, data.draw(st.sampled_from(["wait", "await"]), label="how"))
         if self.hold_workers:
             self.drain_and_check()
@@ -598,11 +677,223 @@ class RuntimeStateMachine(RuleBasedStateMachine):
     def drain(self) -> None:
         self.drain_and_check()
 
+    # -- memory planning: fragmentation, relocation, spilling ------------------------------------
+    #
+    # Every draw of these rules comes before the device is looked at (its memory view decides
+    # sizes): hypothesis needs the same draws to give the same example, whatever the device does.
+
+    def _can_fragment_dram(self) -> bool:
+        return self.fragment_dram and (
+            space_capacity(self.spec, MemorySpace.DRAM) <= self.max_ballast_bytes + (8 << 20))
+
+    @precondition(lambda self: self.room() and not self._fragmented)
+    @rule(data=st.data())
+    def fragment(self, data: st.DataObject) -> None:
+        """Fills a good share of one space with 4 to 8 tensors of every layout (or all alike),
+        side by side, then deallocates every other one: holes, each smaller than what `request`
+        then asks for.
+
+        L1: the tensors take half to all of an L1 bank together (the runtime evicts what is in
+        the way, or relocates or spills); maybe drained before and after, so that they sit
+        side by side, maybe with everything in flight. DRAM (with `fragment_dram`, on small
+        devices): after a drain, the tensors take 16 to 128 KiB per bank each, and a zero
+        "ballast" tensor fills the rest of DRAM's largest free block. The survivors are tracked
+        like any tensor (their values are checked at every drain)."""
+        spaces = [MemorySpace.L1] + ([MemorySpace.DRAM] if self._can_fragment_dram() else [])
+        space = data.draw(st.sampled_from(spaces), label="space")
+        n = data.draw(st.integers(4, 8), label="tensors")
+        kib = data.draw(st.sampled_from([16, 32, 64, 128]), label="DRAM KiB per bank")
+        # All alike (a survivor then fits in any hole), or each its own layout and shape.
+        alike = data.draw(st.booleans(), label="alike")
+        drawn: list[tuple[Layout, _ShapeChoice, int]] = []
+        for k in range(n):
+            layout, choice = drawn[0][:2] if alike and drawn else (
+                data.draw(layouts(memory=space), label=f"layout {k}"),
+                data.draw(_shape_choices(self.spec.banks(space)), label=f"shape {k}"))
+            drawn.append((layout, choice, data.draw(st.integers(0, 2**32 - 1), label=f"seed {k}")))
+        first = data.draw(st.integers(0, 1), label="first freed")
+        # At least a page of DRAM stays free: a drain's fence needs one before the freed
+        # fragments' blocks come back (they come back once their queued writes have run).
+        slack = data.draw(st.sampled_from([4096, 4096, 8192, 64 * 1024]), label="slack per bank")
+        share = data.draw(st.sampled_from([1.0, 0.9, 0.75, 0.5]), label="L1 share of a bank")
+        settle = data.draw(st.booleans(), label="L1 settled")
+        if space is MemorySpace.L1:
+            depth = int(self._usable_l1_bank() * share) // n
+            if settle:
+                self.run(drain, self.device)
+        else:
+            depth = kib * 1024
+        planned = []
+        for layout, choice, seed in drawn:
+            assert layout.dtype is not None
+            shape = choice.shape(layout, self.spec, depth // 2, depth)
+            if shape is not None:
+                planned.append((layout, shape, _seeded_array(layout.dtype, shape, seed)))
+        if space is MemorySpace.DRAM and not self._fill_dram(planned, slack):
+            return
+        fragments = []
+        for layout, shape, array in planned:
+            entry = self.push(array, layout, label=f"{self._next_label()} = fragment")
+            assert entry is not None, f"a fragment of {shape} in {layout} was refused"
+            fragments.append(entry)
+            self._fragments.add(entry)
+        if space is MemorySpace.L1 and settle:  # made (what was in L1 evicted), side by side
+            self.run(drain, self.device)
+        freed = fragments[first::2]
+        self.call(_deallocate_all, [e.tensor for e in freed])
+        for entry in freed:
+            entry.deallocated = True
+        self._fragmented[space] = fragments[1 - first::2]
+        event(f"fragment {space.name}: {len(fragments)} tensors")
+
+    def _fill_dram(self, planned: list[tuple[Layout, tuple[int, ...], Any]], slack: int) -> bool:
+        """Drains, then makes the ballast: all of DRAM's largest free block but the room of
+        `planned` and `slack` bytes per bank. False when that would exceed `max_ballast_bytes`."""
+        self.run(drain, self.device)
+        view = self.call(self.device.memory_view, MemorySpace.DRAM)
+        banks = view.num_banks
+        room = sum(storage_geometry(shape, layout, self.spec).depth for layout, shape, _ in planned)
+        row = _BALLAST_WIDTH * 4  # an INT32 row: one page
+        rows = (view.largest_free_block // banks - room - slack) // row * banks
+        if rows <= 0 or rows * row > self.max_ballast_bytes:
+            return False
+        layout = Layout(MemorySpace.DRAM, TensorLayout.ROW_MAJOR, DataType.INT32)
+        shape = (rows, _BALLAST_WIDTH)
+        tensor = self.call(empty, shape, DataType.INT32, self.device, layout)
+        entry = self.model.track(tensor, layout, _Zeros(DataType.INT32, shape),  # type: ignore[arg-type]
+                                 label=f"{self._next_label()} = ballast")
+        self._ballasts.append(entry)
+        self._aside.add(entry)
+        return True
+
+    @precondition(lambda self: bool(self._fragmented))
+    @rule(data=st.data())
+    def request(self, data: st.DataObject) -> None:
+        """After `fragment`: a tensor larger than any free block of the space but within its
+        free bytes. DRAM must make it (relocating buffers: counted in `stats.relocations`
+        when the device was idle), L1 must make it too (relocating, evicting, or spilling it
+        to DRAM); a request larger than DRAM's free bytes, or than an L1 bank, must raise
+        OutOfMemoryError at once, with the memory view. Then, maybe, a write into a surviving
+        fragment, or its deallocation, or (L1) a conversion of it, queued behind the moves;
+        then (always for DRAM) a drain checks every value, and the ballast is let go."""
+        space = data.draw(st.sampled_from(sorted(self._fragmented, key=lambda s: s.name)), label="space")
+        survivors = self._fragmented.pop(space)
+        settle = data.draw(st.booleans(), label="settle first")
+        too_big = data.draw(st.integers(0, 7), label="too big") == 0
+        layout = data.draw(layouts(memory=space), label="layout")
+        assert layout.dtype is not None
+        choice = data.draw(_shape_choices(self.spec.banks(space)), label="shape")
+        use_empty = too_big or data.draw(st.booleans(), label="empty")
+        seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
+        live = [e for e in survivors if e.usable]
+        then = data.draw(st.sampled_from(["nothing", "write", "deallocate", "to_layout"]), label="then")
+        target = data.draw(st.sampled_from(live), label="survivor") if live else None
+        new_value = target_layout = None
+        if target is not None and then == "write":
+            new_value = data.draw(arrays(target.dtype, target.shape), label="new value")
+        if target is not None and then == "to_layout":
+            target_layout = data.draw(layouts(target.dtype, memory=MemorySpace.DRAM), label="to")
+        finish = space is MemorySpace.DRAM or data.draw(st.booleans(), label="drain")
+
+        if settle:
+            self.run(drain, self.device)
+        view = self.call(self.device.memory_view, space)
+        banks = view.num_banks
+        size = view.total // banks
+        if too_big:
+            lo = size if space is MemorySpace.L1 else view.free // banks
+            hi = 2 * lo + 4096
+        else:
+            lo, hi = view.largest_free_block // banks, view.free // banks
+            if space is MemorySpace.DRAM:
+                hi -= 4096  # the drain's fence needs a page
+            hi = min(hi, 2 * lo, lo + _MAX_REQUEST_DEPTH)
+        shape = choice.shape(layout, self.spec, lo, hi)
+        made = self._ask(space, layout, shape, None if use_empty else seed, settle) if shape else None
+        if shape is None:  # not fragmented (the ballast went, say): nothing to ask
+            event(f"request {space.name}: nothing to ask")
+        # The rest does not depend on what the device did (see above).
+        if target is not None and then == "write":
+            self.call(write, target.tensor, new_value)
+            target.expected = stored(new_value, target.dtype)
+        elif target is not None and then == "deallocate":
+            self.call(deallocate, target.tensor)
+            target.deallocated = True
+            if made is not None:
+                made.moved = False  # its block may be what was missing
+        elif target is not None and then == "to_layout" and space is MemorySpace.L1:
+            assert target_layout is not None
+            self.convert(target, target_layout)
+        if finish:
+            self.drain_and_check()
+            if made is not None:
+                made.check_moved(self.call(_relocations, self.device))
+        self._let_go_of_ballast()
+
+    def _ask(self, space: MemorySpace, layout: Layout, shape: tuple[int, ...], seed: int | None,
+             settled: bool) -> _Request | None:
+        """`empty` (seed None) or `to_device` of `shape` in `space`, checked against what the
+        runtime promises from the memory view taken just before; the request, or None when it
+        was refused at once (as it had to be)."""
+        assert layout.dtype is not None
+        depth = storage_geometry(shape, layout, self.spec).depth
+        array = None if seed is None else _seeded_array(layout.dtype, shape, seed)
+        before = self.call(_relocations, self.device)
+        view, outcome = self.call(_allocating, self.device, space, layout, shape, array)
+        banks = view.num_banks
+        if depth > view.total // banks or (space is MemorySpace.DRAM and depth * banks > view.free):
+            assert isinstance(outcome, OutOfMemoryError), (
+                f"a request of {depth} bytes per bank in {space.name} ({view.free} bytes free "
+                f"over {banks} banks) gave {outcome!r}, not OutOfMemoryError at once")
+            assert outcome.view is not None, f"the OutOfMemoryError carries no memory view: {outcome}"
+            event(f"request {space.name}: refused at once")
+            return None
+        assert not isinstance(outcome, BaseException), (
+            f"a request of {depth} bytes per bank in {space.name}, within its {view.free} free "
+            f"bytes (largest free block {view.largest_free_block}) raised {outcome!r}")
+        moved = depth > view.largest_free_block // banks
+        # L1 always makes it (or spills it to DRAM). DRAM relocates: certainly on an idle device
+        # when moving one buffer into a free block empties a large enough block around it
+        # (`strict_relocation`: whenever the free bytes suffice).
+        certain = space is MemorySpace.L1 or not moved or (
+            settled and (self.strict_relocation or _one_move_makes_room(view, depth)))
+        expected = stored(array if array is not None else arrays_zeros(shape, layout.dtype), layout.dtype)
+        entry = self.model.track(
+            outcome, layout, expected, may_fail=not certain,
+            label=f"{self._next_label()} = {'empty' if array is None else 'to_device'} (request)")
+        self._aside.add(entry)  # deallocated by the next `drain_and_check`, once checked
+        event(f"request {space.name}: {'larger than any free block' if moved else 'fits'}, "
+              f"{'certain' if certain else 'may fail'}")
+        # On an idle device, DRAM can only have made a block larger than its largest by moving.
+        return _Request(entry, before, moved and settled and certain and space is MemorySpace.DRAM,
+                        f"DRAM made a {depth}-byte block with the largest free block "
+                        f"{view.largest_free_block // banks} bytes, and relocated nothing")
+
+    def _let_go_of_ballast(self) -> None:
+        """Reads each ballast back (zeros: no move wrote into it), deallocates it, and drains:
+        a ballast deallocated by another rule while its zeros were still queued is freed only
+        once they are written, and `room` says no until then."""
+        if not self._ballasts:
+            return
+        for entry in self._ballasts:
+            if not entry.deallocated:
+                self.observe(entry, "to_host")
+                self.call(deallocate, entry.tensor)
+                entry.deallocated = True
+        self.run(drain, self.device)
+        self._ballasts = []
+
     @invariant()
     def memory_within_bounds(self) -> None:
         self.portal.call(
             _settled, functools.partial(self.model.check_bounds, self.device), self.settle_checkpoints
         )
+
+    @invariant()
+    def memory_views_consistent(self) -> None:
+        """`memory_view` of each space adds up, nothing in it overlaps, and every storage a
+        tracked tensor lists is in it, at its address, as deep as SPEC says (no waiting)."""
+        self.call(_check_memory_views, self.device, self.model)
 
     def teardown(self) -> None:
         try:
@@ -627,6 +918,185 @@ class RuntimeStateMachine(RuleBasedStateMachine):
             finally:
                 _queue.INLINE_SECONDS = self._inline_seconds
 
+
+
+_BALLAST_WIDTH = 1024
+"""INT32 elements per row of a ballast: one 4 KiB page per row."""
+_MAX_REQUEST_DEPTH = 1 << 20
+"""`request` asks DRAM for at most about twice this many bytes per bank (arrays to draw)."""
+
+
+@attrs.frozen(eq=False)
+class _Zeros:
+    """What a ballast holds: zeros (an `ExpectedValue` without its two arrays of int64, which
+    for tens of MiB would cost more than the device)."""
+
+    dtype: DataType
+    shape: tuple[int, ...]
+
+    def check(self, actual: Any, what: str = "tensor") -> None:
+        a = np.asarray(actual)
+        assert a.dtype == self.dtype.host_dtype and a.shape == self.shape, (
+            f"{what}: to_host gave {a.dtype} {a.shape}, expected {self.dtype.host_dtype} {self.shape}")
+        if a.any():
+            index = tuple(int(i) for i in np.argwhere(a)[0])
+            raise AssertionError(f"{what}: {int(np.count_nonzero(a))} elements are not 0; the first, "
+                                 f"at {index}, is {a[index]!r}")
+
+
+@attrs.define
+class _Request:
+    """A tensor `request` made, and whether it must have relocated something (`moved`)."""
+
+    entry: ModelTensor
+    relocations_before: int
+    moved: bool
+    message: str
+
+    def check_moved(self, relocations: int) -> None:
+        """After a drain: the relocations counter went up if it had to, and an event says what
+        became of the request."""
+        entry = self.entry
+        event(f"request {entry.home.memory.name}: " + (
+            "failed" if entry.error is not None else
+            "now in DRAM (spilled or evicted)" if entry.tensor.layout.memory is not entry.home.memory else
+            "relocated" if relocations > self.relocations_before else "made"))
+        if self.moved and entry.error is None:
+            assert relocations > self.relocations_before, self.message
+
+
+@attrs.frozen
+class _ShapeChoice:
+    """How `request` and `fragment` shape a tensor, drawn before the size is known."""
+
+    width: int
+    fewer: int
+    tall: int
+    trim: tuple[int, int]
+
+    def shape(self, layout: Layout, spec: DeviceSpec, lo: int, hi: int) -> tuple[int, ...] | None:
+        """A 2-D shape whose storage in `layout` takes more than `lo` and at most `hi` bytes per
+        bank (`fewer` pages than the most that fit, its edges trimmed within its last tile);
+        None if there is none."""
+        assert layout.dtype is not None
+        banks = spec.banks(layout.memory)
+        alignment = spec.alignment(layout.memory)
+        tile = layout.tensor_layout is TensorLayout.TILE
+        page = layout.dtype.tile_bytes if tile else self.width * layout.dtype.itemsize
+        aligned = -(-page // alignment) * alignment
+        per_bank = hi // aligned
+        if per_bank <= 0 or per_bank * aligned <= lo:
+            return None
+        pages = per_bank * banks - self.fewer % banks
+        if not tile:
+            return (pages, self.width)
+        tall = max(d for d in range(1, self.tall + 1) if pages % d == 0)
+        shape = (32 * tall - self.trim[0], 32 * (pages // tall) - self.trim[1])
+        assert storage_geometry(shape, layout, spec).depth == per_bank * aligned
+        return shape
+
+
+@functools.cache
+def _shape_choices(banks: int) -> st.SearchStrategy[_ShapeChoice]:
+    return st.builds(
+        _ShapeChoice, st.sampled_from([256, 33, 1000]), st.integers(0, banks - 1),
+        st.sampled_from([1, 2, 4, 8]), st.tuples(st.integers(0, 31), st.integers(0, 31)))
+
+
+def _seeded_array(dtype: DataType, shape: tuple[int, ...], seed: int) -> np.ndarray[Any, Any]:
+    """A host array for a `dtype` tensor of `shape`, from `seed` (its shape depends on the
+    device's state, so it cannot be drawn as the others are)."""
+    if dtype.is_float:
+        values = _seeded_floats(seed, shape)
+        return values.astype(ml_dtypes.bfloat16) if dtype is DataType.BFLOAT16 else values
+    low, high = INT_RANGE[dtype]
+    return _seeded_ints(seed, shape, low, high).astype(dtype.host_dtype)
+
+
+def _one_move_makes_room(view: Any, depth: int) -> bool:
+    """Whether one tensor buffer, moved into a free block away from it, leaves a free block of
+    `depth` bytes (per bank) around its old place: relocation must then find room."""
+    spans = sorted([(b.address, b.depth, b.kind) for b in view.buffers]
+                   + [(a, d, "free") for a, d in view.free_blocks])
+    for k, (address, size, kind) in enumerate(spans):
+        if kind not in ("home", "conversion"):
+            continue
+        before = spans[k - 1][1] if k > 0 and spans[k - 1][2] == "free" else 0
+        after = spans[k + 1][1] if k + 1 < len(spans) and spans[k + 1][2] == "free" else 0
+        if before + size + after < depth:
+            continue
+        neighbours = {k - 1, k + 1}
+        if any(d >= size for j, (_, d, kd) in enumerate(spans) if kd == "free" and j not in neighbours):
+            return True
+    return False
+
+
+def _relocations(device: Device) -> int:
+    return device.stats.relocations
+
+
+def _allocating(device: Device, space: MemorySpace, layout: Layout, shape: tuple[int, ...],
+                array: Any) -> tuple[Any, Any]:
+    """The memory view of `space`, then `empty` (array None) or `to_device` in one step of the
+    loop: the tensor, or the TTFlowError it raised."""
+    view = device.memory_view(space)
+    assert layout.dtype is not None
+    try:
+        if array is None:
+            return view, empty(shape, layout.dtype, device, layout)
+        return view, to_device(array, device, layout)
+    except TTFlowError as exc:
+        return view, exc
+
+
+def _check_memory_views(device: Device, model: DeviceModel) -> None:
+    spec = model.spec
+    for space in MemorySpace:
+        view = device.memory_view(space)
+        banks = spec.banks(space)
+        what = f"{space.name} memory view"
+        assert view.space is space and view.num_banks == banks, f"{what}: {view.space}, {view.num_banks} banks"
+        assert view.total == space_capacity(spec, space), f"{what}: total {view.total}"
+        assert view.used == sum(b.nbytes for b in view.buffers), (
+            f"{what}: used {view.used}, its buffers add up to {sum(b.nbytes for b in view.buffers)}\n{view}")
+        assert view.free == view.total - view.used, f"{what}: free {view.free} + used {view.used} != {view.total}"
+        assert 0 <= view.largest_free_block <= view.free, (
+            f"{what}: largest free block {view.largest_free_block}, free {view.free}")
+        blocks = sorted(view.free_blocks)
+        assert sum(d for _, d in blocks) * banks == view.free, f"{what}: free blocks {blocks}, free {view.free}"
+        assert max((d for _, d in blocks), default=0) * banks == view.largest_free_block, (
+            f"{what}: free blocks {blocks}, largest {view.largest_free_block}")
+        size = view.total // banks
+        spans = sorted([(b.address, b.address + b.depth, b.kind) for b in view.buffers]
+                       + [(a, a + d, "free") for a, d in blocks])
+        for b in view.buffers:
+            assert b.depth > 0 and b.nbytes == b.depth * banks, f"{what}: {b}"
+            assert b.kind in _KINDS, f"{what}: a buffer of kind {b.kind!r}"
+        for (start, end, kind), (next_start, _, next_kind) in itertools.pairwise(spans):
+            assert 0 <= start < end <= next_start, (
+                f"{what}: [{start}, {end}) ({kind}) overlaps [{next_start}, ...) ({next_kind})\n{view}")
+        assert not spans or spans[-1][1] <= size, f"{what}: {spans[-1]} beyond the bank's {size} bytes"
+        used = device.memory_used(space)
+        idle = sum(b.nbytes for b in view.buffers if b.kind == "circular_buffers")
+        assert used == view.used or (space is MemorySpace.L1 and used == view.used - idle), (
+            f"{what}: memory_used is {used}, the view says {view.used} ({idle} of circular buffers)")
+        at = {b.address: b for b in view.buffers}
+        for e in model.tensors:
+            for k, (layout, buffer) in enumerate(e.tensor.storages):
+                if buffer.space is not space:
+                    continue
+                shown = at.get(buffer.address)
+                want = -(-buffer.num_pages // banks) * buffer.aligned_page_size
+                assert shown is not None and shown.depth == want, (
+                    f"{what}: {e!r} lists a storage at {buffer.address}, {want} bytes deep; the view "
+                    f"has {shown}\n{view}")
+                assert shown.kind == ("home" if k == 0 else "conversion"), (
+                    f"{what}: storage {k} of {e!r} is a {shown.kind!r} buffer")
+                assert (shown.layout, shown.shape) == (layout, e.shape), (
+                    f"{what}: storage {k} of {e!r} ({layout}) shows as {shown}")
+
+
+_KINDS = frozenset({"home", "conversion", "pending", "scratch", "circular_buffers", "trace"})
 
 
 def _deallocate_all(tensors: list[Tensor]) -> None:
