@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import ttflow as tt
-from ttflow import _demo
 from ttflow._bench import belady, memory
 from ttflow._bench.belady import AccessTrace, lower_bound, simulate
 
@@ -190,12 +189,6 @@ def test_recorder_counts_a_weight_with_a_dram_tile_copy_as_clean() -> None:
 
     trace = anyio.run(main)
     assert [item.clean for item in trace.items] == [True]
-
-
-def test_the_demo_twin_builds_the_demo_programs() -> None:
-    ours, theirs = memory.build_binary(32, 64, 64, 32), _demo.build_binary(32, 64, 64, 32)
-    assert len(ours.programs) == len(theirs.programs) == 2
-    assert all(a.same_as(b) for a, b in zip(ours.programs, theirs.programs))
 
 
 def test_a_wrong_value_is_not_let_through() -> None:

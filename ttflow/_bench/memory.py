@@ -39,6 +39,7 @@ from .._program import ProgramBuilder
 from .._runtime import empty, submit, to_device, to_host, write
 from .._tensor import Tensor
 from .._types import DataType, DeviceSpec, Layout, MemorySpace, TensorLayout
+from .._demo import _softmax, build_binary
 from . import belady
 
 F32 = DataType.FLOAT32
@@ -61,26 +62,6 @@ def _check(name: str, worst: float, tolerance: float) -> float:
 
 
 # -- (a) the demo pipeline ---------------------------------------------------------------------
-
-
-def build_binary(batch: int, d_in: int, hidden: int, classes: int) -> Binary:
-    """`ttflow._demo.build_binary`, the demo's encoder and head (its twin: the layer contract
-    keeps `_bench` from importing `_demo`; tests/test_bench_memory.py checks they are equal)."""
-    enc = ProgramBuilder("encoder")
-    x = enc.input((batch, d_in), DRAM_TILE)
-    w1 = enc.input((d_in, hidden), DRAM_TILE)
-    enc.output(enc.relu(enc.matmul(x, w1)), L1_TILE)
-    head = ProgramBuilder("head")
-    h = head.input((batch, hidden), L1_TILE)
-    w2 = head.input((hidden, classes), DRAM_TILE)
-    head.output(head.softmax(head.matmul(h, w2)), L1_TILE)
-    return Binary([enc.build(), head.build()])
-
-
-def _softmax(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    e = np.exp(x - x.max(-1, keepdims=True))
-    result: np.ndarray[Any, Any] = e / e.sum(-1, keepdims=True)
-    return result
 
 
 async def demo_pipeline(device: Device, batches: int, batch: int, d_in: int, hidden: int,
