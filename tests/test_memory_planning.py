@@ -292,6 +292,46 @@ async def test_fragmented_dram_is_compacted_for_a_block_larger_than_any_hole() -
             np.testing.assert_array_equal(await tt.to_host(t), a)
 
 
+@pytest.mark.parametrize("request_by", ["to_device", "program_output"])
+async def test_holes_each_too_small_for_any_buffer_are_merged_by_sliding_buffers(request_by: str) -> None:
+    """Holes of 3 tiles a bank between survivors of 4: no survivor fits any hole, so no single
+    block can be emptied into the others; the survivors slide (each over part of its own old
+    place) until 8 tiles a bank lie free together."""
+    tile = F32.tile_bytes
+    rng = np.random.default_rng(4)
+    async with tt.open_device(SMALL) as device:
+        holes, survivors = [], []
+        for _ in range(4):
+            holes.append(tt.to_device(np.zeros((32, 32 * 12), np.float32), device, DRAM_TILE))  # 3 a bank
+            array = rng.standard_normal((32, 32 * 16)).astype(np.float32)  # 4 a bank
+            survivors.append((tt.to_device(array, device, DRAM_TILE), array))
+        free = device.memory_view(DRAM).free // 4
+        ballast = tt.empty((32, 32 * 4 * (free // tile)), F32, device, DRAM_TILE)  # the rest of DRAM
+        await ballast
+        for t in holes:
+            tt.deallocate(t)
+        view = device.memory_view(DRAM)
+        assert view.free == 4 * 12 * tile and view.largest_free_block == 4 * 3 * tile
+        before = {t.buffer.address for t, _ in survivors}
+        big = rng.standard_normal((32, 32 * 32)).astype(np.float32)  # 8 tiles a bank
+        if request_by == "to_device":
+            tb = tt.to_device(big, device, DRAM_TILE)
+            expected = big
+        else:  # from L1 (32 KiB of each core's 64 KiB) to a DRAM output
+            program = unary("relu_out", big.shape, L1_TILE, DRAM_TILE)
+            (tb,) = tt.submit(device, tt.Binary([program]), 0, [tt.to_device(big, device, L1_TILE)])
+            expected = relu(big)
+        np.testing.assert_array_equal(await tt.to_host(tb), expected)
+        for t, array in survivors:
+            np.testing.assert_array_equal(await tt.to_host(t), array)
+        assert {t.buffer.address for t, _ in survivors} != before
+        assert device.stats.relocations >= 2
+        view = device.memory_view(DRAM)
+        assert view.free == 4 * 4 * tile
+        addresses = sorted((b.address, b.depth) for b in view.buffers)
+        assert all(a + d <= b for (a, d), (b, _) in zip(addresses, addresses[1:]))  # no overlap
+
+
 async def test_an_l1_output_that_l1_cannot_hold_spills_to_dram() -> None:
     program = unary("relu_wide", (32, 32 * 40), L1_TILE, L1_TILE)  # 10 tiles a bank each
     x = np.linspace(-1, 1, 32 * 32 * 40, dtype=np.float32).reshape(32, 32 * 40)

@@ -11,7 +11,9 @@ A record is a tuple of steps:
 - `Load(src, shape)`: a storage's value out to a host array (the result of `run`);
 - `Copy(src, dst, shape)`: a value between storages (a page copy, or a conversion of layout or
   dtype through the kernels);
-- `Compute(plan, sources, outputs, scratch)`: a program's steps over its input storages.
+- `Compute(plan, sources, outputs, scratch)`: a program's steps over its input storages;
+- `Slide(space, source, target, depth)`: a buffer's bytes, `depth` per bank in every bank, to a
+  new address that may overlap the old one (compaction: the buffer keeps its storage).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
     from ._program import Program
 
 __all__ = [
-    "Store", "Load", "Copy", "Compute", "Step", "Record", "Plan", "Banks", "run", "run_all",
+    "Store", "Load", "Copy", "Slide", "Compute", "Step", "Record", "Plan", "Banks", "run", "run_all",
     "pagewise_storages", "page_kernel", "estimate", "KERNEL_BYTES_PER_SECOND",
     "INLINE_SECONDS",
 ]
@@ -69,6 +71,13 @@ class Copy(NamedTuple):
     src: Storage
     dst: Storage
     shape: tuple[int, ...]
+
+
+class Slide(NamedTuple):
+    space: MemorySpace
+    source: int
+    target: int
+    depth: int
 
 
 @final
@@ -265,7 +274,7 @@ def pagewise_storages(plan: Plan, storages: tuple[Storage, ...]) -> bool:
     )
 
 
-Step = Union[Store, Load, Copy, Compute]
+Step = Union[Store, Load, Copy, Slide, Compute]
 
 
 class Record(NamedTuple):
@@ -325,6 +334,11 @@ def _run(record: Record, banks: Banks) -> Any:
             copy = cast(Copy, step)
             src, dst = copy.src, copy.dst
             io.copy_storage(banks[src.layout.memory], src, banks[dst.layout.memory], dst, copy.shape)
+        elif kind is Slide:
+            slide = cast(Slide, step)
+            bank = banks[slide.space]
+            # numpy copies through a temporary when the ranges overlap, as memmove does.
+            bank[:, slide.target:slide.target + slide.depth] = bank[:, slide.source:slide.source + slide.depth]
         elif kind is Store:
             store = cast(Store, step)
             dst = store.dst

@@ -12,6 +12,9 @@ queues the moves as an `EvictCommand` that runs in queue order like any other co
   (a running program's scratch or circular buffers, a buffer pinned by a trace).
 - `placement`: whether the buffers in a window fit elsewhere, simulated on a copy of the
   allocator; best fit is deterministic, so the real allocations land where the simulation says.
+- `compaction`: when no window's buffers fit into the holes elsewhere (every hole a little too
+  small), slides a run of buffers together, some down and some up, so that the holes between
+  them merge into one block: the cheapest such run, as a list of moves in the order to make them.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any, TypeVar
 
 from ._core._allocator import Allocator
 
-__all__ = ["NEVER", "next_uses", "choose_victims", "largest_block", "windows", "placement", "gaps"]
+__all__ = ["NEVER", "next_uses", "choose_victims", "largest_block", "windows", "placement", "gaps", "compaction"]
 
 NEVER = math.inf
 """The next use of a buffer that no queued command reads."""
@@ -122,3 +125,71 @@ def gaps(allocator: Allocator, start: int, depth: int) -> list[tuple[int, int]]:
         if lo < hi:
             found.append((lo, hi - lo))
     return found
+
+
+def compaction(allocations: dict[int, int], movable: set[int], line: int,
+               depth: int) -> list[tuple[int, int]] | None:
+    """Moves (old address, new address) that slide buffers together so that a free block of
+    `depth` bytes appears, fewest bytes moved first; None when no run of movable buffers holds
+    that many free bytes between its neighbours.
+
+    A run is buffers i..j, all movable, between their neighbours (or the ends of the line): its
+    free bytes are the holes between. Buffers i..k-1 slide down against the lower neighbour and
+    k..j up against the upper one, so the holes merge between k-1 and k; buffers already against
+    their neighbour stay. Moves are listed in an order in which each target overlaps no buffer
+    that has not moved yet (the down ones lowest first, the up ones highest first), though it
+    may overlap its own old place: a move copies as memmove does. Only the smallest run from each
+    first buffer is tried (growing a run only adds buffers to move), so planning is O(n^2)."""
+    spans = sorted(allocations.items())
+    n = len(spans)
+    best: tuple[int, list[tuple[int, int]]] | None = None
+    for i in range(n):
+        if spans[i][0] not in movable:
+            continue
+        lo = spans[i - 1][0] + spans[i - 1][1] if i > 0 else 0
+        held = 0
+        for j in range(i, n):
+            address, size = spans[j]
+            if address not in movable:
+                break
+            held += size
+            hi = spans[j + 1][0] if j + 1 < n else line
+            if (hi - lo) - held < depth:
+                continue
+            run = spans[i:j + 1]
+            cost, moves = _cheapest_split(run, lo, hi)
+            if best is None or cost < best[0]:
+                best = (cost, moves)
+            break  # a longer run from i only adds buffers to move
+    return best[1] if best is not None else None
+
+
+def _cheapest_split(run: list[tuple[int, int]], lo: int, hi: int) -> tuple[int, list[tuple[int, int]]]:
+    """Of the ways to slide `run` (address, size) down against `lo` and up against `hi`, the one
+    that moves the fewest bytes: its cost and moves, in a safe order."""
+    count = len(run)
+    # down[k]: bytes moved packing run[:k] down; up[k]: packing run[k:] up.
+    down = [0] * (count + 1)
+    cursor = lo
+    for k, (address, size) in enumerate(run):
+        down[k + 1] = down[k] + (size if address != cursor else 0)
+        cursor += size
+    up = [0] * (count + 1)
+    cursor = hi
+    for k in range(count - 1, -1, -1):
+        address, size = run[k]
+        cursor -= size
+        up[k] = up[k + 1] + (size if address != cursor else 0)
+    split = min(range(count + 1), key=lambda k: down[k] + up[k])
+    moves = []
+    cursor = lo
+    for address, size in run[:split]:
+        if address != cursor:
+            moves.append((address, cursor))
+        cursor += size
+    cursor = hi
+    for address, size in reversed(run[split:]):
+        cursor -= size
+        if address != cursor:
+            moves.append((address, cursor))
+    return down[split] + up[split], moves

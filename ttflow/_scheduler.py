@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, final
 
 import numpy as np
 
-from ._commands import (Compute, Copy, Load, PageCode, Plan, Record, Store, estimate, page_kernel,
+from ._commands import (Compute, Copy, Load, PageCode, Plan, Record, Slide, Store, estimate, page_kernel,
                         pagewise_storages)
 from ._core._dispatch import SchedulerCore, StateCore, submit_program
 from ._errors import OutOfMemoryError, ProgramError, TraceError, detach_frames
@@ -350,6 +350,7 @@ class EvictCommand(Command):
                     target = s.allocate_geometry(s.geometry_of(storage, where), None)
                     steps.append(Copy(storage, target, storage.dims3))
                     nbytes += storage.nbytes + target.nbytes
+                    s.in_motion[storage] = target.address
                 else:
                     assert state is not None
                     layout = Layout(MemorySpace.DRAM, storage.layout.tensor_layout, storage.layout.dtype)
@@ -377,6 +378,10 @@ class EvictCommand(Command):
                 assert target is not None
                 within = target.layout.memory is storage.layout.memory
                 s.move_in_place(storage, target)
+                s.in_motion.pop(storage, None)
+                if storage in s.free_after_move:  # its trace let go of it while it moved
+                    s.free_after_move.discard(storage)
+                    s.free(storage)
                 if within:
                     relocated += target.nbytes
                     moved += 1
@@ -415,9 +420,13 @@ class EvictCommand(Command):
         self._undo()
 
     def _undo(self) -> None:
-        for state, _, target in self.moves:
+        s = self.scheduler
+        for state, storage, target in self.moves:
             if target is not None:
-                self.scheduler.free(target)
+                s.free(target)
+            if s.in_motion.pop(storage, None) is not None and storage in s.free_after_move:
+                s.free_after_move.discard(storage)
+                s.free(storage)
             if state is not None:
                 state.moving = None
                 self.scheduler.settle(state)
@@ -439,6 +448,138 @@ class RelocateCommand(EvictCommand):
 
     name = "relocate"
     __slots__ = ()
+
+
+class SlideCommand(Command):
+    """Compaction: slides buffers of one space along the address line, each to the address
+    `_room.compaction` chose, so that the holes between them merge into one free block.
+
+    The moves run in order in one record (`Slide` steps: a target may overlap its own old place,
+    or a place another buffer left earlier in the record). Each buffer keeps its `Storage`,
+    which takes its new address at commit, so its tensor and any trace that replays into it
+    follow. While the record runs, the holes of the span it works in are held, so that no
+    allocation lands where a buffer is sliding to; a write running into a buffer is waited for
+    (`blocker`), a queued one waits for the slide (`state.moving`). A plan that no longer matches
+    the allocator when it decides (something was allocated or freed meanwhile) moves nothing:
+    room is then planned again."""
+
+    name = "relocate"
+    __slots__ = ("space", "plan", "moves", "held")
+
+    def __init__(self, scheduler: Scheduler, space: MemorySpace,
+                 plan: Sequence[tuple[TensorState | None, Storage, int]]) -> None:
+        super().__init__()
+        self.scheduler = scheduler
+        self.space = space
+        self.plan = list(plan)
+        self.moves: list[tuple[TensorState | None, Storage, int, int]] = []  # + old address, depth
+        self.held: list[int] = []
+
+    def blocker(self) -> Command | None:
+        """A write that is running into a buffer to slide."""
+        for state, _, _ in self.plan:
+            writer = state.last_writer if state is not None else None
+            if writer is not None and not writer.done and writer.record is not None:
+                return writer
+        return None
+
+    def decide(self) -> Record:
+        s = self.scheduler
+        allocator = s._spaces[self.space].allocator
+        sizes = allocator.allocations()
+        moves = []
+        for state, storage, target in self.plan:
+            still = (storage in s._owned and storage.layout.memory is self.space
+                     and storage.address in sizes)
+            if state is None:
+                still = still and storage in s._orphans
+            else:
+                still = still and storage in state.storages and state.moving is None
+            if not still:
+                return Record(())  # planned again once the command fails to decide again
+            moves.append((state, storage, target, storage.address, sizes[storage.address]))
+        sources = {old for *_, old, _ in moves}
+        targets = [(target, target + depth) for _, _, target, _, depth in moves]
+        for address, depth in sizes.items():
+            if address not in sources and any(address < hi and address + depth > lo for lo, hi in targets):
+                return Record(())  # allocated where a buffer was to slide since the plan
+        lo = min(min(old, target) for _, _, target, old, _ in moves)
+        hi = max(max(old, target) + depth for _, _, target, old, depth in moves)
+        held = []
+        for start, depth in _room.gaps(allocator, lo, hi - lo):
+            if allocator.claim(start, depth):
+                held.append(start)
+        self.held = held
+        self.moves = [(state, storage, old, depth) for state, storage, _, old, depth in moves]
+        steps = []
+        nbytes = 0
+        for state, storage, target, old, depth in moves:
+            steps.append(Slide(self.space, old, target, depth))
+            nbytes += 2 * storage.nbytes
+            s.in_motion[storage] = target
+            if state is not None:
+                state.moving = self
+                state.pending += 1  # deallocating it now must wait for the slide
+        return Record(tuple(steps), nbytes=nbytes)
+
+    def commit(self, record: Record, result: Any) -> None:
+        s = self.scheduler
+        allocator = s._spaces[self.space].allocator
+        for start in self.held:
+            allocator.free(start)
+        for _, _, old, _ in self.moves:
+            allocator.free(old)
+        moved = 0
+        pinned = False
+        for state, storage, old, depth in self.moves:
+            target = s.in_motion.pop(storage)
+            claimed = allocator.claim(target, depth)
+            assert claimed, "a slide's target was taken while it was held"
+            storage.address = target
+            storage._buffer = None
+            storage.pages = None
+            moved += storage.nbytes
+            pinned = pinned or storage in s._pins
+            if storage in s.free_after_move:  # its trace let go of it while it slid
+                s.free_after_move.discard(storage)
+                s.free(storage)
+            if state is not None:
+                state.moving = None
+                s.settle(state)
+        if pinned:
+            for capture in s._captures:
+                capture.rebind()
+        s.count("relocations", len(self.moves))
+        s.count("relocation_bytes", moved)
+        self._release()
+
+    def rollback(self, record: Record) -> None:
+        s = self.scheduler
+        allocator = s._spaces[self.space].allocator
+        for start in self.held:
+            allocator.free(start)
+        for state, storage, _, _ in self.moves:
+            s.in_motion.pop(storage, None)
+            if storage in s.free_after_move:
+                s.free_after_move.discard(storage)
+                s.free(storage)
+            if state is not None:
+                state.moving = None
+                s.settle(state)
+        self._release()
+
+    def _release(self) -> None:
+        self.moves = []
+        self.held = []
+
+    def forget(self) -> None:
+        self.plan = []
+        self._release()
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info["tensors"] = len(self.plan)
+        return info
 
 
 _new_tuple = tuple.__new__  # a NamedTuple made without its Python-level __new__
@@ -714,6 +855,10 @@ class Scheduler(SchedulerCore):
         # lets go of them (an orphan): replay allocates nothing.
         self._pins: dict[Storage, int] = {}
         self._orphans: dict[Storage, None] = {}
+        # Buffers a `SlideCommand` is sliding (to their new address), and orphans whose trace let
+        # go of them meanwhile: freed when the slide ends, not under it.
+        self.in_motion: dict[Storage, int] = {}
+        self.free_after_move: set[Storage] = set()
         self.capturing: Capture | None = None
         self._captures: weakref.WeakSet[Capture] = weakref.WeakSet()  # to rebind after a relocation
         # States whose handle was garbage-collected, appended from any thread, freed on the loop.
@@ -810,7 +955,10 @@ class Scheduler(SchedulerCore):
         if count:
             self._pins[storage] = count
         elif self._orphans.pop(storage, 0) is None:
-            self.free(storage)
+            if storage in self.in_motion:
+                self.free_after_move.add(storage)
+            else:
+                self.free(storage)
 
     def adopt(self, state: TensorState, storage: Storage) -> None:
         """A pinned storage becomes one of the state's storages again (a replay refilled it)."""
@@ -1015,6 +1163,10 @@ class Scheduler(SchedulerCore):
                 room = self._clear_block(space, start, needed, inside, movable, keep) if inside else None
                 if room is not None:
                     return room
+        if free_bytes >= needed:  # every hole too small for what is in the way: compact
+            moves = _room.compaction(allocator.allocations(), set(movable), allocator.size, needed)
+            if moves:
+                return SlideCommand(self, space, [(*movable[old], new) for old, new in moves])
         if space is MemorySpace.L1 and not command.spill and command.name != "evict":
             command.spill = True
             return RETRY

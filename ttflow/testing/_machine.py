@@ -217,11 +217,6 @@ class RuntimeStateMachine(RuleBasedStateMachine):
     """Checkpoints the loop gets after each rule before the invariant (see `_settled`)."""
     eviction: ClassVar[str] = "lookahead"
     """The device's L1 eviction policy (`open_device(eviction=...)`)."""
-    strict_relocation: ClassVar[bool] = False
-    """`request` expects any DRAM request within DRAM's free bytes to be made on an idle device
-    (buffers compacted as needed). False: only when the runtime's documented relocation (empty
-    one block by moving the buffers in it into free blocks elsewhere) can make it with one move;
-    otherwise the request may fail with OutOfMemoryError."""
     fragment_dram: ClassVar[bool] = False
     """Whether `fragment` also fragments DRAM: it fills DRAM to the brim (a zero "ballast"
     tensor over all of it but the fragments' room and a few KiB) until `request` runs. Meanwhile
@@ -852,11 +847,9 @@ class RuntimeStateMachine(RuleBasedStateMachine):
             f"a request of {depth} bytes per bank in {space.name}, within its {view.free} free "
             f"bytes (largest free block {view.largest_free_block}) raised {outcome!r}")
         moved = depth > view.largest_free_block // banks
-        # L1 always makes it (or spills it to DRAM). DRAM relocates: certainly on an idle device
-        # when moving one buffer into a free block empties a large enough block around it
-        # (`strict_relocation`: whenever the free bytes suffice).
-        certain = space is MemorySpace.L1 or not moved or (
-            settled and (self.strict_relocation or _one_move_makes_room(view, depth)))
+        # L1 always makes it (or spills it to DRAM). DRAM relocates, compacting if it must: on an
+        # idle device every buffer may move, so a request within the free bytes is made.
+        certain = space is MemorySpace.L1 or not moved or settled
         expected = stored(array if array is not None else arrays_zeros(shape, layout.dtype), layout.dtype)
         entry = self.model.track(
             outcome, layout, expected, may_fail=not certain,
@@ -1011,24 +1004,6 @@ def _seeded_array(dtype: DataType, shape: tuple[int, ...], seed: int) -> np.ndar
         return values.astype(ml_dtypes.bfloat16) if dtype is DataType.BFLOAT16 else values
     low, high = INT_RANGE[dtype]
     return _seeded_ints(seed, shape, low, high).astype(dtype.host_dtype)
-
-
-def _one_move_makes_room(view: Any, depth: int) -> bool:
-    """Whether one tensor buffer, moved into a free block away from it, leaves a free block of
-    `depth` bytes (per bank) around its old place: relocation must then find room."""
-    spans = sorted([(b.address, b.depth, b.kind) for b in view.buffers]
-                   + [(a, d, "free") for a, d in view.free_blocks])
-    for k, (address, size, kind) in enumerate(spans):
-        if kind not in ("home", "conversion"):
-            continue
-        before = spans[k - 1][1] if k > 0 and spans[k - 1][2] == "free" else 0
-        after = spans[k + 1][1] if k + 1 < len(spans) and spans[k + 1][2] == "free" else 0
-        if before + size + after < depth:
-            continue
-        neighbours = {k - 1, k + 1}
-        if any(d >= size for j, (_, d, kd) in enumerate(spans) if kd == "free" and j not in neighbours):
-            return True
-    return False
 
 
 def _relocations(device: Device) -> int:
