@@ -24,7 +24,9 @@ at the old address. Each is caught by every run of the pair; by each machine alo
 runs (planted everywhere, or for DRAM buffers only); planted for L1 buffers only, by the
 asyncio machine in 11 of 12 runs, the trio one in 7 of 12 (the stale `tensor.buffer` in none:
 "eager" moves L1 tensors to DRAM before the invariant looks). A memory view that leaves out the
-circular buffers: every run.
+circular buffers: every run. Compaction (`SlideCommand`): with it switched off, `request`
+fails on a DRAM request within the free bytes; with slides that copy no bytes, a fragment's
+values are wrong (each in the first run of the ci profile).
 """
 
 
