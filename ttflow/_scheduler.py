@@ -642,17 +642,32 @@ class ProgramCommand(_Scheduled):
         if plan.footprint:
             s.hold_footprint(self, plan.footprint)
         outputs = []
+        scratch: dict[int, Storage] = _NO_SCRATCH
         try:
             for state, geometry in zip(self.writes, bound.outputs):
                 outputs.append(s.allocate_geometry(geometry, state))
+            if bound.scratch:
+                scratch = {}
+                for value, l1, dram in bound.scratch:
+                    try:
+                        scratch[value] = s.allocate_geometry(l1, None)
+                    except OutOfMemoryError:
+                        scratch[value] = s.allocate_geometry(dram, None)
         except BaseException as exc:
-            s.note_needed(exc, outputs)
-            for storage in outputs:
+            allocated = [*outputs, *scratch.values()]
+            s.note_needed(exc, allocated)
+            for storage in allocated:
                 s.free(storage)
             if self.footprint:
                 s.release_footprint(self)
             raise
         sources_, outputs_ = tuple(sources), tuple(outputs)
+        if scratch:
+            operands = (*sources_, *outputs_, *scratch.values())
+            pagewise = pagewise_storages(plan, operands)
+            kernel = page_kernel(plan, operands, s.num_banks(operands[0].layout.memory)) if pagewise else None
+            compute = Compute(plan, sources_, outputs_, scratch, pagewise, kernel)
+            return _new_tuple(Record, ((compute,), bound.nbytes, plan.macs, False, 0))
         if plan.pagewise and bound.kernel is not None:
             space, code, rows, depth = bound.kernel
             sources.extend(outputs)
@@ -814,11 +829,13 @@ class _Bound:
     estimate), and for the C kernel (a pagewise plan whose operands all lie alike) what
     `Compute.kernel` holds besides the addresses: (space, code, bank rows, depth)."""
 
-    __slots__ = ("outputs", "nbytes", "kernel", "seconds")
+    __slots__ = ("outputs", "scratch", "nbytes", "kernel", "seconds")
 
-    def __init__(self, outputs: tuple[_Geometry, ...], nbytes: int,
+    def __init__(self, outputs: tuple[_Geometry, ...],
+                 scratch: tuple[tuple[int, _Geometry, _Geometry], ...], nbytes: int,
                  kernel: tuple[MemorySpace, PageCode, int, int] | None, seconds: float) -> None:
         self.outputs = outputs
+        self.scratch = scratch  # (value, L1 geometry, DRAM geometry if L1 has no room)
         self.nbytes = nbytes
         self.kernel = kernel
         self.seconds = seconds  # the run estimate of the fast path's record
@@ -1271,23 +1288,26 @@ class Scheduler(SchedulerCore):
         plan.output_layouts = tuple([intern(layout, layout) for layout in plan.output_layouts])
         plan.output_states = tuple([(shape, dtype, layout) for (shape, dtype, _), layout
                                     in zip(plan.output_states, plan.output_layouts)])
-        if plan.scratch or plan.donated:
+        if plan.donated:
             return None
         inputs = [self.geometry(layout, spec.shape)
                   for layout, spec in zip(plan.input_layouts, plan.inputs)]
         outputs = tuple(self.geometry(layout, shape)
                         for layout, shape in zip(plan.output_layouts, plan.output_shapes))
+        scratch = tuple((value, self.geometry(intern(l1, l1), shape), self.geometry(intern(dram, dram), shape))
+                        for value, shape, l1, dram in plan.scratch)
         operands = (*inputs, *outputs)
         spaces = {g[0].memory for g in operands}
         pagewise = len(spaces) == 1 and all(g[2] == g[3] for g in operands)
         nbytes = sum(g[2] * g[4] for g in operands)
         kernel = None
-        if pagewise and plan.page_code is not None:
+        if pagewise and plan.page_code is not None and not scratch:
             # A pagewise plan's values share one shape and dtype: one geometry for all.
             layout, space, _, _, num_pages, depth, _ = operands[0]
             kernel = (layout.memory, plan.page_code, min(num_pages, space.num_banks), depth)
+        nbytes += sum(2 * g[2] * g[4] for _, g, _ in scratch)  # each written, then read
         seconds = estimate(nbytes, nbytes if kernel is not None else 0, plan.macs)
-        return _Bound(outputs, nbytes, kernel, seconds)
+        return _Bound(outputs, scratch, nbytes, kernel, seconds)
 
     # -- liveness ---------------------------------------------------------------------------
 
