@@ -25,6 +25,7 @@ from ._memory_map import record_memory_map as record_memory_map
 from ._binary import Binary as Binary
 from ._program import Program as Program
 from ._program import ProgramBuilder as ProgramBuilder
+from ._simplify import simplify as simplify
 from ._binary import get_layout as get_layout
 from ._runtime import deallocate as deallocate
 from ._runtime import empty as empty
@@ -66,7 +67,7 @@ __all__ = [
     "Trace", "capture_trace", "execute_trace", "release_trace",
     "Device", "DeviceStatistics", "open_device", "BufferInfo",
     "MemoryView", "BufferView", "MemoryMapRecorder", "record_memory_map", "draw_memory_map",
-    "Binary", "Program", "ProgramBuilder", "get_layout",
+    "Binary", "Program", "ProgramBuilder", "simplify", "get_layout",
     "deallocate", "empty", "submit", "to_device", "to_host", "to_layout", "wait", "write",
     "Tensor", "TimelineRecorder", "record_timeline", "record_trace", "TraceRecorder",
     "DataType", "DeviceSpec", "Layout", "MemorySpace", "TensorLayout", "kernels",

@@ -515,7 +515,9 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor], name
         # A graph whose outputs are all None or inputs: the program still needs an output
         # (a (1, 1) zero no OutputSpec refers to).
         L.b.output(L.b.full((1, 1), 0.0, _F32), _layout(_F32))
-    return Lowered(tt.Binary([L.b.build()]), tuple(specs), seeds, tuple(outputs))
+    # The decompositions leave transposes of transposes, reshapes there and back and repeated
+    # comparisons: each would cost a run a kernel call and a buffer (`tt.simplify`, bit-exact).
+    return Lowered(tt.Binary([tt.simplify(L.b.build())]), tuple(specs), seeds, tuple(outputs))
 
 
 def _live_nodes(graph: torch.fx.Graph, outputs: Sequence[Any]) -> set[torch.fx.Node]:

@@ -1,0 +1,181 @@
+"""`tt.simplify`: fewer steps, the same bits.
+
+Random programs of reshapes, permutes (often of each other), repeated comparisons and pointwise
+ops, in float32, bfloat16 and int32, are simplified; the simplified program run on the host and
+on the device must give bit-identical outputs to the original run on the host (`run_on_host`,
+the reference every program is held to).
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import ttflow as tt
+from ttflow._program import run_on_host
+
+F32, BF16, I32 = tt.DataType.FLOAT32, tt.DataType.BFLOAT16, tt.DataType.INT32
+DRAM_TILE = tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE)
+
+
+def _layout(dtype: tt.DataType) -> tt.Layout:
+    return tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, dtype)
+
+
+@st.composite
+def chains(draw: st.DrawFn) -> tuple[tt.Program, list[np.ndarray]]:
+    dtype = draw(st.sampled_from([F32, BF16, I32, tt.DataType.BFLOAT8_B]))
+    shape = draw(st.sampled_from([(4, 6), (2, 3, 4), (2, 3, 4, 5), (8, 8), (1, 12)]))
+    b = tt.ProgramBuilder("chain")
+    x = b.input(shape, _layout(dtype))
+    y = b.input(shape, _layout(dtype))
+    z = b.input((1, 1), _layout(dtype))  # a one-element operand, as an optimizer's scalar
+    pool = [x, y]
+    for _ in range(draw(st.integers(1, 12))):
+        v = pool[-1] if draw(st.booleans()) else draw(st.sampled_from(pool))  # chains, often
+        kind = draw(st.sampled_from(["reshape", "permute", "twice", "add", "mul", "cmp", "back", "scalars",
+                                     "flat"]))
+        if kind == "reshape":
+            n = math.prod(v.shape)
+            target = draw(st.sampled_from([s for s in [(n,), (1, n), (n, 1), v.shape[::-1], v.shape]
+                                           if math.prod(s) == n]))
+            pool.append(b.reshape(v, target))
+        elif kind == "permute":  # one, or two in a row (which compose in order)
+            axes = draw(st.permutations(range(len(v.shape))))
+            v = b.permute(v, axes)
+            if draw(st.booleans()):
+                v = b.permute(v, draw(st.permutations(range(len(v.shape)))))
+            pool.append(v)
+        elif kind == "twice":  # the pattern lowerings emit: a transpose of a transpose
+            axes = list(range(len(v.shape)))
+            if len(axes) >= 2:
+                axes[-1], axes[-2] = axes[-2], axes[-1]
+            pool.append(b.permute(b.permute(v, axes), axes))
+        elif kind == "back":  # a reshape there and back
+            pool.append(b.reshape(b.reshape(v, (math.prod(v.shape),)), v.shape))
+        elif kind == "flat":  # what a foreach optimizer step lowers to: p + s * g, flattened
+            w = draw(st.sampled_from([p for p in pool if p.shape == v.shape]))
+            flat = (math.prod(v.shape),)
+            scaled = b.mul(b.reshape(z, (1,)), b.reshape(w, flat))
+            pool.append(b.reshape(b.add(b.reshape(v, flat), scaled), v.shape))
+        elif kind == "scalars":  # one op with two scalars: not one step
+            s1, s2 = draw(st.sampled_from([1.0, 2.0, -1.0])), draw(st.sampled_from([1.0, 2.0, -1.0]))
+            pool.append(b.sub(b.mul(v, s1), b.mul(v, s2)))
+        else:
+            w = draw(st.sampled_from([p for p in pool if p.shape == v.shape]))
+            if kind == "add":
+                pool.append(b.add(v, w))
+            elif kind == "mul":
+                pool.append(b.mul(v, w))
+            else:  # the same comparison, twice
+                pool.append(b.add(b.ne(v, 0.0), b.ne(v, 0.0)))
+    for v in draw(st.lists(st.sampled_from(pool), min_size=1, max_size=3)):
+        b.output(v, _layout(v.dtype))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    arrays = []
+    for dims in (shape, shape, (1, 1)):
+        a = rng.integers(-3, 4, dims) if dtype is I32 else rng.standard_normal(dims) * 2.0 ** rng.integers(-8, 8, dims)
+        arrays.append(a.astype(np.int32 if dtype is I32 else np.float32))
+    return b.build(), arrays
+
+
+def _bits(arrays: list[np.ndarray]) -> list[bytes]:
+    return [np.ascontiguousarray(a).tobytes() for a in arrays]
+
+
+@settings(max_examples=150)
+@given(chains())
+def test_simplified_programs_give_the_same_bits_on_the_host(case: tuple[tt.Program, list[np.ndarray]]) -> None:
+    program, arrays = case
+    simpler = tt.simplify(program)
+    assert len(simpler.steps) <= len(program.steps)
+    want = run_on_host(program, arrays)
+    got = run_on_host(simpler, arrays)
+    assert [a.shape for a in got] == [a.shape for a in want]
+    assert _bits(got) == _bits(want)
+
+
+@pytest.mark.anyio
+@settings(max_examples=20)
+@given(case=chains())
+async def test_simplified_programs_give_the_same_bits_on_the_device(case: tuple[tt.Program, list[np.ndarray]]) -> None:
+    program, arrays = case
+    simpler = tt.simplify(program)
+    async with tt.open_device(tt.DeviceSpec.small()) as device:
+        inputs = [tt.to_device(a, device, spec.layout) for a, spec in zip(arrays, simpler.inputs)]
+        outputs = tt.submit(device, tt.Binary([simpler]), 0, inputs)
+        got = [await tt.to_host(t) for t in outputs]
+    assert _bits(got) == _bits(run_on_host(program, arrays))
+
+
+def test_the_lowerings_patterns_go() -> None:
+    b = tt.ProgramBuilder("patterns")
+    x = b.input((64, 10), _layout(F32))
+    t = b.permute(b.permute(x, (1, 0)), (1, 0))  # x itself
+    r = b.reshape(b.reshape(b.sum(t, 0), (10,)), (1, 10))  # the sum itself
+    m = b.where(b.ne(x, 0.0), x, 0.0)
+    n = b.where(b.ne(x, 0.0), x, 1.0)  # the same ne
+    dead = b.exp(x)  # read by nothing
+    del dead
+    b.output(r, _layout(F32))
+    b.output(b.add(m, n), _layout(F32))
+    b.output(t, _layout(F32))
+    program = b.build()
+    simpler = tt.simplify(program)
+    assert [s.op for s in simpler.steps] == ["sum", "ne", "where", "where", "add"]
+    assert simpler.outputs[2] == 0  # the input, copied out
+    x_host = np.random.default_rng(1).standard_normal((64, 10)).astype(np.float32)
+    assert _bits(run_on_host(simpler, [x_host])) == _bits(run_on_host(program, [x_host]))
+
+
+def test_programs_with_donations_or_in_place_updates_are_left_alone() -> None:
+    b = tt.ProgramBuilder("cache")
+    cache = b.input((1, 32, 32), _layout(F32))
+    value = b.input((1, 1, 32), _layout(F32))
+    index = b.input((1,), _layout(I32))
+    b.output(b.update_cache(b.permute(b.permute(cache, (0, 2, 1)), (0, 2, 1)), value, index),
+             donates=cache)
+    program = b.build()
+    assert tt.simplify(program) is program
+
+
+def test_bfloat16_values_are_not_merged_with_float32_ones() -> None:
+    b = tt.ProgramBuilder("dtypes")
+    x = b.input((4, 4), _layout(F32))
+    y = b.typecast(x, BF16)
+    b.output(b.reshape(b.reshape(y, (16,)), (4, 4)), _layout(BF16))
+    b.output(b.reshape(b.reshape(x, (16,)), (4, 4)), _layout(F32))
+    program = b.build()
+    simpler = tt.simplify(program)
+    assert [s.op for s in simpler.steps] == ["typecast"]
+    x_host = np.linspace(-2, 2, 16, dtype=np.float32).reshape(4, 4) + np.float32(1e-3)
+    got, want = run_on_host(simpler, [x_host]), run_on_host(program, [x_host])
+    assert got[0].dtype == ml_dtypes.bfloat16 and _bits(got) == _bits(want)
+
+
+@pytest.mark.anyio
+async def test_a_one_element_operand_keeps_broadcasting_as_it_did() -> None:
+    # x, y of shape (12,) seen as (1, 12); the scalar z (1, 1) seen as (1,). Lifted, the op runs
+    # on (12,): z must come in as (1,) (as (1, 1) it would make the result (1, 12)).
+    b = tt.ProgramBuilder("bias_step")
+    x, y = b.input((12,), _layout(F32)), b.input((12,), _layout(F32))
+    z = b.input((1, 1), _layout(F32))
+    r = b.add(b.reshape(x, (1, 12)), b.mul(b.reshape(z, (1,)), b.reshape(y, (1, 12))))
+    b.output(r, _layout(F32))
+    program = b.build()
+    simpler = tt.simplify(program)
+    lifted = [s for s in simpler.steps if s.op in ("add", "mul")]
+    assert [simpler.values[s.output].shape for s in lifted] == [(12,), (12,)]
+    assert all(math.prod(simpler.values[v].shape) == 12 or simpler.values[v].shape == (1,)
+               for s in lifted for v in s.inputs)
+    rng = np.random.default_rng(3)
+    arrays = [rng.standard_normal(s.shape).astype(np.float32) for s in program.inputs]
+    async with tt.open_device(tt.DeviceSpec.small()) as device:
+        inputs = [tt.to_device(a, device, spec.layout) for a, spec in zip(arrays, simpler.inputs)]
+        (out,) = tt.submit(device, tt.Binary([simpler]), 0, inputs)
+        got = await tt.to_host(out)
+    assert got.shape == (1, 12) and _bits([got]) == _bits(run_on_host(program, arrays))

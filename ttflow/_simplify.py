@@ -1,0 +1,225 @@
+"""Simplifying a built program without changing a bit of what it computes.
+
+A front-end that lowers graph by graph (ttflow.torch lowers what PyTorch's decompositions and
+AOTAutograd give it) emits steps a person would not write: a transpose of a transpose, a reshape
+of a reshape, a reshape to the shape a value already has, the same comparison three times. Each
+step costs a run a kernel call and an intermediate buffer, so `simplify` removes them:
+
+- a reshape of a reshape is one reshape; a reshape to its input's shape is its input;
+- a permute of a permute is one permute; the identity permute is its input;
+- a pointwise op whose operands are all reshapes of values of one shape (a 1-D bias seen as
+  (n,) while it lives as (1, n)) runs on those values, and its result is reshaped instead: the
+  reshapes around a chain of such ops then meet and cancel;
+- a step equal to an earlier one (same op, inputs, scalar and attributes) is that step's value
+  (common-subexpression elimination: every op is a function of its inputs, the random ones of
+  their seed input included);
+- a step whose value nothing reads is dropped.
+
+Reshapes and permutes move elements without changing them (but for BFLOAT8_B, whose rounding
+depends on the tile, so its reshapes and permutes are not merged), a pointwise op computes each element
+alone (BFLOAT8_B, whose rounding depends on the tile, is left alone), and an equal step computes
+equal bits, so the outputs are bit-identical (the tests compare with `run_on_host` of the original).
+A program with donations or an in-place op (`update_cache`) is returned as it is: their buffers
+are part of the contract, not just the values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+from ._program import Program, Step, TensorSpec
+from ._types import DataType
+
+__all__ = ["simplify"]
+
+_IN_PLACE = frozenset({"update_cache"})
+_POINTWISE = frozenset({
+    "add", "sub", "mul", "div", "maximum", "minimum", "eq", "ne", "lt", "le", "ge", "gt", "where",
+    "relu", "neg", "exp", "log", "sqrt", "rsqrt", "reciprocal", "tanh", "sigmoid", "silu", "gelu",
+    "erf", "abs", "sin", "cos", "floor", "ceil", "round", "trunc", "pow", "typecast",
+})
+
+
+def simplify(program: Program) -> Program:
+    """`program` with the steps above removed (the same object when nothing changes)."""
+    if program.donations or any(step.op in _IN_PLACE for step in program.steps):
+        return program
+    # Lifting pays when the reshapes it moves meet others and cancel; where they do not, it
+    # would add a step, so the fewer steps of the two passes win.
+    plain = _simplified(program, lift=False)
+    lifted = _simplified(program, lift=True)
+    return lifted if len(lifted.steps) < len(plain.steps) else plain
+
+
+def _simplified(program: Program, lift: bool) -> Program:
+    values = list(program.values)  # grows by the values of lifted pointwise ops
+    alias: dict[int, int] = {}  # value -> the earlier value it equals
+    made: dict[int, Step] = {}  # value -> the (rewritten) step that makes it
+    seen: dict[Hashable, int] = {}  # step key -> its value
+    steps: list[Step] = []
+
+    def resolve(value: int) -> int:
+        return alias.get(value, value)
+
+    for step in program.steps:
+        inputs = tuple(resolve(v) for v in step.inputs)
+        op, attrs = step.op, step.attrs
+        if op == "reshape":
+            source = made.get(inputs[0])
+            if source is not None and source.op == "reshape" and _exact(values, inputs[0]):
+                inputs = source.inputs  # a reshape of a reshape
+            if values[inputs[0]].shape == values[step.output].shape and _same(values, inputs[0], step.output):
+                alias[step.output] = inputs[0]
+                continue
+        elif op == "permute":
+            axes = tuple(dict(attrs)["axes"])
+            source = made.get(inputs[0])
+            if source is not None and source.op == "permute" and _exact(values, inputs[0]):
+                first = tuple(dict(source.attrs)["axes"])
+                axes = tuple(first[a] for a in axes)
+                inputs = source.inputs
+                attrs = tuple(sorted({**dict(attrs), "axes": axes}.items()))
+            if axes == tuple(range(len(axes))) and _same(values, inputs[0], step.output):
+                alias[step.output] = inputs[0]
+                continue
+        elif lift and op in _POINTWISE:
+            lifted = _lifted(values, made, inputs, step.output)
+            if lifted is not None:
+                sources, shape = lifted
+                inner = len(values)
+                values.append(TensorSpec(shape, values[step.output].layout))
+                inputs = _emit(steps, made, seen, values, Step(op, sources, step.scalar, attrs, inner))
+                reshape = Step("reshape", (inputs,), None, (("shape", values[step.output].shape),), step.output)
+                made[step.output] = reshape
+                steps.append(reshape)
+                continue
+        key = _key(op, inputs, step.scalar, attrs)
+        if key is not None:
+            earlier = seen.get(key)
+            if earlier is not None and _same(values, earlier, step.output):
+                alias[step.output] = earlier
+                continue
+            seen[key] = step.output
+        rewritten = Step(op, inputs, step.scalar, attrs, step.output)
+        made[step.output] = rewritten
+        steps.append(rewritten)
+    outputs = tuple(resolve(v) for v in program.outputs)
+    steps = _live(steps, outputs)
+    if len(steps) == len(program.steps) and len(values) == len(program.values):
+        return program
+    return _renumbered(program, values, steps, outputs)
+
+
+def _emit(steps: list[Step], made: dict[int, Step], seen: dict[Hashable, int],
+          values: list[TensorSpec], step: Step) -> int:
+    """Appends `step` unless an equal one was made: the value that holds its result."""
+    key = _key(step.op, step.inputs, step.scalar, step.attrs)
+    if key is not None:
+        earlier = seen.get(key)
+        if earlier is not None and _same(values, earlier, step.output):
+            return earlier
+        seen[key] = step.output
+    made[step.output] = step
+    steps.append(step)
+    return step.output
+
+
+def _lifted(values: list[TensorSpec], made: dict[int, Step], inputs: tuple[int, ...],
+            output: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """For a pointwise op on `inputs`: the operands to run it on instead and their shape, when
+    every operand of more than one element is a reshape, to the op's shape, of a value of one
+    other shape (a one-element operand broadcasts against that shape as it did against the
+    op's); else None."""
+    shape = values[output].shape
+    if math.prod(shape) == 1 or any(values[v].dtype is DataType.BFLOAT8_B for v in (*inputs, output)):
+        return None
+    source_shape: tuple[int, ...] | None = None
+    sources: list[int] = []
+    for v in inputs:
+        if math.prod(values[v].shape) == 1:
+            sources.append(v)  # placed below, once the shape is known
+            continue
+        step = made.get(v)
+        if values[v].shape != shape or step is None or step.op != "reshape":
+            return None
+        source = step.inputs[0]
+        if source_shape is None:
+            source_shape = values[source].shape
+        elif values[source].shape != source_shape:
+            return None
+        sources.append(source)
+    if source_shape is None or source_shape == shape:
+        return None
+    for k, v in enumerate(sources):
+        if math.prod(values[v].shape) == 1:
+            placed = _one_element(values, made, v, len(source_shape))
+            if placed is None:
+                return None
+            sources[k] = placed
+    return tuple(sources), source_shape
+
+
+def _one_element(values: Sequence[TensorSpec], made: dict[int, Step], v: int, rank: int) -> int | None:
+    """A one-element operand that broadcasts against a value of `rank` dims as it did: itself,
+    or what it is a reshape of, when not of more dims."""
+    step = made.get(v)
+    if step is not None and step.op == "reshape" and len(values[step.inputs[0]].shape) <= rank:
+        return step.inputs[0]
+    return v if len(values[v].shape) <= rank else None
+
+
+def _exact(values: Sequence[TensorSpec], value: int) -> bool:
+    """Whether a value holds its elements exactly as computed, whatever its shape: not BFLOAT8_B,
+    whose blocks of 16 share an exponent in tile order, so that reshaping or permuting it
+    rounds its elements anew (a reshape of a BFLOAT8_B reshape is not one reshape)."""
+    return values[value].dtype is not DataType.BFLOAT8_B
+
+
+def _same(values: Sequence[TensorSpec], a: int, b: int) -> bool:
+    """Whether value a may stand for value b: the same shape and dtype (an intermediate's layout
+    is where the runtime puts it, not part of its value)."""
+    return values[a].shape == values[b].shape and values[a].dtype is values[b].dtype
+
+
+def _key(op: str, inputs: tuple[int, ...], scalar: float | None, attrs: Any) -> Hashable | None:
+    key = (op, inputs, scalar, attrs)
+    try:
+        hash(key)
+    except TypeError:
+        return None  # an unhashable attribute: never merged
+    if scalar is not None and scalar != scalar:  # NaN: equal keys must mean equal steps
+        return None
+    return key
+
+
+def _live(steps: list[Step], outputs: tuple[int, ...]) -> list[Step]:
+    """The steps some output depends on, in order."""
+    needed = set(outputs)
+    kept = []
+    for step in reversed(steps):
+        if step.output in needed:
+            kept.append(step)
+            needed.update(step.inputs)
+    kept.reverse()
+    return kept
+
+
+def _renumbered(program: Program, specs: list[TensorSpec], steps: list[Step],
+                outputs: tuple[int, ...]) -> Program:
+    """A program of `steps` with value ids 0..n-1 again (inputs first, then step values in order)."""
+    number = {v: v for v in range(program.num_inputs)}
+    values = list(program.values[: program.num_inputs])
+    for step in steps:
+        number[step.output] = len(values)
+        values.append(specs[step.output])
+    return Program(
+        name=program.name,
+        values=tuple(values),
+        steps=tuple(Step(s.op, tuple(number[v] for v in s.inputs), s.scalar, s.attrs, number[s.output])
+                    for s in steps),
+        outputs=tuple(number[v] for v in outputs),
+        output_specs=program.output_specs,
+        num_inputs=program.num_inputs,
+    )
