@@ -90,8 +90,8 @@ def _simplified(program: Program, lift: bool) -> Program:
                 sources, shape = lifted
                 inner = len(values)
                 values.append(TensorSpec(shape, values[step.output].layout))
-                inputs = _emit(steps, made, seen, values, Step(op, sources, step.scalar, attrs, inner))
-                reshape = Step("reshape", (inputs,), None, (("shape", values[step.output].shape),), step.output)
+                result = _emit(steps, made, seen, values, Step(op, sources, step.scalar, attrs, inner))
+                reshape = Step("reshape", (result,), None, (("shape", values[step.output].shape),), step.output)
                 made[step.output] = reshape
                 steps.append(reshape)
                 continue
