@@ -51,24 +51,38 @@ def _family(op: Any) -> tuple[str, bool]:
     return name.rstrip("_"), in_place
 
 
+_MISSING = object()
+_signatures: dict[Any, tuple[str, bool, tuple[tuple[str, str, Any], ...]]] = {}
+
+
+def _signature(op: Any) -> tuple[str, bool, tuple[tuple[str, str, Any], ...]]:
+    """An op's family, whether in place, and per argument (name, type, default or _MISSING):
+    read from its schema once (the schema's objects cost a step's time to query each call)."""
+    signature = _signatures.get(op)
+    if signature is None:
+        base, in_place = _family(op)
+        arguments = tuple((a.name, str(a.type), a.default_value if a.has_default_value() else _MISSING)
+                          for a in op._schema.arguments)
+        signature = _signatures[op] = (base, in_place, arguments)
+    return signature
+
+
 def _run(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    base, in_place = _family(op)
+    base, in_place, arguments = _signature(op)
     element = _ELEMENT[base]
-    schema = op._schema
     bound: dict[str, Any] = dict(kwargs)
-    for argument, given in zip(schema.arguments, args):
-        bound[argument.name] = given
+    for (name, _, _), given in zip(arguments, args):
+        bound[name] = given
     outs = bound.pop("out", None)
     # Per argument: ("list", tensors) | ("scalar", k) | ("scalars", [k...]) | ("tensor", t) | ("const", v)
     plan_args: list[tuple[str, Any]] = []
     scalars: list[float] = []
     lists: list[list[torch.Tensor]] = []
     n = None
-    for argument in schema.arguments:
-        if argument.name == "out" or argument.name not in bound and not argument.has_default_value():
+    for name, kind, default in arguments:
+        if name == "out" or name not in bound and default is _MISSING:
             continue
-        value: Any = bound.get(argument.name, argument.default_value if argument.has_default_value() else None)
-        kind = str(argument.type)
+        value: Any = bound.get(name, None if default is _MISSING else default)
         if kind == "List[Tensor]":
             plan_args.append(("list", len(lists)))
             lists.append(list(value))
@@ -84,7 +98,7 @@ def _run(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         elif kind == "bool":
             plan_args.append(("const", value))
         else:  # a single Tensor (`.Tensor` variants): not taken here
-            raise UnsupportedOpError(f"{op}: takes a Tensor argument {argument.name!r}")
+            raise UnsupportedOpError(f"{op}: takes a Tensor argument {name!r}")
     if not n:
         return None if in_place or outs is not None else []
     flat = [t for group in lists for t in group]

@@ -72,10 +72,26 @@ def device_dtype(dtype: torch.dtype) -> tt.DataType:
         ) from None
 
 
+_device_shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+
 def device_shape(shape: Sequence[int]) -> tuple[int, ...]:
     """The device shape of a torch shape: rank 0 -> (1, 1), rank 1 (n,) -> (1, n), else the same
     (a tile needs two dims)."""
+    try:
+        known = _device_shapes.get(shape)  # type: ignore[call-overload]  # a Size or tuple of ints
+    except TypeError:  # a list, or a symbolic size (unhashable)
+        known = None
+    if known is not None:
+        return known
     dims = _static(shape, "a tensor")
+    result = _device_shape(dims)
+    if len(_device_shapes) < 4096 and all(type(d) is int for d in shape):
+        _device_shapes[tuple(shape)] = result
+    return result
+
+
+def _device_shape(dims: tuple[int, ...]) -> tuple[int, ...]:
     if len(dims) == 0:
         return (1, 1)
     if len(dims) == 1:
