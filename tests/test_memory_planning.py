@@ -332,6 +332,47 @@ async def test_holes_each_too_small_for_any_buffer_are_merged_by_sliding_buffers
         assert all(a + d <= b for (a, d), (b, _) in zip(addresses, addresses[1:]))  # no overlap
 
 
+async def test_compaction_slides_a_traces_buffers_and_its_replays_follow() -> None:
+    """The trace's input and output sit among the survivors that slide; its replays, run by the
+    C kernel at the addresses captured, must then read and write where the buffers went."""
+    relu_dram = unary("relu_dram", (32, 32 * 16), DRAM_TILE, DRAM_TILE)  # 4 tiles a bank: pagewise
+    rng = np.random.default_rng(7)
+    tile = F32.tile_bytes
+    async with tt.open_device(SMALL) as device:
+        def block(tiles_per_bank: int) -> tt.Tensor:
+            return tt.to_device(np.zeros((32, 32 * 4 * tiles_per_bank), np.float32), device, DRAM_TILE)
+
+        holes = [block(3)]
+        x = tt.to_device(rng.standard_normal((32, 32 * 16)).astype(np.float32), device, DRAM_TILE)
+        holes.append(block(3))
+        slot = block(4)  # where the trace's output will go
+        holes.append(block(3))
+        other = rng.standard_normal((32, 32 * 16)).astype(np.float32)
+        kept = tt.to_device(other, device, DRAM_TILE)
+        ballast = tt.empty((32, 32 * 4 * (device.memory_view(DRAM).free // 4 // tile)), F32, device, DRAM_TILE)
+        await ballast
+        tt.deallocate(slot)
+        with tt.capture_trace(device) as trace:
+            (y,) = tt.submit(device, tt.Binary([relu_dram]), 0, [x])
+        await y
+        for t in holes:
+            tt.deallocate(t)
+        assert device.memory_view(DRAM).largest_free_block == 4 * 3 * tile
+        before = (x.buffer.address, y.buffer.address)
+        big = rng.standard_normal((32, 32 * 4 * 9)).astype(np.float32)  # 9 tiles a bank: 3 holes
+        tb = tt.to_device(big, device, DRAM_TILE)
+        np.testing.assert_array_equal(await tt.to_host(tb), big)
+        assert (x.buffer.address, y.buffer.address) != before
+        np.testing.assert_array_equal(await tt.to_host(kept), other)
+        for _ in range(2):
+            new = rng.standard_normal((32, 32 * 16)).astype(np.float32)
+            tt.write(x, new)
+            tt.execute_trace(trace)
+            np.testing.assert_array_equal(await tt.to_host(y), relu(new))
+        np.testing.assert_array_equal(await tt.to_host(tb), big)
+        tt.release_trace(trace)
+
+
 async def test_an_l1_output_that_l1_cannot_hold_spills_to_dram() -> None:
     program = unary("relu_wide", (32, 32 * 40), L1_TILE, L1_TILE)  # 10 tiles a bank each
     x = np.linspace(-1, 1, 32 * 32 * 40, dtype=np.float32).reshape(32, 32 * 40)
