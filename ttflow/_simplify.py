@@ -7,6 +7,8 @@ step costs a run a kernel call and an intermediate buffer, so `simplify` removes
 
 - a reshape of a reshape is one reshape; a reshape to its input's shape is its input;
 - a permute of a permute is one permute; the identity permute is its input;
+- a one-element operand that is a reshape (a scalar seen as (1,)) is used as it was, when the
+  op's result keeps its shape;
 - a pointwise op whose operands are all reshapes of values of one shape (a 1-D bias seen as
   (n,) while it lives as (1, n)) runs on those values, and its result is reshaped instead: the
   reshapes around a chain of such ops then meet and cancel;
@@ -28,6 +30,8 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Sequence
 from typing import Any
+
+import numpy as np
 
 from ._program import Program, Step, TensorSpec
 from ._types import DataType
@@ -84,9 +88,11 @@ def _simplified(program: Program, lift: bool) -> Program:
             if axes == tuple(range(len(axes))) and _same(values, inputs[0], step.output):
                 alias[step.output] = inputs[0]
                 continue
-        elif lift and op in _POINTWISE:
-            lifted = _lifted(values, made, inputs, step.output)
-            if lifted is not None:
+        elif op in _POINTWISE:
+            lifted = _lifted(values, made, inputs, step.output) if lift else None
+            if lifted is None:
+                inputs = _unreshaped_one_elements(values, made, inputs, step.output)
+            else:
                 sources, shape = lifted
                 inner = len(values)
                 values.append(TensorSpec(shape, values[step.output].layout))
@@ -124,6 +130,26 @@ def _emit(steps: list[Step], made: dict[int, Step], seen: dict[Hashable, int],
     made[step.output] = step
     steps.append(step)
     return step.output
+
+
+def _unreshaped_one_elements(values: list[TensorSpec], made: dict[int, Step], inputs: tuple[int, ...],
+                             output: int) -> tuple[int, ...]:
+    """A pointwise op's operands, with a one-element operand that is a reshape (a scalar seen
+    as (1,), say) replaced by what it reshapes, when the op's result keeps its shape (the
+    element broadcasts the same either way)."""
+    replaced = list(inputs)
+    for k, v in enumerate(inputs):
+        step = made.get(v)
+        if step is not None and step.op == "reshape" and math.prod(values[v].shape) == 1 \
+                and _exact(values, v) and _exact(values, step.inputs[0]):
+            replaced[k] = step.inputs[0]
+    if replaced == list(inputs):
+        return inputs
+    try:
+        shape = np.broadcast_shapes(*(values[v].shape for v in replaced))
+    except ValueError:
+        return inputs
+    return tuple(replaced) if shape == values[output].shape else inputs
 
 
 def _lifted(values: list[TensorSpec], made: dict[int, Step], inputs: tuple[int, ...],
