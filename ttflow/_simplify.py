@@ -17,10 +17,11 @@ step costs a run a kernel call and an intermediate buffer, so `simplify` removes
   their seed input included);
 - a step whose value nothing reads is dropped.
 
-Reshapes and permutes move elements without changing them (but for BFLOAT8_B, whose rounding
-depends on the tile, so its reshapes and permutes are not merged), a pointwise op computes each element
-alone (BFLOAT8_B, whose rounding depends on the tile, is left alone), and an equal step computes
-equal bits, so the outputs are bit-identical (the tests compare with `run_on_host` of the original).
+Reshapes and permutes move elements without changing them, a pointwise op computes each element
+alone, and an equal step computes equal bits, so the outputs are bit-identical (the tests compare
+with `run_on_host` of the original). BFLOAT8_B is the exception: its blocks of 16 share an
+exponent in tile order, so reshaping or permuting a BFLOAT8_B value rounds its elements anew;
+its chains are kept as they are, and ops on it are not lifted.
 A program with donations or an in-place op (`update_cache`) is returned as it is: their buffers
 are part of the contract, not just the values.
 """
