@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import ttflow as tt
+from ttflow._ops import OPS, store_as
 from ttflow._program import run_on_host
 
 F32, BF16, I32 = tt.DataType.FLOAT32, tt.DataType.BFLOAT16, tt.DataType.INT32
@@ -38,7 +39,7 @@ def chains(draw: st.DrawFn) -> tuple[tt.Program, list[np.ndarray]]:
     for _ in range(draw(st.integers(1, 12))):
         v = pool[-1] if draw(st.booleans()) else draw(st.sampled_from(pool))  # chains, often
         kind = draw(st.sampled_from(["reshape", "permute", "twice", "add", "mul", "cmp", "back", "scalars",
-                                     "flat", "scale", "tiny"]))
+                                     "flat", "scale", "tiny", "fill", "constant"]))
         if kind == "reshape":
             n = math.prod(v.shape)
             target = draw(st.sampled_from([s for s in [(n,), (1, n), (n, 1), v.shape[::-1], v.shape]
@@ -66,6 +67,16 @@ def chains(draw: st.DrawFn) -> tuple[tt.Program, list[np.ndarray]]:
             pool.append(b.mul(b.reshape(z, (1,)), v))
         elif kind == "tiny":  # only one-element operands: the result keeps its (1,) shape
             pool.append(b.add(b.reshape(z, (1,)), b.reshape(b.mul(z, z), (1,))))
+        elif kind == "fill":  # a where against a one-element constant, on either side
+            c = draw(st.sampled_from([0, 2, -3] if dtype is I32 else
+                                     [0.0, 0.1, -1.5] + ([] if dtype is tt.DataType.BFLOAT8_B else [-math.inf])))
+            shape_c = draw(st.sampled_from([(1,), (1, 1), (1,) * len(v.shape)]))
+            constant = b.full(shape_c, c, v.dtype)
+            cond = b.ne(v, 0.0)
+            pool.append(b.where(cond, v, constant) if draw(st.booleans()) else b.where(cond, constant, v))
+        elif kind == "constant":  # a reshaped constant, added in
+            c = 3 if dtype is I32 else 0.75
+            pool.append(b.add(v, b.reshape(b.full((1,), c, v.dtype), (1,) * len(v.shape))))
         elif kind == "scalars":  # one op with two scalars: not one step
             s1, s2 = draw(st.sampled_from([1.0, 2.0, -1.0])), draw(st.sampled_from([1.0, 2.0, -1.0]))
             pool.append(b.sub(b.mul(v, s1), b.mul(v, s2)))
@@ -87,6 +98,19 @@ def chains(draw: st.DrawFn) -> tuple[tt.Program, list[np.ndarray]]:
     return b.build(), arrays
 
 
+def _shapes_hold(program: tt.Program, arrays: list[np.ndarray]) -> bool:
+    """Whether every step's result has the shape its value declares (the device allocates by
+    the declared shape)."""
+    values: list = [store_as(np.asarray(a), spec.dtype) for a, spec in zip(arrays, program.inputs)]
+    values += [None] * (len(program.values) - len(values))
+    for step in program.steps:
+        result = OPS[step.op].compute([values[v] for v in step.inputs], step.scalar, **dict(step.attrs))
+        if np.shape(result) != program.values[step.output].shape:
+            return False
+        values[step.output] = store_as(result, program.values[step.output].dtype)
+    return True
+
+
 def _bits(arrays: list[np.ndarray]) -> list[bytes]:
     return [np.ascontiguousarray(a).tobytes() for a in arrays]
 
@@ -99,6 +123,7 @@ def test_simplified_programs_give_the_same_bits_on_the_host(case: tuple[tt.Progr
     assert len(simpler.steps) <= len(program.steps)
     want = run_on_host(program, arrays)
     got = run_on_host(simpler, arrays)
+    assert _shapes_hold(simpler, arrays)
     assert [a.shape for a in got] == [a.shape for a in want]
     assert _bits(got) == _bits(want)
 
@@ -183,3 +208,19 @@ async def test_a_one_element_operand_keeps_broadcasting_as_it_did() -> None:
         (out,) = tt.submit(device, tt.Binary([simpler]), 0, inputs)
         got = await tt.to_host(out)
     assert got.shape == (12,) and _bits([got]) == _bits(run_on_host(program, arrays))
+
+
+def test_a_constant_is_a_where_scalar_only_with_the_wheres_dtype_and_shape() -> None:
+    b = tt.ProgramBuilder("constants")
+    x = b.input((12,), _layout(F32))
+    wider = b.where(b.ne(x, 0.0), x, b.full((1, 1), 0.5, F32))  # (1, 12): the constant widens it
+    rounded = b.where(b.ne(x, 0.0), x, b.full((1,), 0.1, BF16))  # a bfloat16 0.1 in a float32 where
+    same = b.where(b.ne(x, 0.0), b.full((1,), 0.1, F32), x)  # this one folds
+    for v in (wider, rounded, same):
+        b.output(v, _layout(F32))
+    program = b.build()
+    simpler = tt.simplify(program)
+    assert [s.op for s in simpler.steps].count("full") == 2
+    x_host = np.array([0, 1, -2, 0, 3, 0, 0.5, 0, 0, 7, 0, 1], np.float32)
+    assert _shapes_hold(simpler, [x_host])
+    assert _bits(run_on_host(simpler, [x_host])) == _bits(run_on_host(program, [x_host]))

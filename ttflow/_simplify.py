@@ -7,6 +7,8 @@ step costs a run a kernel call and an intermediate buffer, so `simplify` removes
 
 - a reshape of a reshape is one reshape; a reshape to its input's shape is its input;
 - a permute of a permute is one permute; the identity permute is its input;
+- a `where` branch that is a one-element constant (`full`) becomes the where's scalar, and a
+  reshaped constant is the constant of the new shape;
 - a one-element operand that is a reshape (a scalar seen as (1,)) is used as it was, when the
   op's result keeps its shape;
 - a pointwise op whose operands are all reshapes of values of one shape (a 1-D bias seen as
@@ -71,6 +73,13 @@ def _simplified(program: Program, lift: bool) -> Program:
     for step in program.steps:
         inputs = tuple(resolve(v) for v in step.inputs)
         op, attrs = step.op, step.attrs
+        if op == "where":
+            inputs, attrs = _constants_as_scalars(values, made, inputs, attrs, step.output)
+        if op == "reshape" and (source := made.get(inputs[0])) is not None and source.op == "full" \
+                and _exact(values, step.output):
+            # A reshaped constant is the constant of the new shape.
+            op, inputs = "full", ()
+            attrs = tuple(sorted({**dict(source.attrs), "shape": values[step.output].shape}.items()))
         if op == "reshape":
             source = made.get(inputs[0])
             if source is not None and source.op == "reshape" and _exact(values, inputs[0]):
@@ -131,6 +140,34 @@ def _emit(steps: list[Step], made: dict[int, Step], seen: dict[Hashable, int],
     made[step.output] = step
     steps.append(step)
     return step.output
+
+
+def _constants_as_scalars(values: list[TensorSpec], made: dict[int, Step], inputs: tuple[int, ...],
+                          attrs: Any, output: int) -> tuple[tuple[int, ...], Any]:
+    """A `where` whose branch is a one-element `full` of the where's own dtype, with that
+    constant as the branch's scalar instead (`where` keeps a tensor branch, which gives it its
+    dtype, and its result keeps its shape); else the step's inputs and attributes."""
+    dtype = values[output].dtype
+    given = dict(attrs)
+    if dtype is DataType.BFLOAT8_B or given["a_scalar"] is not None or given["b_scalar"] is not None:
+        return inputs, attrs  # a scalar branch already: the other one gives the dtype
+    cond, a, b = inputs
+    for k, (branch, kept) in enumerate(((a, b), (b, a))):
+        constant = made.get(branch)
+        if constant is None or constant.op != "full" or math.prod(values[branch].shape) != 1:
+            continue
+        if values[branch].dtype is not dtype or values[kept].dtype is not dtype:
+            continue
+        try:
+            shape = np.broadcast_shapes(values[cond].shape, values[kept].shape)
+        except ValueError:
+            continue
+        if shape != values[output].shape:
+            continue
+        scalar = float(dict(constant.attrs)["value"])
+        given["a_scalar" if k == 0 else "b_scalar"] = scalar
+        return (cond, kept), tuple(sorted(given.items()))
+    return inputs, attrs
 
 
 def _unreshaped_one_elements(values: list[TensorSpec], made: dict[int, Step], inputs: tuple[int, ...],
