@@ -25,7 +25,7 @@ import collections
 import functools
 import math
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, final
 
 import numpy as np
@@ -292,6 +292,16 @@ class AllocateCommand(_Scheduled):
             self.storage = None
 
 
+def _running_writer(states: Iterable[TensorState | None]) -> Command | None:
+    """A write running into one of these tensors (a queued write decides its target after
+    the move: it waits on `state.moving`)."""
+    for state in states:
+        writer = state.last_writer if state is not None else None
+        if writer is not None and not writer.done and writer.record is not None:
+            return writer
+    return None
+
+
 class EvictCommand(Command):
     """Moves live storages out of the way.
 
@@ -319,11 +329,7 @@ class EvictCommand(Command):
 
     def blocker(self) -> Command | None:
         """A write that is running into a victim (a queued write decides its target later)."""
-        for state, _ in self.victims:
-            writer = state.last_writer if state is not None else None
-            if writer is not None and not writer.done and writer.record is not None:
-                return writer
-        return None
+        return _running_writer(state for state, _ in self.victims)
 
     def decide(self) -> Record:
         s = self.scheduler
@@ -350,7 +356,7 @@ class EvictCommand(Command):
                     target = s.allocate_geometry(s.geometry_of(storage, where), None)
                     steps.append(Copy(storage, target, storage.dims3))
                     nbytes += storage.nbytes + target.nbytes
-                    s.in_motion[storage] = target.address
+                    s.in_motion.add(storage)
                 else:
                     assert state is not None
                     layout = Layout(MemorySpace.DRAM, storage.layout.tensor_layout, storage.layout.dtype)
@@ -378,18 +384,12 @@ class EvictCommand(Command):
                 assert target is not None
                 within = target.layout.memory is storage.layout.memory
                 s.move_in_place(storage, target)
-                s.in_motion.pop(storage, None)
-                if storage in s.free_after_move:  # its trace let go of it while it moved
-                    s.free_after_move.discard(storage)
-                    s.free(storage)
                 if within:
                     relocated += target.nbytes
                     moved += 1
                 else:  # evicted in place (a buffer a trace replays into)
                     copied += target.nbytes
-                if state is not None:
-                    state.moving = None
-                    s.settle(state)
+                s.end_move(state, storage)
                 continue
             assert state is not None
             storages = state.storages
@@ -408,8 +408,7 @@ class EvictCommand(Command):
                     storages.remove(copy)
                     storages.insert(0, copy)
             s.free(storage)
-            state.moving = None
-            s.settle(state)
+            s.end_move(state, storage)
         s.count("evictions", len(self.moves) - moved)
         s.count("eviction_bytes", copied)
         if moved:
@@ -424,12 +423,7 @@ class EvictCommand(Command):
         for state, storage, target in self.moves:
             if target is not None:
                 s.free(target)
-            if s.in_motion.pop(storage, None) is not None and storage in s.free_after_move:
-                s.free_after_move.discard(storage)
-                s.free(storage)
-            if state is not None:
-                state.moving = None
-                self.scheduler.settle(state)
+            s.end_move(state, storage)
         self.moves = []
 
     def forget(self) -> None:
@@ -472,16 +466,12 @@ class SlideCommand(Command):
         self.scheduler = scheduler
         self.space = space
         self.plan = list(plan)
-        self.moves: list[tuple[TensorState | None, Storage, int, int]] = []  # + old address, depth
+        self.moves: list[tuple[TensorState | None, Storage, int, int, int]] = []  # + target, old, depth
         self.held: list[int] = []
 
     def blocker(self) -> Command | None:
         """A write that is running into a buffer to slide."""
-        for state, _, _ in self.plan:
-            writer = state.last_writer if state is not None else None
-            if writer is not None and not writer.done and writer.record is not None:
-                return writer
-        return None
+        return _running_writer(state for state, _, _ in self.plan)
 
     def decide(self) -> Record:
         s = self.scheduler
@@ -510,13 +500,13 @@ class SlideCommand(Command):
             if allocator.claim(start, depth):
                 held.append(start)
         self.held = held
-        self.moves = [(state, storage, old, depth) for state, storage, _, old, depth in moves]
+        self.moves = moves
         steps = []
         nbytes = 0
         for state, storage, target, old, depth in moves:
             steps.append(Slide(self.space, old, target, depth))
             nbytes += 2 * storage.nbytes
-            s.in_motion[storage] = target
+            s.in_motion.add(storage)
             if state is not None:
                 state.moving = self
                 state.pending += 1  # deallocating it now must wait for the slide
@@ -527,25 +517,17 @@ class SlideCommand(Command):
         allocator = s._spaces[self.space].allocator
         for start in self.held:
             allocator.free(start)
-        for _, _, old, _ in self.moves:
+        for _, _, _, old, _ in self.moves:
             allocator.free(old)
         moved = 0
         pinned = False
-        for state, storage, old, depth in self.moves:
-            target = s.in_motion.pop(storage)
+        for state, storage, target, _, depth in self.moves:
             claimed = allocator.claim(target, depth)
             assert claimed, "a slide's target was taken while it was held"
-            storage.address = target
-            storage._buffer = None
-            storage.pages = None
+            s.rebase(storage, target)
             moved += storage.nbytes
             pinned = pinned or storage in s._pins
-            if storage in s.free_after_move:  # its trace let go of it while it slid
-                s.free_after_move.discard(storage)
-                s.free(storage)
-            if state is not None:
-                state.moving = None
-                s.settle(state)
+            s.end_move(state, storage)
         if pinned:
             for capture in s._captures:
                 capture.rebind()
@@ -558,14 +540,8 @@ class SlideCommand(Command):
         allocator = s._spaces[self.space].allocator
         for start in self.held:
             allocator.free(start)
-        for state, storage, _, _ in self.moves:
-            s.in_motion.pop(storage, None)
-            if storage in s.free_after_move:
-                s.free_after_move.discard(storage)
-                s.free(storage)
-            if state is not None:
-                state.moving = None
-                s.settle(state)
+        for state, storage, *_ in self.moves:
+            s.end_move(state, storage)
         self._release()
 
     def _release(self) -> None:
@@ -872,9 +848,9 @@ class Scheduler(SchedulerCore):
         # lets go of them (an orphan): replay allocates nothing.
         self._pins: dict[Storage, int] = {}
         self._orphans: dict[Storage, None] = {}
-        # Buffers a `SlideCommand` is sliding (to their new address), and orphans whose trace let
-        # go of them meanwhile: freed when the slide ends, not under it.
-        self.in_motion: dict[Storage, int] = {}
+        # Buffers a relocation or slide is moving, and those of them whose trace let go of them
+        # meanwhile (orphans): freed when the move ends (`end_move`), not under it.
+        self.in_motion: set[Storage] = set()
         self.free_after_move: set[Storage] = set()
         self.capturing: Capture | None = None
         self._captures: weakref.WeakSet[Capture] = weakref.WeakSet()  # to rebind after a relocation
@@ -938,14 +914,30 @@ class Scheduler(SchedulerCore):
                 self._l1[storage] = owner
             storage.layout = target.layout
             storage.aligned_page_size = target.aligned_page_size
-        storage.address = target.address
-        storage._buffer = None
-        storage.pages = None
+        self.rebase(storage, target.address)
         del self._owned[target]
         self._l1.pop(target, None)
         if storage in self._pins:
             for capture in self._captures:
                 capture.rebind()
+
+    def rebase(self, storage: Storage, address: int) -> None:
+        """`storage` now lies at `address` (its bytes were moved there): what was derived from
+        the old address (its `BufferInfo`, its cached page view) goes."""
+        storage.address = address
+        storage._buffer = None
+        storage.pages = None
+
+    def end_move(self, state: TensorState | None, storage: Storage) -> None:
+        """A move of `storage` is over (made or undone): it is freed now if its trace let go of it
+        meanwhile, and its tensor may be moved, written or freed again."""
+        self.in_motion.discard(storage)
+        if storage in self.free_after_move:
+            self.free_after_move.discard(storage)
+            self.free(storage)
+        if state is not None:
+            state.moving = None
+            self.settle(state)
 
     def allocate(self, layout: Layout, shape: tuple[int, ...], owner: TensorState | None) -> Storage:
         return self.allocate_geometry(self.geometry(layout, shape), owner)
