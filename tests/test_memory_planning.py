@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import math
 
+import anyio
+
 import ml_dtypes
 import numpy as np
 import pytest
 
 import ttflow as tt
+from ttflow import _queue
+from ttflow.testing import hold_worker_threads
 
 pytestmark = pytest.mark.anyio
 
@@ -371,6 +375,47 @@ async def test_compaction_slides_a_traces_buffers_and_its_replays_follow() -> No
             np.testing.assert_array_equal(await tt.to_host(y), relu(new))
         np.testing.assert_array_equal(await tt.to_host(tb), big)
         tt.release_trace(trace)
+
+
+async def test_a_trace_let_go_of_while_its_buffer_slides_frees_it_after_the_slide(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trace's output buffer, which only the trace keeps (its tensor was deallocated), is
+    sliding (held on its worker thread) when the trace is released: it is freed when the slide
+    ends, not under it, and DRAM then holds exactly the live tensors."""
+    monkeypatch.setattr(_queue, "INLINE_SECONDS", -1.0)  # every record on a worker: holdable
+    relu_dram = unary("relu_dram", (32, 32 * 16), DRAM_TILE, DRAM_TILE)
+    rng = np.random.default_rng(8)
+    tile = F32.tile_bytes
+    async with tt.open_device(SMALL) as device:
+        def block(tiles_per_bank: int) -> tt.Tensor:
+            return tt.to_device(np.zeros((32, 32 * 4 * tiles_per_bank), np.float32), device, DRAM_TILE)
+
+        holes = [block(3)]
+        x = tt.to_device(rng.standard_normal((32, 32 * 16)).astype(np.float32), device, DRAM_TILE)
+        holes.append(block(3))
+        slot = block(4)
+        holes.append(block(3))
+        ballast = tt.empty((32, 32 * 4 * (device.memory_view(DRAM).free // 4 // tile)), F32, device, DRAM_TILE)
+        await ballast
+        tt.deallocate(slot)
+        with tt.capture_trace(device) as trace:
+            (y,) = tt.submit(device, tt.Binary([relu_dram]), 0, [x])
+        await y
+        tt.deallocate(y)  # the trace alone keeps its buffer now
+        for t in holes:
+            tt.deallocate(t)
+        big = rng.standard_normal((32, 32 * 4 * 9)).astype(np.float32)  # 9 tiles a bank: 3 holes
+        async with hold_worker_threads() as hold:
+            tb = tt.to_device(big, device, DRAM_TILE)  # its room: a slide, held before its run
+            await anyio.sleep(0.05)
+            relocations = device.stats.relocations
+            tt.release_trace(trace)  # unpins the sliding buffer
+            hold.release()
+            np.testing.assert_array_equal(await tt.to_host(tb), big)
+        assert device.stats.relocations > relocations == 0
+        await anyio.lowlevel.checkpoint()
+        live = sum(t.buffer.num_pages * t.buffer.aligned_page_size for t in (x, ballast, tb))
+        assert device.memory_used(DRAM) == live
 
 
 async def test_an_l1_output_that_l1_cannot_hold_spills_to_dram() -> None:
