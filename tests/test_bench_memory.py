@@ -192,10 +192,16 @@ def test_recorder_counts_a_weight_with_a_dram_tile_copy_as_clean() -> None:
 
 
 def test_a_wrong_value_is_not_let_through() -> None:
-    assert memory._check("w", 1e-7, 1e-5) == 1e-7
-    for worst in (1e-3, math.nan):
-        with pytest.raises(memory.ValueMismatch):
-            memory._check("w", worst, 1e-5)
+    async def main() -> None:
+        async with tt.open_device(tt.DeviceSpec.small()) as device:
+            stored = np.zeros((2, 2), np.float32)
+            out = tt.to_device(stored, device)
+            assert await memory._checked("w", [out], [stored + np.float32(1e-7)], 1e-5) == np.float32(1e-7)
+            for wrong in (1e-3, math.nan):
+                with pytest.raises(memory.ValueMismatch):
+                    await memory._checked("w", [out], [stored + np.float32(wrong)], 1e-5)
+
+    anyio.run(main)
 
 
 def test_quick_run_structure_and_lookahead_copies_no_more_than_eager() -> None:
