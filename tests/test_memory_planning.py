@@ -9,10 +9,10 @@ compared with numpy.
 from __future__ import annotations
 
 import math
+from typing import Self
 
 import anyio
 
-import ml_dtypes
 import numpy as np
 import pytest
 
@@ -219,14 +219,24 @@ async def test_outputs_and_scratch_never_land_in_the_running_programs_circular_b
 # -- lookahead -------------------------------------------------------------------------------
 
 
+def _relus() -> tt.Binary:
+    """Program 0: relu from L1 to L1; program 1: relu from L1 to DRAM (32 x 256 float32)."""
+    return tt.Binary([unary("relu_to_l1", (32, 256), L1_TILE, L1_TILE),
+                      unary("relu_to_dram", (32, 256), L1_TILE, DRAM_TILE)])
+
+
+async def _circular_buffers_placed(device: tt.Device, binary: tt.Binary) -> None:
+    """Runs program 1 once on a scratch input, so that its circular buffers (16384 bytes a core)
+    are at the bottom of L1, and lets the input (and its L1 copy) go."""
+    warm = tt.to_device(np.zeros((32, 256), np.float32), device, DRAM_TILE)
+    await tt.submit(device, binary, 1, [warm])[0]
+    tt.deallocate(warm)
+
+
 async def test_lookahead_evicts_the_tensor_used_farthest_ahead_only() -> None:
-    to_l1 = unary("relu_to_l1", (32, 256), L1_TILE, L1_TILE)
-    to_dram = unary("relu_to_dram", (32, 256), L1_TILE, DRAM_TILE)
-    binary = tt.Binary([to_l1, to_dram])
+    binary = _relus()
     async with tt.open_device(SMALL) as device:
-        warm = tt.to_device(np.zeros((32, 256), np.float32), device, DRAM_TILE)
-        await tt.submit(device, binary, 1, [warm])[0]  # circular buffers: 16384 at the bottom
-        tt.deallocate(warm)  # and its L1 copy
+        await _circular_buffers_placed(device, binary)
         tensors, arrays = await _fill_l1(device, 6)  # 6 x 8192: L1 is full
         # Queued at once: the first needs room for an L1 output; the others read T1..T4 in turn.
         (first,) = tt.submit(device, binary, 0, [tensors[0]])
@@ -241,13 +251,9 @@ async def test_lookahead_evicts_the_tensor_used_farthest_ahead_only() -> None:
 
 
 async def test_lookahead_prefers_a_victim_whose_value_dram_already_holds() -> None:
-    to_l1 = unary("relu_to_l1", (32, 256), L1_TILE, L1_TILE)
-    to_dram = unary("relu_to_dram", (32, 256), L1_TILE, DRAM_TILE)
-    binary = tt.Binary([to_l1, to_dram])
+    binary = _relus()
     async with tt.open_device(SMALL) as device:
-        warm = tt.to_device(np.zeros((32, 256), np.float32), device, DRAM_TILE)
-        await tt.submit(device, binary, 1, [warm])[0]  # circular buffers: 16384 at the bottom
-        tt.deallocate(warm)
+        await _circular_buffers_placed(device, binary)
         tensors, arrays = await _fill_l1(device, 5)
         # a sixth value whose home is a DRAM tile: its L1 copy (made by reading it) is free to drop
         clean = tt.to_device(np.full((32, 256), 7, np.float32), device, DRAM_TILE)
@@ -336,45 +342,69 @@ async def test_holes_each_too_small_for_any_buffer_are_merged_by_sliding_buffers
         assert all(a + d <= b for (a, d), (b, _) in zip(addresses, addresses[1:]))  # no overlap
 
 
-async def test_compaction_slides_a_traces_buffers_and_its_replays_follow() -> None:
-    """The trace's input and output sit among the survivors that slide; its replays, run by the
-    C kernel at the addresses captured, must then read and write where the buffers went."""
-    relu_dram = unary("relu_dram", (32, 32 * 16), DRAM_TILE, DRAM_TILE)  # 4 tiles a bank: pagewise
-    rng = np.random.default_rng(7)
-    tile = F32.tile_bytes
-    async with tt.open_device(SMALL) as device:
+class _TraceAmongHoles:
+    """DRAM laid out as hole x hole y hole kept, then a ballast over the rest: x and kept hold
+    random values, y = relu(x) is a captured trace's output (pagewise: the C kernel replays it
+    at the addresses captured), each 4 tiles a bank; the holes, 3 tiles a bank, are free. No
+    survivor fits a hole, so a request of 9 tiles a bank is made only by sliding them."""
+
+    def __init__(self, device: tt.Device, rng: np.random.Generator) -> None:
+        self.device, self.rng = device, rng
+
+    async def __aenter__(self) -> Self:
+        device, rng = self.device, self.rng
+
         def block(tiles_per_bank: int) -> tt.Tensor:
             return tt.to_device(np.zeros((32, 32 * 4 * tiles_per_bank), np.float32), device, DRAM_TILE)
 
         holes = [block(3)]
-        x = tt.to_device(rng.standard_normal((32, 32 * 16)).astype(np.float32), device, DRAM_TILE)
+        self.x = tt.to_device(rng.standard_normal((32, 32 * 16)).astype(np.float32), device, DRAM_TILE)
         holes.append(block(3))
         slot = block(4)  # where the trace's output will go
         holes.append(block(3))
-        other = rng.standard_normal((32, 32 * 16)).astype(np.float32)
-        kept = tt.to_device(other, device, DRAM_TILE)
-        ballast = tt.empty((32, 32 * 4 * (device.memory_view(DRAM).free // 4 // tile)), F32, device, DRAM_TILE)
-        await ballast
+        self.kept_value = rng.standard_normal((32, 32 * 16)).astype(np.float32)
+        self.kept = tt.to_device(self.kept_value, device, DRAM_TILE)
+        free = device.memory_view(DRAM).free // 4 // F32.tile_bytes
+        self.ballast = tt.empty((32, 32 * 4 * free), F32, device, DRAM_TILE)
+        await self.ballast
         tt.deallocate(slot)
         with tt.capture_trace(device) as trace:
-            (y,) = tt.submit(device, tt.Binary([relu_dram]), 0, [x])
-        await y
+            (self.y,) = tt.submit(device, tt.Binary([unary("relu_dram", (32, 32 * 16), DRAM_TILE, DRAM_TILE)]),
+                                  0, [self.x])
+        self.trace = trace
+        await self.y
         for t in holes:
             tt.deallocate(t)
-        assert device.memory_view(DRAM).largest_free_block == 4 * 3 * tile
+        assert device.memory_view(DRAM).largest_free_block == 4 * 3 * F32.tile_bytes
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        pass
+
+    def request(self) -> tuple[tt.Tensor, np.ndarray]:
+        """A tensor of 9 tiles a bank: the three holes' bytes."""
+        big = self.rng.standard_normal((32, 32 * 4 * 9)).astype(np.float32)
+        return tt.to_device(big, self.device, DRAM_TILE), big
+
+
+async def test_compaction_slides_a_traces_buffers_and_its_replays_follow() -> None:
+    """The trace's input and output sit among the survivors that slide; its replays, run by the
+    C kernel at the addresses captured, must then read and write where the buffers went."""
+    rng = np.random.default_rng(7)
+    async with tt.open_device(SMALL) as device, _TraceAmongHoles(device, rng) as dram:
+        x, y = dram.x, dram.y
         before = (x.buffer.address, y.buffer.address)
-        big = rng.standard_normal((32, 32 * 4 * 9)).astype(np.float32)  # 9 tiles a bank: 3 holes
-        tb = tt.to_device(big, device, DRAM_TILE)
+        tb, big = dram.request()
         np.testing.assert_array_equal(await tt.to_host(tb), big)
         assert (x.buffer.address, y.buffer.address) != before
-        np.testing.assert_array_equal(await tt.to_host(kept), other)
+        np.testing.assert_array_equal(await tt.to_host(dram.kept), dram.kept_value)
         for _ in range(2):
             new = rng.standard_normal((32, 32 * 16)).astype(np.float32)
             tt.write(x, new)
-            tt.execute_trace(trace)
+            tt.execute_trace(dram.trace)
             np.testing.assert_array_equal(await tt.to_host(y), relu(new))
         np.testing.assert_array_equal(await tt.to_host(tb), big)
-        tt.release_trace(trace)
+        tt.release_trace(dram.trace)
 
 
 async def test_a_trace_let_go_of_while_its_buffer_slides_frees_it_after_the_slide(
@@ -383,38 +413,18 @@ async def test_a_trace_let_go_of_while_its_buffer_slides_frees_it_after_the_slid
     sliding (held on its worker thread) when the trace is released: it is freed when the slide
     ends, not under it, and DRAM then holds exactly the live tensors."""
     monkeypatch.setattr(_queue, "INLINE_SECONDS", -1.0)  # every record on a worker: holdable
-    relu_dram = unary("relu_dram", (32, 32 * 16), DRAM_TILE, DRAM_TILE)
-    rng = np.random.default_rng(8)
-    tile = F32.tile_bytes
-    async with tt.open_device(SMALL) as device:
-        def block(tiles_per_bank: int) -> tt.Tensor:
-            return tt.to_device(np.zeros((32, 32 * 4 * tiles_per_bank), np.float32), device, DRAM_TILE)
-
-        holes = [block(3)]
-        x = tt.to_device(rng.standard_normal((32, 32 * 16)).astype(np.float32), device, DRAM_TILE)
-        holes.append(block(3))
-        slot = block(4)
-        holes.append(block(3))
-        ballast = tt.empty((32, 32 * 4 * (device.memory_view(DRAM).free // 4 // tile)), F32, device, DRAM_TILE)
-        await ballast
-        tt.deallocate(slot)
-        with tt.capture_trace(device) as trace:
-            (y,) = tt.submit(device, tt.Binary([relu_dram]), 0, [x])
-        await y
-        tt.deallocate(y)  # the trace alone keeps its buffer now
-        for t in holes:
-            tt.deallocate(t)
-        big = rng.standard_normal((32, 32 * 4 * 9)).astype(np.float32)  # 9 tiles a bank: 3 holes
+    async with tt.open_device(SMALL) as device, _TraceAmongHoles(device, np.random.default_rng(8)) as dram:
+        tt.deallocate(dram.y)  # the trace alone keeps its buffer now
         async with hold_worker_threads() as hold:
-            tb = tt.to_device(big, device, DRAM_TILE)  # its room: a slide, held before its run
+            tb, big = dram.request()  # its room: a slide, held before its run
             await anyio.sleep(0.05)
             relocations = device.stats.relocations
-            tt.release_trace(trace)  # unpins the sliding buffer
+            tt.release_trace(dram.trace)  # unpins the sliding buffer
             hold.release()
             np.testing.assert_array_equal(await tt.to_host(tb), big)
         assert device.stats.relocations > relocations == 0
         await anyio.lowlevel.checkpoint()
-        live = sum(t.buffer.num_pages * t.buffer.aligned_page_size for t in (x, ballast, tb))
+        live = sum(t.buffer.num_pages * t.buffer.aligned_page_size for t in (dram.x, dram.kept, dram.ballast, tb))
         assert device.memory_used(DRAM) == live
 
 
