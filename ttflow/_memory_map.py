@@ -128,11 +128,8 @@ def view_as_dict(view: MemoryView) -> dict[str, Any]:
 def record_memory_map(device: Device) -> Iterator[MemoryMapRecorder]:
     """Snapshots L1 and DRAM after every command the device completes inside the block."""
     recorder = MemoryMapRecorder(device)
-    device._scheduler.listeners.append(recorder.on_command)
-    try:
+    with device._scheduler.listening(recorder.on_command):
         yield recorder
-    finally:
-        device._scheduler.listeners.remove(recorder.on_command)
 
 
 def draw_memory_map(recorder: MemoryMapRecorder, path: str | os.PathLike[str]) -> None:

@@ -22,10 +22,11 @@ run in order, so only cross-queue dependencies are recorded.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import math
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, final
 
 import numpy as np
@@ -865,6 +866,15 @@ class Scheduler(SchedulerCore):
         self._layouts: dict[Layout, Layout] = {}
 
     # -- bookkeeping used by the commands ---------------------------------------------------
+
+    @contextlib.contextmanager
+    def listening(self, listener: Callable[[Command, BaseException | None], None]) -> Iterator[None]:
+        """Calls `listener` with every command completed inside the block (a recorder's hook)."""
+        self.listeners.append(listener)
+        try:
+            yield
+        finally:
+            self.listeners.remove(listener)
 
     def count(self, name: str, amount: int) -> None:
         self.counters[name] += amount

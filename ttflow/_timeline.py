@@ -120,11 +120,8 @@ class TimelineRecorder:
 def record_timeline(device: Device) -> Iterator[TimelineRecorder]:
     """Records every command the device completes inside the block."""
     recorder = TimelineRecorder(device)
-    device._scheduler.listeners.append(recorder.on_command)
-    try:
+    with device._scheduler.listening(recorder.on_command):
         yield recorder
-    finally:
-        device._scheduler.listeners.remove(recorder.on_command)
 
 
 def queue_summary(events: list[dict[str, Any]]) -> dict[str, Any]:
