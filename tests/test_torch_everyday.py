@@ -340,3 +340,48 @@ def test_eager_nearest_upsampling_by_whole_factors_runs_on_the_device(fresh, on_
     out_cpu.square().sum().backward()
     out_tt.square().sum().backward()
     torch.testing.assert_close(xt.grad.cpu(), x.grad)
+
+
+@pytest.mark.parametrize("optimizer, options", [
+    ("SGD", {"lr": 0.05, "momentum": 0.9}),
+    ("SGD", {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 0.01}),
+    ("Adam", {"lr": 1e-2}),
+    ("AdamW", {"lr": 1e-2, "weight_decay": 0.1, "amsgrad": True}),
+], ids=["sgd-momentum", "sgd-nesterov-decay", "adam", "adamw-amsgrad"])
+def test_a_compiled_optimizer_step_is_one_program_and_matches_cpu(fresh, on_device_only, optimizer, options):
+    """PyTorch's "compiling the optimizer" recipe: `torch.compile` of a function calling
+    `opt.step()`. Its foreach ops lower (as loops of their single-tensor ops), so the step runs
+    on the device as one program, with the values of the stock CPU step."""
+    from ttflow.torch import _storage
+
+    torch.manual_seed(0)
+    cpu = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3))
+    model = copy.deepcopy(cpu).to("tt")
+    opt_cpu = getattr(torch.optim, optimizer)(cpu.parameters(), **options)
+    opt_tt = getattr(torch.optim, optimizer)(model.parameters(), **options)
+
+    @torch.compile(backend="tt")
+    def step():
+        opt_tt.step()
+
+    submitted = []
+    real_post = _storage.post_program
+    for i in range(4):
+        x, y = torch.randn(5, 8), torch.randn(5, 3)
+        for m, dev in ((cpu, "cpu"), (model, "tt")):
+            nn.functional.mse_loss(m(x.to(dev)), y.to(dev)).backward()
+        opt_cpu.step()
+        if i == 3:  # compiled by now: count the programs the step posts
+            _storage.post_program = lambda device, binary, *a: submitted.append(binary) or real_post(device, binary, *a)
+        try:
+            step()
+        finally:
+            _storage.post_program = real_post
+        opt_cpu.zero_grad()
+        opt_tt.zero_grad()
+    assert len(submitted) == 1, [b.programs[0].name for b in submitted]
+    for (name, p), q in zip(cpu.named_parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(q.cpu(), p, atol=1e-6, rtol=1e-5, msg=name)
+    for state_cpu, state_tt in zip(opt_cpu.state.values(), opt_tt.state.values(), strict=True):
+        for key, value in state_cpu.items():
+            torch.testing.assert_close(state_tt[key].cpu(), value, atol=1e-6, rtol=1e-5, msg=key)

@@ -295,6 +295,9 @@ def _decompositions() -> dict[Any, Callable[..., Any]]:
     from ._fused import DECOMPOSITIONS as fused  # torch's fused attention fast paths
 
     table.update(fused)
+    from ._foreach_decomp import DECOMPOSITIONS as foreach  # a compiled optimizer step
+
+    table.update(foreach)
     # Lowered directly: a decomposition would lose the pattern (dropout's mask is one rand op,
     # max-pool's backward reads the forward input rather than indices).
     for op in (aten.native_dropout.default, aten.max_pool2d_with_indices_backward.default,
