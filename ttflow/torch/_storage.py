@@ -214,6 +214,11 @@ def _empty(cell: Pending, shape: tuple[int, ...], dtype: tt.DataType, device: tt
 _IDENTITY = [tuple(range(n)) for n in range(8)]
 
 
+def _covers_in_order(t: torch.Tensor) -> bool:
+    """Whether a contiguous `t` is its whole storage (what `_order` says of it, sooner)."""
+    return not t.storage_offset() and t.numel() * t.element_size() == t.untyped_storage().nbytes()
+
+
 def _order(t: torch.Tensor) -> tuple[int, ...] | None:
     """The dims of `t` from outermost to innermost in memory, if `t` covers its storage densely
     from offset 0 (a permutation of a contiguous tensor); else None."""
@@ -234,6 +239,14 @@ def _order(t: torch.Tensor) -> tuple[int, ...] | None:
 def read(t: torch.Tensor) -> Pending:
     """A cell holding `t`'s elements on the device, shaped `device_shape(t.shape)`, in `t`'s device
     dtype; posts a reshape, a permute or a host round trip when the view needs one."""
+    slot = _slots.get(t.untyped_storage().data_ptr())
+    if (slot is not None and slot.value is not None and t.dtype is slot.dtype and not t.storage_offset()
+            and t.is_contiguous() and device_shape(t.shape) == slot.shape and not slot.device.closed):
+        return slot.value  # the common case (an op's output, a parameter): the stored value as it is
+    return _read(t)
+
+
+def _read(t: torch.Tensor) -> Pending:
     if t.dtype != (slot := _slot(t)).dtype:
         _retype(slot, t.dtype)
     if not on_device(t.dtype):
@@ -259,8 +272,7 @@ def write(t: torch.Tensor, value: Pending, shape: tuple[int, ...]) -> None:
     the content of `t`: the storage's new value when `t` covers it in order, else through the host."""
     _drain_freed()  # storages torch freed let go of their values (as new_tensor does)
     slot = _slot(t)
-    order = _order(t)
-    if order == tuple(range(t.dim())) and t.dtype == slot.dtype:
+    if t.dtype is slot.dtype and (_covers_in_order(t) if t.is_contiguous() else _order(t) == tuple(range(t.dim()))):
         slot.value, slot.shape = value, shape
         return
     array = session.call(_fetch, value)
