@@ -311,6 +311,27 @@ async def test_dropped_tensors_give_their_memory_back() -> None:
         assert device.memory_used(tt.MemorySpace.L1) == 0
 
 
+async def test_synchronize_waits_for_every_queued_command() -> None:
+    r = rng(11)
+    a, b = r.standard_normal((2, 3, 50)).astype(np.float32)
+    binary = elementwise_binary()
+    async with tt.open_device(tt.DeviceSpec.small()) as device:
+        ta, tb = tt.to_device(a, device), tt.to_device(b, device)
+        chain = [ta]
+        for _ in range(6):  # CQ0 programs, each reading the last, behind CQ1 writes
+            chain.append(tt.submit(device, binary, 0, [chain[-1], tb])[0])
+        late = tt.to_device(b, device)
+        assert not any(t.done() for t in chain[1:]) and not late.done()
+        await device.synchronize()
+        assert all(t.done() for t in chain) and late.done()
+        assert device.stats.commands_run >= 9
+        expected = a
+        for _ in range(6):
+            expected = expected + b
+        np.testing.assert_array_equal(await tt.to_host(chain[-1]), expected)
+        await device.synchronize()  # nothing queued: returns at once
+
+
 async def test_cq1_write_overlaps_a_cq0_program() -> None:
     # Large enough that both commands go to worker threads; the kernels and the matmul release
     # the GIL, so the write of the next batch runs while the program reads the other buffer.

@@ -136,6 +136,13 @@ class Device:
         self.check_open()
         return self._spaces[space].memory.read(bank, address, nbytes)
 
+    async def synchronize(self) -> None:
+        """Waits until every command queued on the device so far has completed (as
+        `ttnn.synchronize_device` or `torch.cuda.synchronize`); errors stay with their tensors."""
+        while len(self._cq0) or len(self._cq1):  # a command of one queue may queue work on the other
+            await self._cq0.drained()
+            await self._cq1.drained()
+
     def check_open(self) -> None:
         if self.closed:
             raise DeviceClosedError("the device is closed; open a new one with tt.open_device()")

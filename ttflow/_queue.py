@@ -194,6 +194,11 @@ class CommandQueue:
             self._wakeup.set()
             self._wakeup = None
 
+    async def drained(self) -> None:
+        """Waits until every command pushed so far has completed (they complete in order)."""
+        while self._pending:
+            await self._pending[-1].wait()
+
     def pop_all(self) -> list[Command]:
         """Takes every command that has not started (the device is shutting down)."""
         commands = list(self._pending)
