@@ -244,3 +244,35 @@ def test_add_and_sub_with_alpha_one_are_one_device_op(fresh):
         assert len(new) == 1, name
         steps = new[0].binary.programs[0].steps
         assert len(steps) == ops if ops is not None else len(steps) > 1, (name, steps)
+
+
+def test_queued_work_is_bounded_while_the_caller_never_waits(fresh, monkeypatch):
+    """The loop thread leaves posted calls queued while the caller is busy posting (running
+    them side by side would only make the two threads take turns at the GIL), but at
+    MAX_QUEUED the caller waits for them and their device work, as CUDA's host does at a full
+    launch queue: what is queued stays bounded however long a loop runs without a sync."""
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("ttflow.torch._session"), "MAX_QUEUED", 16)
+    device = ttt.device()
+    x = torch.ones(64, 64).to("tt")
+    ttt.synchronize()
+    before = device.stats.commands_run
+    for _ in range(100):  # back to back, no pause: the loop thread would otherwise wait
+        x = x + 1
+    assert device.stats.commands_run - before >= 100 - 16
+    assert torch.equal(x.cpu(), torch.full((64, 64), 101.0))
+
+
+def test_posted_work_runs_once_the_caller_pauses(fresh):
+    import time
+
+    device = ttt.device()
+    x = torch.ones(64, 64).to("tt")
+    ttt.synchronize()
+    before = device.stats.programs_run
+    for _ in range(3):
+        x = x * 2
+    time.sleep(0.2)  # no call that waits: the loop thread sees the pause and runs them
+    assert device.stats.programs_run - before == 3
+    assert torch.equal(x.cpu(), torch.full((64, 64), 8.0))
