@@ -90,8 +90,8 @@ _MISSING = object()
 class _OpInfo:
     """What one op overload's schema says, worked out once."""
 
-    __slots__ = ("args", "form", "functional", "in_place", "lift", "op", "outs", "schema", "tensor_lift", "view",
-                 "writes")
+    __slots__ = ("arg_names", "args", "form", "functional", "in_place", "lift", "n_returns", "op", "op_arg_names",
+                 "outs", "schema", "takes_dtype", "tensor_lift", "view", "writes")
 
     def __init__(self, op: Any) -> None:
         self.op = op
@@ -110,6 +110,11 @@ class _OpInfo:
             raise UnsupportedOpError(f"{op} has no functional form to run")
         self.schema = self.functional._schema
         self.args = tuple(self.schema.arguments)
+        # Names read per call, kept as strings: a schema's objects cost a microsecond a query.
+        self.arg_names = tuple(a.name for a in self.args)
+        self.op_arg_names = tuple(a.name for a in schema.arguments)
+        self.takes_dtype = "dtype" in self.arg_names
+        self.n_returns = len(self.schema.returns)
         self.view = any(r.alias_info is not None and not r.alias_info.is_write for r in self.schema.returns)
         self.writes = tuple(i for i, r in enumerate(self.schema.returns)
                             if r.alias_info is not None and r.alias_info.is_write)
@@ -196,14 +201,14 @@ def run(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Runs `op` on the device; UnsupportedOpError when it cannot (the caller falls back to the CPU)."""
     info = _info(op)
     bound: dict[str, Any] = dict(kwargs) if kwargs else {}
-    for argument, value in zip(op._schema.arguments, args):
-        bound[argument.name] = value
+    for name, value in zip(info.op_arg_names, args):
+        bound[name] = value
     outs = [bound.pop(name) for name in info.outs if bound.get(name) is not None]
     if info.in_place is not None:
         outs = [bound[info.in_place]]  # the functional result goes back into the written input
     if info.view:
         return _run_view(info.functional, args, kwargs)
-    if outs and "dtype" in {a.name for a in info.args} and "dtype" not in bound:
+    if outs and info.takes_dtype and "dtype" not in bound:
         bound["dtype"] = outs[0].dtype  # a factory makes what its out= tensor holds
     results = _run_bound(info, bound, outs[0].device.index if outs else None, outs)
     if not outs:
@@ -234,15 +239,15 @@ def _run_bound(info: _OpInfo, bound: dict[str, Any], out_index: int | None = Non
     signature: list[Hashable] = [info.functional, form is not None]
     tensors: list[torch.Tensor] = []
     lifted: list[float | int] = []
-    for argument in info.args:
-        value = bound.get(argument.name, _MISSING)
+    for name in info.arg_names:
+        value = bound.get(name, _MISSING)
         if isinstance(value, torch.Tensor):
-            signature.append((value.shape, value.dtype, value.device.type))
+            signature.append((value.shape, value.dtype, value.device))
             tensors.append(value)
         elif isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
-            signature.append(tuple((t.shape, t.dtype, t.device.type) for t in value))
+            signature.append(tuple((t.shape, t.dtype, t.device) for t in value))
             tensors.extend(value)
-        elif _is_lifted(argument.name, value, lift):
+        elif _is_lifted(name, value, lift):
             signature.append("int" if isinstance(value, int) else "float")
             lifted.append(value)
         else:
@@ -257,10 +262,16 @@ def _run_bound(info: _OpInfo, bound: dict[str, Any], out_index: int | None = Non
         _entries[key] = entry
     if isinstance(entry, UnsupportedOpError):
         raise UnsupportedOpError(str(entry))
-    device_index = next((t.device.index for t in tensors if t.device.type == "tt"), out_index) or 0
+    devices = [t.device for t in tensors]
+    device_index = out_index
+    for d in devices:
+        if d.type == "tt":
+            device_index = d.index
+            break
+    device_index = device_index or 0
     device = _storage.session.device(device_index)
-    cells = [_storage.read(t if t.device.type == "tt" else t.to(torch.device("tt", device_index)))
-             for t in tensors]
+    cells = [_storage.read(t if d.type == "tt" else t.to(torch.device("tt", device_index)))
+             for t, d in zip(tensors, devices)]
     cells += [_storage.constant((v,), _scalar_dtype(v), device) for v in lifted]
     cells += _storage.seeds(entry.seeds, device)
     produced = _storage.post_program(device, entry.binary, 0, cells, entry.n_outputs)
@@ -281,7 +292,7 @@ def _run_bound(info: _OpInfo, bound: dict[str, Any], out_index: int | None = Non
     for position, result in entry.mutations:
         target = tensors[position]
         _storage.write(target, produced[entry.outputs[result].index], _storage.device_shape(target.shape))
-    n_returns = len(info.schema.returns)
+    n_returns = info.n_returns
     returned = values[:n_returns]
     for i in info.writes:  # an in-place op returns the tensor it wrote
         returned[i] = tensors[entry.mutations[0][0]]

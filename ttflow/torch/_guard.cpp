@@ -265,9 +265,4 @@ extern "C" size_t ttflow_take_freed(uint64_t* out, size_t capacity) {
   return n;
 }
 
-extern "C" size_t ttflow_freed_count() {
-  std::lock_guard<std::mutex> lock(freed_mutex);
-  return freed.size();
-}
-
 extern "C" uint64_t ttflow_live_storages() { return live_storages.load(); }

@@ -73,25 +73,23 @@ class Slot:
 
 
 _slots: dict[int, Slot] = {}
-_freed_buffer = (ctypes.c_uint64 * 4096)()
+_FREED_CAPACITY = 4096
+_freed_buffer = (ctypes.c_uint64 * _FREED_CAPACITY)()
 _take_freed: Any = None
-_freed_count: Any = None
 
 
 def _drain_freed() -> None:
-    global _take_freed, _freed_count
+    global _take_freed
     if _take_freed is None:
         library = ctypes.CDLL(str(load_guard()))
-        _take_freed, _freed_count = library.ttflow_take_freed, library.ttflow_freed_count
-        _take_freed.restype = _freed_count.restype = ctypes.c_size_t
+        _take_freed = library.ttflow_take_freed
+        _take_freed.restype = ctypes.c_size_t
         _take_freed.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    if not _freed_count():
-        return
     while True:  # the values go with their slots (see Pending: released on the loop thread)
-        n = _take_freed(_freed_buffer, len(_freed_buffer))
-        for address in _freed_buffer[:n]:
-            _slots.pop(address, None)
-        if n < len(_freed_buffer):
+        n = _take_freed(_freed_buffer, _FREED_CAPACITY)
+        for i in range(n):
+            _slots.pop(_freed_buffer[i], None)
+        if n < _FREED_CAPACITY:
             break
 
 
