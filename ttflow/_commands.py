@@ -87,7 +87,7 @@ class Plan:
     __slots__ = ("values", "steps", "inputs", "outputs", "pagewise", "last_read", "step_attrs",
                  "store_in_output", "copied_out", "compute", "value_dtypes", "scratch", "macs",
                  "page_code", "input_layouts", "output_layouts", "output_shapes", "input_checks",
-                 "bound", "donated", "in_place", "output_states", "footprint")
+                 "bound", "donated", "in_place", "output_states", "footprint", "schedule")
 
     def __init__(self, program: Program) -> None:
         # The parts of the program a run reads (not the program: a plan cached under its program
@@ -142,6 +142,36 @@ class Plan:
         self.donated = dict(program.donations)
         # Steps that update a donated cache in place: step index -> the output it writes.
         self.in_place = _in_place_steps(program, self.donated, self.store_in_output)
+        self.schedule = None if self.in_place else _Schedule(self)
+
+
+class _Schedule:
+    """A plan's run with every per-step decision taken once: which inputs are read, and per
+    step its op, where its result goes, whether a later step reads it back and which values
+    die after it. `_compute` then only moves arrays (the per-step bookkeeping had cost a small
+    program as much as its numpy calls)."""
+
+    __slots__ = ("copies", "reads", "steps")
+
+    def __init__(self, plan: Plan) -> None:
+        self.reads = tuple(
+            (index, spec.shape, plan.value_dtypes[index])
+            for index, spec in enumerate(plan.inputs)
+            if plan.last_read[index] >= 0 or plan.copied_out[index]
+        )
+        steps = []
+        for index, op in enumerate(plan.steps):
+            value = op.output
+            k = plan.store_in_output.get(value, -1)
+            kept = plan.last_read[value] > index or plan.copied_out[value]
+            dies = tuple(v for v in dict.fromkeys(op.inputs)
+                         if plan.last_read[v] == index and not plan.copied_out[v])
+            spec = plan.values[value]
+            steps.append((plan.compute[index], op.inputs, op.scalar, plan.step_attrs[index], value, k,
+                          kept, spec.shape, plan.value_dtypes[value], dies))
+        self.steps = tuple(steps)
+        self.copies = tuple((k, value) for k, value in enumerate(plan.outputs)
+                            if plan.store_in_output.get(value) != k)
 
 
 def _in_place_steps(program: Program, donated: dict[int, int],
@@ -409,6 +439,10 @@ def _compute(step: Compute, banks: Banks) -> None:
         _compute_pages(step, banks)
         return
     plan, sources, outputs, scratch = step.plan, step.sources, step.outputs, step.scratch
+    schedule = plan.schedule
+    if schedule is not None:
+        _run_schedule(schedule, len(plan.values), sources, outputs, scratch, banks)
+        return
     values: list[np.ndarray[Any, Any] | None] = [None] * len(plan.values)
     in_place = plan.in_place
     skipped = {plan.steps[index].inputs[0] for index in in_place}  # caches written in place
@@ -443,6 +477,30 @@ def _compute(step: Compute, banks: Banks) -> None:
         assert kept is not None
         storage = outputs[k]
         io.write_array(banks[storage.layout.memory], storage, kept)
+
+
+def _run_schedule(schedule: _Schedule, n_values: int, sources: tuple[Storage, ...],
+                  outputs: tuple[Storage, ...], scratch: dict[int, Storage], banks: Banks) -> None:
+    values: list[np.ndarray[Any, Any] | None] = [None] * n_values
+    read, write = io.read_array, io.write_array
+    for index, shape, dtype in schedule.reads:
+        storage = sources[index]
+        values[index] = read(banks[storage.layout.memory], storage, shape).astype(dtype, copy=False)
+    for fn, inputs, scalar, attrs, value, k, kept, shape, dtype, dies in schedule.steps:
+        storage = outputs[k] if k >= 0 else scratch[value]
+        bank = banks[storage.layout.memory]
+        stored = write(bank, storage, fn([values[v] for v in inputs], scalar, **attrs))
+        if kept:
+            # Later steps and copies read the value as it is stored: rounded to its dtype. An
+            # exact store says what it stored; a BFLOAT8_B one is read back from the banks.
+            if stored is None:
+                stored = read(bank, storage, shape)
+            values[value] = stored.reshape(shape).astype(dtype, copy=False)
+        for v in dies:
+            values[v] = None
+    for k, value in schedule.copies:
+        storage = outputs[k]
+        write(banks[storage.layout.memory], storage, values[value])
 
 
 def _update_in_place(plan: Plan, step: Any, values: list[Any], bank: np.ndarray[Any, Any],
