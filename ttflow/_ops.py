@@ -186,8 +186,10 @@ _INT_RANGE = {DataType.INT32: (-(2**31), 2**31 - 1), DataType.UINT32: (0, 2**32 
 def _to_int(x: Array, target: DataType) -> Array:
     """Float to integer: truncate toward zero, saturate at the target's range, NaN -> 0."""
     low, high = _INT_RANGE[target]
-    t = np.nan_to_num(np.trunc(x.astype(np.float64)), nan=0.0, posinf=high, neginf=low)
-    return np.clip(t, low, high).astype(np.int64)
+    t = np.trunc(x, dtype=np.float64)  # exact: float32 and bfloat16 values are float64 values
+    np.clip(t, low, high, out=t)  # infinities saturate; NaN stays NaN
+    np.copyto(t, 0.0, where=np.isnan(t))
+    return t.astype(np.int64)
 
 
 def _typecast(arrays: list[Array], scalar: float | None, dtype: str) -> Array:
@@ -396,6 +398,11 @@ def _rand(arrays: list[Array], scalar: float | None, shape: tuple[int, ...]) -> 
 
 def _gather(arrays: list[Array], scalar: float | None, axis: int) -> Array:
     x, index = arrays
+    if x.ndim == 2 and index.ndim == 2 and axis == 1 and index.shape[0] <= x.shape[0]:
+        # The common case (a loss picking each row's target), without take_along_axis's
+        # general index arrays: the same elements.
+        rows = np.arange(index.shape[0])[:, None]
+        return x[rows, _clamped_index(index, x.shape[1])]
     # PyTorch reads x's leading part along the other dims; numpy broadcasts a dim of 1.
     view = x[tuple(slice(None) if d == axis or n == 1 else slice(0, i)
                    for d, (i, n) in enumerate(zip(index.shape, x.shape)))]
