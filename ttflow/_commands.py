@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Union, cast, final
 import numpy as np
 
 from . import _storage_io as io
-from ._kernels import _pointwise
+from ._kernels import _pointwise, _tiles
 from ._memory import Storage
 from ._ops import OPS, compute_dtype
 from ._types import DataType, Layout, MemorySpace, TensorLayout
@@ -167,8 +167,10 @@ class _Schedule:
             dies = tuple(v for v in dict.fromkeys(op.inputs)
                          if plan.last_read[v] == index and not plan.copied_out[v])
             spec = plan.values[value]
+            # Tiles of an exact dtype are written here, by the kernel (`io.write_array` otherwise).
+            host_dtype = None if spec.dtype is DataType.BFLOAT8_B else spec.dtype.host_dtype
             steps.append((plan.compute[index], op.inputs, op.scalar, plan.step_attrs[index], value, k,
-                          kept, spec.shape, plan.value_dtypes[value], dies))
+                          kept, spec.shape, plan.value_dtypes[value], dies, host_dtype))
         self.steps = tuple(steps)
         self.copies = tuple((k, value) for k, value in enumerate(plan.outputs)
                             if plan.store_in_output.get(value) != k)
@@ -482,14 +484,21 @@ def _compute(step: Compute, banks: Banks) -> None:
 def _run_schedule(schedule: _Schedule, n_values: int, sources: tuple[Storage, ...],
                   outputs: tuple[Storage, ...], scratch: dict[int, Storage], banks: Banks) -> None:
     values: list[np.ndarray[Any, Any] | None] = [None] * n_values
-    read, write = io.read_array, io.write_array
+    read, write, tilize_into, tile = io.read_array, io.write_array, _tiles.tilize_into, TensorLayout.TILE
     for index, shape, dtype in schedule.reads:
         storage = sources[index]
         values[index] = read(banks[storage.layout.memory], storage, shape).astype(dtype, copy=False)
-    for fn, inputs, scalar, attrs, value, k, kept, shape, dtype, dies in schedule.steps:
+    for fn, inputs, scalar, attrs, value, k, kept, shape, dtype, dies, host_dtype in schedule.steps:
         storage = outputs[k] if k >= 0 else scratch[value]
-        bank = banks[storage.layout.memory]
-        stored = write(bank, storage, fn([values[v] for v in inputs], scalar, **attrs))
+        layout = storage.layout
+        bank = banks[layout.memory]
+        result = fn([values[v] for v in inputs], scalar, **attrs)
+        if host_dtype is not None and layout.tensor_layout is tile:
+            stored = np.asarray(result).astype(host_dtype, copy=False)
+            tilize_into(stored.reshape(storage.dims3), bank, bank.shape[0], bank.shape[1], storage.address,
+                        storage.aligned_page_size, 0)
+        else:
+            stored = write(bank, storage, result)
         if kept:
             # Later steps and copies read the value as it is stored: rounded to its dtype. An
             # exact store says what it stored; a BFLOAT8_B one is read back from the banks.
