@@ -102,23 +102,26 @@ def _run(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if not n:
         return None if in_place or outs is not None else []
     flat = [t for group in lists for t in group]
-    if not all(t.device.type == "tt" and t.dtype.is_floating_point and _storage.on_device(t.dtype) for t in flat):
-        raise UnsupportedOpError(f"{op}: tensors that are not floating tt tensors")
-    if len({t.device for t in flat}) != 1:
-        raise RuntimeError(f"{op}: expected all tensors to be on the same device")
-    device_index = flat[0].device.index
-    device = _storage.session.device(device_index)
-    metas = tuple((tuple(t.shape), t.dtype) for t in flat)
-    key = (op, metas, tuple((k, v) if k == "const" else (k,) for k, v in plan_args), len(scalars))
+    devices = tuple(t.device for t in flat)
+    metas = tuple((t.shape, t.dtype) for t in flat)
+    key = (op, metas, devices, tuple((k, v) if k == "const" else (k,) for k, v in plan_args), len(scalars))
     plan = _plans.get(key)
-    if plan is None:
+    if plan is None:  # a new signature: checked once, then traced
+        if not all(d.type == "tt" and t.dtype.is_floating_point and _storage.on_device(t.dtype)
+                   for t, d in zip(flat, devices)):
+            raise UnsupportedOpError(f"{op}: tensors that are not floating tt tensors")
+        if len(set(devices)) != 1:
+            raise RuntimeError(f"{op}: expected all tensors to be on the same device")
         try:
-            plan = _trace(op, element, plan_args, [len(g) for g in lists], metas, len(scalars))
+            plan = _trace(op, element, plan_args, [len(g) for g in lists],
+                          tuple((tuple(shape), dtype) for shape, dtype in metas), len(scalars))
         except UnsupportedOpError as exc:
             plan = UnsupportedOpError(str(exc))
         _plans[key] = plan
     if isinstance(plan, UnsupportedOpError):
         raise UnsupportedOpError(str(plan))
+    device_index = devices[0].index
+    device = _storage.session.device(device_index)
     cells = [_storage.read(t) for t in flat]
     if scalars:
         cells.append(_storage.constant(tuple(scalars), torch.float32, device))
@@ -126,8 +129,9 @@ def _run(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     results = [produced[spec.index] if spec.kind == "program" else cells[spec.index] for spec in plan.outputs]
     targets = lists[0] if in_place else outs
     if targets is not None:
+        _storage.drain_freed()
         for t, cell, spec in zip(targets, results, plan.outputs):
-            _storage.write(t, cell, _storage.device_shape(spec.shape))
+            _storage.write(t, cell, spec.device_shape, drain=False)
         return None
     return [_storage.new_tensor(spec.shape, spec.dtype, device_index, cell)
             for spec, cell in zip(plan.outputs, results)]

@@ -34,7 +34,7 @@ from ._lower import device_dtype, device_shape
 from ._session import Pending, session
 
 __all__ = [
-    "Slot", "constant", "device_dtype", "device_of", "device_shape", "host_value", "live_slots",
+    "Slot", "constant", "device_dtype", "device_of", "device_shape", "drain_freed", "host_value", "live_slots",
     "new_tensor", "on_device", "post_program", "read", "seeds", "synchronize", "upload", "write",
     "write_host",
 ]
@@ -78,7 +78,9 @@ _freed_buffer = (ctypes.c_uint64 * _FREED_CAPACITY)()
 _take_freed: Any = None
 
 
-def _drain_freed() -> None:
+def drain_freed() -> None:
+    """Drops the slots of the storages torch has freed since the last drain (their values are
+    then released on the loop thread)."""
     global _take_freed
     if _take_freed is None:
         library = ctypes.CDLL(str(load_guard()))
@@ -95,7 +97,7 @@ def _drain_freed() -> None:
 
 def live_slots() -> int:
     """How many tt storages hold a device value (for tests: nothing leaks)."""
-    _drain_freed()
+    drain_freed()
     return len(_slots)
 
 
@@ -134,7 +136,7 @@ def new_tensor(shape: Sequence[int], dtype: torch.dtype, device_index: int | Non
     by default `device_shape(shape)`)."""
     t = torch.empty(tuple(shape), dtype=dtype, device=torch.device("tt", device_index or 0))
     if t.numel():
-        _drain_freed()
+        drain_freed()
         _slots[_address(t)] = Slot(value, value_shape or device_shape(shape), dtype, session.device(device_index))
     return t
 
@@ -265,11 +267,15 @@ def _read(t: torch.Tensor) -> Pending:
     return _permute(slot.device, cell, dtype, stored, axes)
 
 
-def write(t: torch.Tensor, value: Pending, shape: tuple[int, ...]) -> None:
+def write(t: torch.Tensor, value: Pending, shape: tuple[int, ...], drain: bool = True) -> None:
     """Makes `value` (a device tensor of `shape`, holding `t`'s elements in `t`'s logical order)
-    the content of `t`: the storage's new value when `t` covers it in order, else through the host."""
-    _drain_freed()  # storages torch freed let go of their values (as new_tensor does)
-    slot = _slot(t)
+    the content of `t`: the storage's new value when `t` covers it in order, else through the host.
+    `drain=False`: the caller has just drained the freed storages (one drain for many writes)."""
+    if drain:
+        drain_freed()  # storages torch freed let go of their values (as new_tensor does)
+    slot = _slots.get(t.untyped_storage().data_ptr())
+    if slot is None or slot.device.closed:
+        slot = _slot(t)  # makes the slot, or says the device is closed
     if t.dtype is slot.dtype and (_covers_in_order(t) if t.is_contiguous() else _order(t) == tuple(range(t.dim()))):
         slot.value, slot.shape = value, shape
         return
