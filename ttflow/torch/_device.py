@@ -132,7 +132,8 @@ def _copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> 
         dst.copy_(_storage.host_value(src))
         return dst
     if not is_tt(src):  # the CPU -> tt: queued, returns at once
-        _storage.write_host(dst, src.to(dst.dtype).expand(dst.shape))
+        if not _storage.upload_into(dst, src):
+            _storage.write_host(dst, src.to(dst.dtype).expand(dst.shape))
         return dst
     if src.device == dst.device and src.dtype == dst.dtype and src.shape == dst.shape:
         _storage.write(dst, _storage.read(src), _storage.device_shape(dst.shape))

@@ -303,6 +303,25 @@ def write_host(t: torch.Tensor, source: torch.Tensor) -> None:
     slot.value, slot.shape = upload(storage.reshape(device_shape(storage.shape)), slot.device), device_shape(storage.shape)
 
 
+def upload_into(t: torch.Tensor, source: torch.Tensor) -> bool:
+    """`write_host`'s common case, `x.to("tt")`: a contiguous CPU tensor of `t`'s dtype and shape
+    into a `t` that is its whole storage; False (nothing done) for anything else."""
+    if (source.dtype is not t.dtype or source.shape != t.shape or not source.is_contiguous()
+            or not t.is_contiguous() or not _covers_in_order(t) or t.dtype not in _UPLOADED):
+        return False
+    slot = _slot(t)
+    if slot.dtype is not t.dtype:
+        return False
+    shape = device_shape(t.shape)
+    slot.value, slot.shape = upload(source.reshape(shape), slot.device), shape
+    return True
+
+
+_UPLOADED = frozenset({torch.float32, torch.bfloat16, torch.int32, torch.int64, torch.bool, torch.uint8,
+                       torch.int16, torch.int8})
+"""Dtypes `upload` takes as they are (it converts integers to the device's INT32 itself)."""
+
+
 def _storage_on_host(slot: Slot) -> torch.Tensor:
     numel = math.prod(slot.shape)
     if slot.host is not None:
@@ -390,16 +409,23 @@ def _to_device(cell: Pending, array: np.ndarray[Any, Any], device: tt.Device, la
 
 def host_array(t: torch.Tensor) -> np.ndarray[Any, Any]:
     """A CPU tensor as a numpy array of its device dtype (a copy: the upload runs later)."""
-    t = t.detach().contiguous()
+    t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
     if t.dtype == torch.float32:
         return t.numpy().copy()
     if t.dtype.is_floating_point or t.dtype.is_complex:
         device_dtype(t.dtype)  # raises: the device has no such type
-    if t.dtype == torch.int64 and t.numel() and (int(t.max()) > 2**31 - 1 or int(t.min()) < -(2**31)):
+    if t.dtype == torch.int64 and t.numel() and _outside_int32(t):
         raise UnsupportedOpError("an int64 tensor with values outside int32's range cannot live on the tt device")
     return t.to(torch.int32).numpy().copy()
+
+
+def _outside_int32(t: torch.Tensor) -> bool:
+    low, high = torch.aminmax(t)  # one pass for both
+    return int(high) > 2**31 - 1 or int(low) < -(2**31)
 
 
 def torch_from_host(array: np.ndarray[Any, Any], dtype: torch.dtype) -> torch.Tensor:
