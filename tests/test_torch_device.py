@@ -276,3 +276,42 @@ def test_posted_work_runs_once_the_caller_pauses(fresh):
     time.sleep(0.2)  # no call that waits: the loop thread sees the pause and runs them
     assert device.stats.programs_run - before == 3
     assert torch.equal(x.cpu(), torch.full((64, 64), 8.0))
+
+
+def test_small_fills_share_a_device_constant_yet_stay_independent(fresh):
+    """`ones_like`, `zeros_like`, `fill_` and `zero_` of small float tensors use one device
+    constant per (shape, dtype, value), written once: `loss.backward()`'s seed gradient costs
+    no program. Writing one of them in place never changes another."""
+    device = ttt.device()
+    a, b = torch.ones(2, 3, device="tt"), torch.ones(2, 3, device="tt")
+    a.add_(1)
+    c = torch.empty(2, 3, device="tt").fill_(1.0)
+    d = torch.full((2, 3), 5.0, device="tt")
+    d.zero_()
+    assert torch.equal(a.cpu(), torch.full((2, 3), 2.0)) and torch.equal(b.cpu(), torch.ones(2, 3))
+    assert torch.equal(c.cpu(), torch.ones(2, 3)) and torch.equal(d.cpu(), torch.zeros(2, 3))
+    loss = (torch.randn(4, 4).to("tt").requires_grad_() * 2).sum()
+    ttt.synchronize()
+    before = device.stats.programs_run
+    seed = torch.ones_like(loss)
+    ttt.synchronize()
+    assert device.stats.programs_run == before
+    assert seed.cpu().item() == 1.0
+    big = torch.ones(100, 100, device="tt")  # beyond the constants' size: a program fills it
+    assert big.sum().item() == 10000.0
+
+
+def test_a_cached_constant_is_never_handed_to_another_device(fresh):
+    """A closed device's id may be reused by the next one: a cache entry answers only for its
+    own device object."""
+    cache = _storage._Constants(4)
+    device = ttt.device()
+    first = cache.get("k", device, lambda: torch.ones(1, 1))
+    assert cache.get("k", device, lambda: torch.zeros(1, 1)) is first
+    ttt.close()
+    ttt.open_device()
+    other = ttt.device()
+    cache._entries[(id(other), "k")] = (device, first)  # as if the new device had the old id
+    fresh_cell = cache.get("k", other, lambda: torch.full((1, 1), 3.0))
+    assert fresh_cell is not first
+    assert session.call(lambda: fresh_cell.get().device) is other

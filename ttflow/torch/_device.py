@@ -176,9 +176,23 @@ _RANDOM_FILLS = (aten.normal_.default, aten.uniform_.default, aten.bernoulli_.fl
                  getattr(aten.random_, "from"), aten.random_.to, aten.exponential_.default, aten.log_normal_.default,
                  aten.geometric_.default, aten.cauchy_.default)
 
+def _fill_(t: torch.Tensor, value: Any) -> torch.Tensor:
+    if not _printing.depth and _storage.fill(t, value):
+        return t
+    return _on_device(aten.fill_.Scalar, (t, value), {})
+
+
+def _zero_(t: torch.Tensor) -> torch.Tensor:
+    if not _printing.depth and _storage.fill(t, 0.0):
+        return t
+    return _on_device(aten.zero_.default, (t,), {})
+
+
 _HANDLERS: dict[Any, Callable[..., Any]] = {
     **{op: _drawn_on_host(op) for op in _RANDOM_FILLS},
     aten.copy_.default: _copy_,
+    aten.fill_.Scalar: _fill_,
+    aten.zero_.default: _zero_,
     aten._copy_from.default: _copy_from,
     aten._local_scalar_dense.default: _local_scalar_dense,
     aten.set_.source_Tensor: _set_source_tensor,
@@ -233,6 +247,11 @@ def _kernel(keyset: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
     handler = _HANDLERS.get(op)
     if handler is not None:
         return handler(*args, **kwargs)
+    return _on_device(op, args, kwargs)
+
+
+def _on_device(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """An op as a cached device program, else on the CPU (with the one-time warning)."""
     if _printing.depth:
         return _cpu_fallback(op, args, kwargs)
     from . import _eager

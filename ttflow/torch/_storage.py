@@ -34,7 +34,7 @@ from ._lower import device_dtype, device_shape
 from ._session import Pending, session
 
 __all__ = [
-    "Slot", "constant", "device_dtype", "device_of", "device_shape", "drain_freed", "host_value", "live_slots",
+    "Slot", "constant", "device_dtype", "device_of", "device_shape", "drain_freed", "fill", "host_value", "live_slots",
     "new_tensor", "on_device", "post_program", "read", "seeds", "synchronize", "upload", "write",
     "write_host",
 ]
@@ -371,24 +371,58 @@ def upload(host: torch.Tensor, device: tt.Device) -> Pending:
     return cell
 
 
-_constants: collections.OrderedDict[Hashable, Pending] = collections.OrderedDict()
-_MAX_CONSTANTS = 256
+class _Constants:
+    """Device values written once and shared while recently used, per device (a device's id
+    may be reused after it closes: an entry remembers its device and is only its own)."""
+
+    def __init__(self, capacity: int) -> None:
+        self._entries: collections.OrderedDict[Hashable, tuple[tt.Device, Pending]] = collections.OrderedDict()
+        self._capacity = capacity
+
+    def get(self, key: Hashable, device: tt.Device, make: Callable[[], torch.Tensor]) -> Pending:
+        full_key = (id(device), key)
+        entry = self._entries.get(full_key)
+        if entry is not None and entry[0] is device:
+            self._entries.move_to_end(full_key)
+            return entry[1]
+        cell = upload(make(), device)
+        self._entries[full_key] = (device, cell)
+        if len(self._entries) > self._capacity:
+            self._entries.popitem(last=False)
+        return cell
+
+
+_constants = _Constants(256)
 
 
 def constant(values: tuple[float | int, ...], dtype: torch.dtype, device: tt.Device) -> Pending:
     """A small device vector of these values (one element: a (1, 1) scalar), written once and
     kept while recently used: how Python numbers reach programs as inputs, so a changing
     learning rate is a new value, not a new program."""
-    key = (id(device), dtype, values)
-    cell = _constants.get(key)
-    if cell is None:
-        cell = upload(torch.tensor(values, dtype=dtype), device)
-        _constants[key] = cell
-        if len(_constants) > _MAX_CONSTANTS:
-            _constants.popitem(last=False)
-    else:
-        _constants.move_to_end(key)
-    return cell
+    return _constants.get((dtype, values), device, lambda: torch.tensor(values, dtype=dtype))
+
+
+_FILLS_MAX_NUMEL = 4096
+_fills = _Constants(64)
+
+
+def fill(t: torch.Tensor, value: float | int | bool) -> bool:
+    """`t.fill_(value)` (what `torch.ones_like`, `zeros_like` and `zero_()` do) for a small
+    floating tensor that is its whole storage: its value becomes a device constant of that
+    shape, written once and shared while recently used (values are immutable: a later write
+    replaces the storage's value, never the constant). `loss.backward()` fills its seed
+    gradient this way each step without running a program. False (nothing done) otherwise."""
+    if (t.dtype not in (torch.float32, torch.bfloat16) or not isinstance(value, (int, float))
+            or t.numel() > _FILLS_MAX_NUMEL or not t.is_contiguous() or not _covers_in_order(t)):
+        return False
+    slot = _slot(t)
+    if slot.dtype is not t.dtype:
+        return False
+    shape = device_shape(t.shape)
+    slot.value = _fills.get((t.dtype, shape, float(value)), slot.device,
+                            lambda: torch.full(shape, value, dtype=t.dtype))
+    slot.shape = shape
+    return True
 
 
 def seeds(count: int, device: tt.Device) -> list[Pending]:
