@@ -97,8 +97,9 @@ class _Inbox:
         self.on_full: Callable[[], None] | None = None  # what a poster calls at MAX_QUEUED
 
     def post(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        with self._lock:
-            self._items.append((fn, args))
+        item = (fn, args)  # made before taking the lock: an allocation may run the garbage
+        with self._lock:  # collector, whose `Pending.__del__` posts too
+            self._items.append(item)
             self.posted += 1
             full = len(self._items) >= MAX_QUEUED
             if self._awake and not full:
