@@ -209,6 +209,42 @@ def test_no_grad_and_train_eval_switching(fresh):
         torch.testing.assert_close(tt_model(x.to("tt")).to("cpu"), expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune", "default"])
+def test_torch_compile_modes_are_accepted_and_options_refused_clearly(fresh, mode):
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    x = torch.randn(5, 4)
+    torch._dynamo.reset()  # Linear's forward, compiled by other tests, would be reused
+    out = torch.compile(copy.deepcopy(model).to("tt"), backend="tt", mode=mode)(x.to("tt"))
+    torch.testing.assert_close(out.cpu(), model(x))
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="unknown mode 'turbo'"):
+        torch.compile(copy.deepcopy(model).to("tt"), backend="tt", mode="turbo")(x.to("tt"))
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="takes no options"):
+        torch.compile(copy.deepcopy(model).to("tt"), backend="tt", options={"triton.cudagraphs": True})(x.to("tt"))
+
+
+def test_dynamic_shapes_with_batch_norm_train_like_cpu(fresh):
+    """Under `dynamic=True` dynamo passes BatchNorm's momentum and eps as 0-d tensors read with
+    `.item()`: they are fixed per compile, as dynamo fixes floats by default."""
+    torch.manual_seed(0)
+    cpu = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+    model = copy.deepcopy(cpu).to("tt")
+    compiled = torch.compile(model, backend="tt", dynamic=True)
+    opt_cpu = torch.optim.SGD(cpu.parameters(), lr=0.1, momentum=0.9)
+    opt_tt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for batch in (6, 7, 6, 5):
+        x, y = torch.randn(batch, 8), torch.randint(0, 3, (batch,))
+        nn.functional.cross_entropy(cpu(x), y).backward()
+        nn.functional.cross_entropy(compiled(x.to("tt")), y.to("tt")).backward()
+        for opt in (opt_cpu, opt_tt):
+            opt.step()
+            opt.zero_grad()
+    for (name, p), q in zip(model.state_dict().items(), cpu.state_dict().values(), strict=True):
+        torch.testing.assert_close(p.cpu(), q, atol=1e-6, rtol=1e-5, msg=name)
+
+
 def test_compiled_module_with_cpu_parameters_runs_on_the_cpu():
     model = MNISTLinear()
     x = torch.rand(2, 784)

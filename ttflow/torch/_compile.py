@@ -106,16 +106,31 @@ def _symbolic(example_inputs: Sequence[Any]) -> bool:
     return False
 
 
+def _read_as_numbers(gm: torch.fx.GraphModule) -> frozenset[int]:
+    """Positions of placeholders the graph only reads with `.item()`: a module's float attribute
+    (BatchNorm's momentum and eps) that dynamo passes as a 0-d tensor under `dynamic=True`. A
+    program cannot turn a value into a Python number, so such an input is fixed per call, as
+    dynamo fixes floats by default."""
+    positions = set()
+    for position, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
+        users = list(node.users)
+        if users and all(u.op == "call_method" and u.target == "item" for u in users):
+            positions.add(position)
+    return frozenset(positions)
+
+
 class _PerShape:
     """A dynamo graph with symbolic sizes, compiled per concrete input shapes at call time."""
 
     def __init__(self, gm: torch.fx.GraphModule) -> None:
         self.gm = gm
+        self.numbers = _read_as_numbers(gm)
         self.compiled: collections.OrderedDict[Any, Callable[..., Any]] = collections.OrderedDict()
 
     def __call__(self, *args: Any) -> Any:
-        key = tuple((tuple(a.shape), a.dtype, a.device, a.requires_grad) if isinstance(a, torch.Tensor) else a
-                    for a in args)
+        key = tuple(("number", a.item()) if i in self.numbers
+                    else (tuple(a.shape), a.dtype, a.device, a.requires_grad) if isinstance(a, torch.Tensor) else a
+                    for i, a in enumerate(args))
         fn = self.compiled.get(key)
         if fn is None:
             if len(self.compiled) >= MAX_SHAPES:
@@ -126,22 +141,28 @@ class _PerShape:
                     "if it comes back. Pad inputs to a few shapes to avoid recompiling.",
                     UserWarning, stacklevel=2,
                 )
-            fn = self.compiled[key] = _specialized(self.gm, args)
+            fn = self.compiled[key] = _specialized(self.gm, args, self.numbers)
         else:
             self.compiled.move_to_end(key)
         return fn(*args)
 
 
-def _specialized(gm: torch.fx.GraphModule, args: Sequence[Any]) -> Callable[..., Any]:
-    """`gm` with its size arguments fixed to this call's values, compiled for these shapes.
-    The returned function takes the same arguments as `gm` (the sizes are ignored)."""
+def _specialized(gm: torch.fx.GraphModule, args: Sequence[Any], numbers: frozenset[int] = frozenset()) -> Callable[..., Any]:
+    """`gm` with its size arguments, and the inputs it only reads as numbers, fixed to this
+    call's values, compiled for these shapes. The returned function takes the same arguments
+    as `gm` (the fixed ones are ignored)."""
     import copy
 
     graph = copy.deepcopy(gm.graph)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     tensor_positions = []
     for position, (node, value) in enumerate(zip(placeholders, args)):
-        if isinstance(value, (int, float, bool)) and not isinstance(value, torch.Tensor):
+        if position in numbers:
+            for user in list(node.users):
+                user.replace_all_uses_with(value.item())  # type: ignore[arg-type]
+                graph.erase_node(user)
+            graph.erase_node(node)
+        elif isinstance(value, (int, float, bool)) and not isinstance(value, torch.Tensor):
             node.replace_all_uses_with(value)  # type: ignore[arg-type]
             graph.erase_node(node)
         else:
@@ -155,8 +176,22 @@ def _specialized(gm: torch.fx.GraphModule, args: Sequence[Any]) -> Callable[...,
     return run
 
 
-def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+"""`torch.compile(mode=...)` values the backend takes. Each compiles the same way: a graph is
+already one device program, so there is no launch overhead for "reduce-overhead"'s CUDA graphs
+to save and no kernel choice for "max-autotune" to tune."""
+
+
+def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | None = None,
+            options: dict[str, Any] | None = None) -> Callable[..., Any]:
     """The dynamo backend registered as "tt"."""
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"torch.compile(backend='tt'): unknown mode {mode!r}; the modes are {', '.join(MODES)}")
+    if options:
+        raise ValueError(
+            f"torch.compile(backend='tt') takes no options (got {sorted(options)}): they are "
+            "inductor's; each graph is one device program, built the same way every time"
+        )
     if _symbolic(example_inputs):
         return _PerShape(gm)
     return _aot(gm, example_inputs)
