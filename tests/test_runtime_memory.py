@@ -240,6 +240,7 @@ async def test_a_failed_command_keeps_no_frames() -> None:
             plan = device._scheduler.plan(binary.programs[0])
             mp.setattr(plan, "compute", [broken])
             mp.setattr(plan, "pagewise", False)  # through the general path, which calls ops
+            mp.setattr(plan, "schedule", type(plan.schedule)(plan))  # made again, with the broken op
             (y,) = tt.submit(device, binary, 0, [x])
             ref = weakref.ref(x)
             del x
