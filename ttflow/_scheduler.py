@@ -728,16 +728,22 @@ class ProgramCommand(_Scheduled):
         if self.footprint:
             s.release_footprint(self)
         steps = record.steps
-        if len(steps) == 1 and not self.plan.donated:  # no conversion
+        if len(steps) == 1 and not self.plan.donated:  # no conversion, no donation, no cache update
             compute = steps[0]
             assert type(compute) is Compute
-            if not compute.scratch:
-                for state, storage in zip(self.writes, compute.outputs):
-                    state.storages.append(storage)
-                s.counters["programs_run"] += 1
-                return
+            for storage in compute.scratch.values():
+                s.free(storage)
+            for state, storage in zip(self.writes, compute.outputs):
+                state.storages.append(storage)
+            s.counters["programs_run"] += 1
+            return
         *copies, compute = steps
         assert isinstance(compute, Compute)
+        self._commit(compute, copies)
+
+    def _commit(self, compute: Compute, copies: Sequence[Any]) -> None:
+        """The general commit: conversions kept, donated buffers handed over, caches counted."""
+        s = self.scheduler
         for storage in compute.scratch.values():
             s.free(storage)
         donated = self.plan.donated
