@@ -48,20 +48,22 @@ def _program_runner(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], nam
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         if len(tensors) != len(specs):
             raise RuntimeError(f"{name}: expected {len(specs)} tensor inputs, got {len(tensors)}")
-        index = next((t.device.index for t in tensors if _is_tt(t)), 0)
+        on_tt = [t.device.type == "tt" for t in tensors]
+        index = next((t.device.index for t, tt_ in zip(tensors, on_tt) if tt_), 0)
         device = session.device(index)
         cells: list[Pending] = []
-        for t, input_spec in zip(tensors, specs):
-            if not _is_tt(t):  # a CPU scalar (a step count, a Python float): moved for this call
+        for t, tt_, input_spec in zip(tensors, on_tt, specs):
+            if not tt_:  # a CPU scalar (a step count, a Python float): moved for this call
                 t = t.to(torch.device("tt", index), input_spec.dtype)
             cells.append(_storage.read(t))
         cells += _storage.seeds(seeds, device)
         outs = _storage.post_program(device, lowered.binary, 0, cells, n_outputs)
         results: list[Any] = []
+        _storage.drain_freed()
         for spec in lowered.outputs:
             if spec.kind == "program":
                 assert spec.dtype is not None  # only "none" outputs have none
-                results.append(_storage.new_tensor(spec.shape, spec.dtype, index, outs[spec.index]))
+                results.append(_storage.new_tensor(spec.shape, spec.dtype, index, outs[spec.index], drain=False))
             elif spec.kind == "input":
                 results.append(args[spec.index])
             else:

@@ -31,7 +31,7 @@ import ttflow as tt
 from ._errors import UnsupportedOpError
 from ._guard import load_guard
 from ._lower import device_dtype, device_shape
-from ._session import Pending, session
+from ._session import MAX_DEVICES, Pending, session
 
 __all__ = [
     "Slot", "constant", "device_dtype", "device_of", "device_shape", "drain_freed", "fill", "host_value", "live_slots",
@@ -130,14 +130,27 @@ def _slot(t: torch.Tensor) -> Slot:
     return slot
 
 
+_TT: list[torch.device] = []  # torch.device("tt", i), made once ("tt" exists once ttflow.torch is installed)
+
+
+def _tt(index: int) -> torch.device:
+    if not _TT:
+        _TT.extend(torch.device("tt", i) for i in range(MAX_DEVICES))
+    return _TT[index]
+
+
 def new_tensor(shape: Sequence[int], dtype: torch.dtype, device_index: int | None,
-               value: Pending | None, value_shape: tuple[int, ...] | None = None) -> torch.Tensor:
+               value: Pending | None, value_shape: tuple[int, ...] | None = None,
+               drain: bool = True) -> torch.Tensor:
     """A fresh contiguous tt tensor whose storage holds `value` (a device tensor of `value_shape`,
-    by default `device_shape(shape)`)."""
-    t = torch.empty(tuple(shape), dtype=dtype, device=torch.device("tt", device_index or 0))
+    by default `device_shape(shape)`). `drain=False`: the caller has just drained the freed
+    storages (one drain for a call's outputs)."""
+    t = torch.empty(shape, dtype=dtype, device=_tt(device_index or 0))
     if t.numel():
-        drain_freed()
-        _slots[_address(t)] = Slot(value, value_shape or device_shape(shape), dtype, session.device(device_index))
+        if drain:
+            drain_freed()
+        _slots[t.untyped_storage().data_ptr()] = Slot(value, value_shape or device_shape(shape), dtype,
+                                                      session.device(device_index))
     return t
 
 
