@@ -315,3 +315,38 @@ def test_a_cached_constant_is_never_handed_to_another_device(fresh):
     fresh_cell = cache.get("k", other, lambda: torch.full((1, 1), 3.0))
     assert fresh_cell is not first
     assert session.call(lambda: fresh_cell.get().device) is other
+
+
+def test_threads_running_ops_at_once_leak_nothing_and_trace_one_at_a_time(fresh, monkeypatch):
+    """Every thread that makes a tt tensor drains the storages torch freed, and traces the
+    programs of calls it is the first to make. Three threads doing so at once must drop every
+    freed storage's value (a shared drain buffer read by one thread after another had refilled
+    it lost addresses: their device values stayed allocated), and must leave torch as it was
+    (make_fx patches nn.Module.__call__ while it traces; two traces at once left it patched)."""
+    import importlib
+    import threading
+
+    monkeypatch.setattr(importlib.import_module("ttflow.torch._session"), "MAX_QUEUED", 16)
+    module_call = nn.Module.__call__
+    results = {}
+    start = threading.Barrier(3)
+
+    def work(k):
+        x = torch.zeros(32, 32 + k).to("tt")
+        start.wait()  # each thread's first calls are new signatures: traced at the same time
+        for i in range(300):
+            x = (x + 1) * 1.0 - 0.0
+            if i % 100 == 0:
+                gc.collect()
+        results[k] = x.sum().item()
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert nn.Module.__call__ is module_call
+    assert results == {k: 300.0 * 32 * (32 + k) for k in range(3)}
+    gc.collect()
+    ttt.synchronize()
+    assert _storage.live_slots() == 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import math
+import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -78,21 +79,30 @@ _freed_buffer = (ctypes.c_uint64 * _FREED_CAPACITY)()
 _take_freed: Any = None
 
 
+_drain_lock = threading.Lock()  # one drain at a time: the ctypes call fills one shared buffer
+
+
 def drain_freed() -> None:
     """Drops the slots of the storages torch has freed since the last drain (their values are
-    then released on the loop thread)."""
+    then released on the loop thread). Any thread may drain: the addresses are taken under a
+    lock (the foreign call releases the GIL, and a second drain would overwrite the buffer
+    before the first had read it, leaking those slots' device values)."""
     global _take_freed
     if _take_freed is None:
         library = ctypes.CDLL(str(load_guard()))
         _take_freed = library.ttflow_take_freed
         _take_freed.restype = ctypes.c_size_t
         _take_freed.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    while True:  # the values go with their slots (see Pending: released on the loop thread)
+    with _drain_lock:
         n = _take_freed(_freed_buffer, _FREED_CAPACITY)
-        for i in range(n):
-            _slots.pop(_freed_buffer[i], None)
-        if n < _FREED_CAPACITY:
-            break
+        if not n:
+            return
+        freed = _freed_buffer[:n]
+        while n == _FREED_CAPACITY:
+            n = _take_freed(_freed_buffer, _FREED_CAPACITY)
+            freed += _freed_buffer[:n]
+    for address in freed:  # outside the lock: a slot's value may post its release
+        _slots.pop(address, None)
 
 
 def live_slots() -> int:
