@@ -96,7 +96,8 @@ def _aot(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..
     compiler = aot_autograd(fw_compiler=_compiler("forward"), bw_compiler=_compiler("backward"),
                             inference_compiler=_compiler("inference"),
                             decompositions=_lower.DECOMPOSITIONS)
-    return compiler(gm, example_inputs)
+    with _lower.TRACING:  # AOTAutograd traces too (see TRACING)
+        return compiler(gm, example_inputs)
 
 
 def _symbolic(example_inputs: Sequence[Any]) -> bool:

@@ -19,7 +19,6 @@ and a call is matched to its traced program by a flat signature of its arguments
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -362,9 +361,6 @@ def _trace(info: _OpInfo, bound: dict[str, Any], metas: Sequence[tuple[tuple[int
     return _Entry(lowered.binary, lowered.outputs, mutations, lowered.seeds)
 
 
-_tracing = threading.RLock()
-
-
 def trace_and_lower(fn: Callable[..., Any], examples: Sequence[torch.Tensor], op: Any, name: str,
                     rewrite: Callable[[torch.fx.GraphModule], None] | None = None) -> Any:
     """`fn` traced on meta `examples` with the lowering's decompositions, then lowered to one
@@ -378,7 +374,7 @@ def trace_and_lower(fn: Callable[..., Any], examples: Sequence[torch.Tensor], op
         # needs (Functionalize, ...): trace with the dispatcher state of plain user code. One
         # trace at a time: make_fx patches torch globally (nn.Module.__call__ among others),
         # and two threads tracing at once restore each other's patches, leaving them in place.
-        with _tracing, torch._C._ForceDispatchKeyGuard(_USER_INCLUDE, _USER_EXCLUDE):
+        with _lower.TRACING, torch._C._ForceDispatchKeyGuard(_USER_INCLUDE, _USER_EXCLUDE):
             gm = make_fx(fn, decomposition_table=_lower.DECOMPOSITIONS)(*examples)
     except UnsupportedOpError:
         raise

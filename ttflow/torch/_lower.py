@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import operator
 import re
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -40,7 +41,7 @@ import torch
 import ttflow as tt
 
 __all__ = [
-    "DECOMPOSITIONS", "InputSpec", "Lowered", "OutputSpec", "UnsupportedOpError",
+    "DECOMPOSITIONS", "TRACING", "InputSpec", "Lowered", "OutputSpec", "UnsupportedOpError",
     "device_dtype", "device_shape", "lower",
 ]
 
@@ -305,6 +306,11 @@ def _decompositions() -> dict[Any, Callable[..., Any]]:
         table.pop(op, None)
     return table
 
+
+TRACING = threading.RLock()
+"""Held while torch traces a function into a graph (make_fx, AOTAutograd): tracing patches torch
+globally (nn.Module.__call__ among others), so two threads tracing at once would restore each
+other's patches and leave them in place."""
 
 DECOMPOSITIONS: dict[Any, Callable[..., Any]] = _decompositions()
 """What to pass as `aot_autograd(decompositions=...)`: torch's core-ATen decompositions, a few
