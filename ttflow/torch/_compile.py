@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -129,11 +130,17 @@ class _PerShape:
         self.gm = gm
         self.numbers = _read_as_numbers(gm)
         self.compiled: collections.OrderedDict[Any, Callable[..., Any]] = collections.OrderedDict()
+        self._lock = threading.Lock()  # callers on several threads share the cache
 
     def __call__(self, *args: Any) -> Any:
         key = tuple(("number", a.item()) if i in self.numbers
                     else (tuple(a.shape), a.dtype, a.device, a.requires_grad) if isinstance(a, torch.Tensor) else a
                     for i, a in enumerate(args))
+        with self._lock:
+            fn = self._compiled(key, args)
+        return fn(*args)
+
+    def _compiled(self, key: Any, args: Sequence[Any]) -> Callable[..., Any]:
         fn = self.compiled.get(key)
         if fn is None:
             if len(self.compiled) >= MAX_SHAPES:
@@ -142,12 +149,12 @@ class _PerShape:
                     f"ttflow.torch: a compiled graph has now been built for {MAX_SHAPES + 1} input shapes; "
                     f"the oldest ({[k[0] for k in old if isinstance(k, tuple)]}) is dropped and rebuilt "
                     "if it comes back. Pad inputs to a few shapes to avoid recompiling.",
-                    UserWarning, stacklevel=2,
+                    UserWarning, stacklevel=3,
                 )
             fn = self.compiled[key] = _specialized(self.gm, args, self.numbers)
         else:
             self.compiled.move_to_end(key)
-        return fn(*args)
+        return fn
 
 
 def _specialized(gm: torch.fx.GraphModule, args: Sequence[Any], numbers: frozenset[int] = frozenset()) -> Callable[..., Any]:

@@ -401,17 +401,20 @@ class _Constants:
     def __init__(self, capacity: int) -> None:
         self._entries: collections.OrderedDict[Hashable, tuple[tt.Device, Pending]] = collections.OrderedDict()
         self._capacity = capacity
+        self._lock = threading.Lock()  # a lookup and its move to the end, against another's eviction
 
     def get(self, key: Hashable, device: tt.Device, make: Callable[[], torch.Tensor]) -> Pending:
         full_key = (id(device), key)
-        entry = self._entries.get(full_key)
-        if entry is not None and entry[0] is device:
-            self._entries.move_to_end(full_key)
-            return entry[1]
+        with self._lock:
+            entry = self._entries.get(full_key)
+            if entry is not None and entry[0] is device:
+                self._entries.move_to_end(full_key)
+                return entry[1]
         cell = upload(make(), device)
-        self._entries[full_key] = (device, cell)
-        if len(self._entries) > self._capacity:
-            self._entries.popitem(last=False)
+        with self._lock:
+            self._entries[full_key] = (device, cell)
+            if len(self._entries) > self._capacity:
+                self._entries.popitem(last=False)
         return cell
 
 
