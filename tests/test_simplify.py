@@ -39,7 +39,7 @@ def chains(draw: st.DrawFn) -> tuple[tt.Program, list[np.ndarray]]:
     for _ in range(draw(st.integers(1, 12))):
         v = pool[-1] if draw(st.booleans()) else draw(st.sampled_from(pool))  # chains, often
         kind = draw(st.sampled_from(["reshape", "permute", "twice", "add", "mul", "cmp", "back", "scalars",
-                                     "flat", "scale", "tiny", "fill", "constant"]))
+                                     "flat", "scale", "tiny", "fill", "constant", "cast_cond"]))
         if kind == "reshape":
             n = math.prod(v.shape)
             target = draw(st.sampled_from([s for s in [(n,), (1, n), (n, 1), v.shape[::-1], v.shape]
@@ -74,6 +74,11 @@ def chains(draw: st.DrawFn) -> tuple[tt.Program, list[np.ndarray]]:
             constant = b.full(shape_c, c, v.dtype)
             cond = b.ne(v, 0.0)
             pool.append(b.where(cond, v, constant) if draw(st.booleans()) else b.where(cond, constant, v))
+        elif kind == "cast_cond":  # a where on a typecast condition: a ReLU's backward, or not
+            target = draw(st.sampled_from([I32, F32, BF16, tt.DataType.BFLOAT8_B]))
+            source = b.le(v, 0.0) if draw(st.booleans()) else b.mul(v, 3 if v.dtype is I32 else 0.25)  # 1/0, or not
+            w = draw(st.sampled_from([p for p in pool if p.shape == v.shape]))
+            pool.append(b.where(b.typecast(source, target), 0.0, w))
         elif kind == "constant":  # a reshaped constant, added in
             c = 3 if dtype is I32 else 0.75
             pool.append(b.add(v, b.reshape(b.full((1,), c, v.dtype), (1,) * len(v.shape))))
@@ -159,6 +164,24 @@ def test_the_lowerings_patterns_go() -> None:
     assert simpler.outputs[2] == 0  # the input, copied out
     x_host = np.random.default_rng(1).standard_normal((64, 10)).astype(np.float32)
     assert _bits(run_on_host(simpler, [x_host])) == _bits(run_on_host(program, [x_host]))
+
+
+def test_a_typecast_condition_goes_only_when_it_is_a_comparison() -> None:
+    """A ReLU's backward in torch's decompositions: where(typecast(le(x, 0), INT32), 0, g). The
+    typecast goes; a typecast of a value that is not 1 or 0 (0.25 truncates to 0) stays."""
+    b = tt.ProgramBuilder("relu_backward")
+    x = b.input((8, 8), _layout(F32))
+    g = b.input((8, 8), _layout(F32))
+    relu_grad = b.where(b.typecast(b.le(x, 0.0), I32), 0.0, g)
+    truncated = b.where(b.typecast(b.mul(x, 0.25), I32), 0.0, g)
+    b.output(relu_grad, _layout(F32))
+    b.output(truncated, _layout(F32))
+    program = b.build()
+    simpler = tt.simplify(program)
+    assert [s.op for s in simpler.steps] == ["le", "where", "mul", "typecast", "where"]
+    rng = np.random.default_rng(3)
+    arrays = [rng.standard_normal((8, 8)).astype(np.float32) * 4, rng.standard_normal((8, 8)).astype(np.float32)]
+    assert _bits(run_on_host(simpler, arrays)) == _bits(run_on_host(program, arrays))
 
 
 def test_programs_with_donations_or_in_place_updates_are_left_alone() -> None:

@@ -8,7 +8,8 @@ step costs a run a kernel call and an intermediate buffer, so `simplify` removes
 - a reshape of a reshape is one reshape; a reshape to its input's shape is its input;
 - a permute of a permute is one permute; the identity permute is its input;
 - a `where` branch that is a one-element constant (`full`) becomes the where's scalar, and a
-  reshaped constant is the constant of the new shape;
+  reshaped constant is the constant of the new shape; a `where` condition that is a typecast of
+  a comparison (1 or 0) is the comparison;
 - a one-element operand that is a reshape (a scalar seen as (1,)) is used as it was, when the
   op's result keeps its shape;
 - a pointwise op whose operands are all reshapes of values of one shape (a 1-D bias seen as
@@ -74,6 +75,7 @@ def _simplified(program: Program, lift: bool) -> Program:
         inputs = tuple(resolve(v) for v in step.inputs)
         op, attrs = step.op, step.attrs
         if op == "where":
+            inputs = _comparison_as_condition(made, inputs)
             inputs, attrs = _constants_as_scalars(values, made, inputs, attrs, step.output)
         if op == "reshape" and (source := made.get(inputs[0])) is not None and source.op == "full" \
                 and _exact(values, step.output):
@@ -140,6 +142,24 @@ def _emit(steps: list[Step], made: dict[int, Step], seen: dict[Hashable, int],
     made[step.output] = step
     steps.append(step)
     return step.output
+
+
+_COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
+
+
+def _comparison_as_condition(made: dict[int, Step], inputs: tuple[int, ...]) -> tuple[int, ...]:
+    """A `where` whose condition is a typecast of a comparison (a ReLU's backward: `le`, then
+    INT32 because torch's comparison gives a bool), with the comparison as its condition: a
+    comparison is 1 or 0, which every dtype holds exactly, so the where picks the same branch
+    (it reads any nonzero condition as true). A typecast of anything else may turn a nonzero
+    into 0 (0.5 -> 0 as an integer) and stays."""
+    cast = made.get(inputs[0])
+    if cast is None or cast.op != "typecast":
+        return inputs
+    comparison = made.get(cast.inputs[0])
+    if comparison is None or comparison.op not in _COMPARISONS:
+        return inputs
+    return (cast.inputs[0], *inputs[1:])
 
 
 def _constants_as_scalars(values: list[TensorSpec], made: dict[int, Step], inputs: tuple[int, ...],
