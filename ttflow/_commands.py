@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Union, cast, final
 import numpy as np
 
 from . import _storage_io as io
-from ._kernels import _pointwise, _tiles
+from ._kernels import _pointwise
 from ._memory import Storage
 from ._ops import OPS, compute_dtype
 from ._types import DataType, Layout, MemorySpace, TensorLayout
@@ -142,7 +142,7 @@ class Plan:
         self.donated = dict(program.donations)
         # Steps that update a donated cache in place: step index -> the output it writes.
         self.in_place = _in_place_steps(program, self.donated, self.store_in_output)
-        self.schedule = None if self.in_place else _Schedule(self)
+        self.schedule = _Schedule(self)
 
 
 class _Schedule:
@@ -154,10 +154,11 @@ class _Schedule:
     __slots__ = ("copies", "reads", "steps")
 
     def __init__(self, plan: Plan) -> None:
+        skipped = {plan.steps[index].inputs[0] for index in plan.in_place}  # caches written in place
         self.reads = tuple(
             (index, spec.shape, plan.value_dtypes[index])
             for index, spec in enumerate(plan.inputs)
-            if plan.last_read[index] >= 0 or plan.copied_out[index]
+            if (plan.last_read[index] >= 0 or plan.copied_out[index]) and index not in skipped
         )
         steps = []
         for index, op in enumerate(plan.steps):
@@ -169,8 +170,10 @@ class _Schedule:
             spec = plan.values[value]
             # Tiles of an exact dtype are written here, by the kernel (`io.write_array` otherwise).
             host_dtype = None if spec.dtype is DataType.BFLOAT8_B else spec.dtype.host_dtype
+            # An `update_cache` into its donated buffer: (cache shape, value, index) instead of an op.
+            cache = (plan.values[op.inputs[0]].shape, op.inputs[1], op.inputs[2]) if index in plan.in_place else None
             steps.append((plan.compute[index], op.inputs, op.scalar, plan.step_attrs[index], value, k,
-                          kept, spec.shape, plan.value_dtypes[value], dies, host_dtype))
+                          kept, spec.shape, plan.value_dtypes[value], dies, host_dtype, cache))
         self.steps = tuple(steps)
         self.copies = tuple((k, value) for k, value in enumerate(plan.outputs)
                             if plan.store_in_output.get(value) != k)
@@ -440,69 +443,36 @@ def _compute(step: Compute, banks: Banks) -> None:
     if step.pagewise:
         _compute_pages(step, banks)
         return
-    plan, sources, outputs, scratch = step.plan, step.sources, step.outputs, step.scratch
-    schedule = plan.schedule
-    if schedule is not None:
-        _run_schedule(schedule, len(plan.values), sources, outputs, scratch, banks)
-        return
-    values: list[np.ndarray[Any, Any] | None] = [None] * len(plan.values)
-    in_place = plan.in_place
-    skipped = {plan.steps[index].inputs[0] for index in in_place}  # caches written in place
-    for index, (storage, spec) in enumerate(zip(sources, plan.inputs)):
-        if (plan.last_read[index] >= 0 or plan.copied_out[index]) and index not in skipped:
-            array = io.read_array(banks[storage.layout.memory], storage, spec.shape)
-            values[index] = array.astype(plan.value_dtypes[index], copy=False)
-    for index, op in enumerate(plan.steps):
-        value = op.output
-        k = plan.store_in_output.get(value)
-        storage = outputs[k] if k is not None else scratch[value]
-        bank = banks[storage.layout.memory]
-        if index in in_place:
-            _update_in_place(plan, op, values, bank, storage)
-        else:
-            args = [values[v] for v in op.inputs]  # every operand is live: last_read says so
-            result = plan.compute[index](args, op.scalar, **plan.step_attrs[index])  # type: ignore[arg-type]
-            stored = io.write_array(bank, storage, result)
-        if plan.last_read[value] > index or plan.copied_out[value]:
-            # Later steps and copies read the value as it is stored: rounded to its dtype. An
-            # exact store says what it stored; a BFLOAT8_B one is read back from the banks.
-            if index in in_place or stored is None:
-                stored = io.read_array(bank, storage, plan.values[value].shape)
-            values[value] = stored.reshape(plan.values[value].shape).astype(plan.value_dtypes[value], copy=False)
-        for v in op.inputs:
-            if plan.last_read[v] == index and not plan.copied_out[v]:
-                values[v] = None
-    for k, value in enumerate(plan.outputs):
-        if plan.store_in_output.get(value) == k:
-            continue
-        kept = values[value]
-        assert kept is not None
-        storage = outputs[k]
-        io.write_array(banks[storage.layout.memory], storage, kept)
+    plan = step.plan
+    _run_schedule(plan.schedule, len(plan.values), step.sources, step.outputs, step.scratch, banks)
 
 
 def _run_schedule(schedule: _Schedule, n_values: int, sources: tuple[Storage, ...],
                   outputs: tuple[Storage, ...], scratch: dict[int, Storage], banks: Banks) -> None:
     values: list[np.ndarray[Any, Any] | None] = [None] * n_values
-    read, write, tilize_into, tile = io.read_array, io.write_array, _tiles.tilize_into, TensorLayout.TILE
+    read, write, write_tiles, tile = io.read_array, io.write_array, io.write_tiles, TensorLayout.TILE
     for index, shape, dtype in schedule.reads:
         storage = sources[index]
         values[index] = read(banks[storage.layout.memory], storage, shape).astype(dtype, copy=False)
-    for fn, inputs, scalar, attrs, value, k, kept, shape, dtype, dies, host_dtype in schedule.steps:
+    for fn, inputs, scalar, attrs, value, k, kept, shape, dtype, dies, host_dtype, cache in schedule.steps:
         storage = outputs[k] if k >= 0 else scratch[value]
         layout = storage.layout
         bank = banks[layout.memory]
-        result = fn([values[v] for v in inputs], scalar, **attrs)
         stored: np.ndarray[Any, Any] | None
-        if host_dtype is not None and layout.tensor_layout is tile:
+        if cache is not None:
+            cache_shape, new_row, row_index = cache
+            _update_in_place(cache_shape, values[new_row], values[row_index], bank, storage)
+            stored = None  # the rest of the buffer was not written here: read back if needed
+        elif host_dtype is not None and layout.tensor_layout is tile:
+            result = fn([values[v] for v in inputs], scalar, **attrs)
             stored = np.asarray(result).astype(host_dtype, copy=False)
-            tilize_into(stored.reshape(storage.dims3), bank, bank.shape[0], bank.shape[1], storage.address,
-                        storage.aligned_page_size, 0)
+            write_tiles(bank, storage, stored)
         else:
-            stored = write(bank, storage, result)
+            stored = write(bank, storage, fn([values[v] for v in inputs], scalar, **attrs))
         if kept:
             # Later steps and copies read the value as it is stored: rounded to its dtype. An
-            # exact store says what it stored; a BFLOAT8_B one is read back from the banks.
+            # exact store says what it stored; a BFLOAT8_B one (or a cache updated in place) is
+            # read back from the banks.
             if stored is None:
                 stored = read(bank, storage, shape)
             values[value] = stored.reshape(shape).astype(dtype, copy=False)
@@ -515,13 +485,11 @@ def _run_schedule(schedule: _Schedule, n_values: int, sources: tuple[Storage, ..
         write(banks[storage.layout.memory], storage, kept_value)
 
 
-def _update_in_place(plan: Plan, step: Any, values: list[Any], bank: np.ndarray[Any, Any],
+def _update_in_place(cache_shape: tuple[int, ...], value: Any, index: Any, bank: np.ndarray[Any, Any],
                      storage: Storage) -> None:
     """An `update_cache` into its donated buffer: only the row band is rewritten (the cache
     buffer already holds every other row), with the op's semantics (index clamped into range,
     the value's batch dims broadcast to the cache's)."""
-    cache_shape = plan.values[step.inputs[0]].shape
-    value, index = values[step.inputs[1]], values[step.inputs[2]]
     row = min(max(int(index.reshape(-1)[0]), 0), cache_shape[-2] - 1)
     rows = np.broadcast_to(value, (*cache_shape[:-2], 1, cache_shape[-1]))
     io.update_row(bank, storage, row, rows.reshape(-1, cache_shape[-1]))

@@ -18,7 +18,7 @@ from ._ops import to_host_dtype
 from ._memory import Storage
 from ._types import DataType, TensorLayout
 
-__all__ = ["write_array", "read_array", "copy_storage", "zero_fill", "update_row", "row_bytes",
+__all__ = ["write_array", "write_tiles", "read_array", "copy_storage", "zero_fill", "update_row", "row_bytes",
            "stage_array", "land"]
 
 Banks = np.ndarray[Any, np.dtype[np.uint8]]
@@ -46,9 +46,15 @@ def write_array(banks: Banks, storage: Storage, array: np.ndarray[Any, Any]) -> 
             kernels._raise_non_finite(array)
         return None
     else:
-        _tiles.tilize_into(array.reshape(storage.dims3), banks, banks.shape[0], banks.shape[1],
-                           buf.address, buf.aligned_page_size, 0)
+        write_tiles(banks, storage, array)
     return array
+
+
+def write_tiles(banks: Banks, storage: Storage, array: np.ndarray[Any, Any]) -> None:
+    """`write_array` for a TILE storage of an exact dtype with `array` already in its host dtype:
+    the tilize kernel, nothing else (a program's run stores each step's result this way)."""
+    _tiles.tilize_into(array.reshape(storage.dims3), banks, banks.shape[0], banks.shape[1],
+                       storage.address, storage.aligned_page_size, 0)
 
 
 def stage_array(dtype: DataType, array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
