@@ -132,8 +132,8 @@ def _copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> 
         dst.copy_(_storage.host_value(src))
         return dst
     if not is_tt(src):  # the CPU -> tt: queued, returns at once
-        if not _storage.upload_into(dst, src):
-            _storage.write_host(dst, src.to(dst.dtype).expand(dst.shape))
+        same = src.dtype is dst.dtype and src.shape == dst.shape  # `x.to("tt")`: nothing to convert
+        _storage.write_host(dst, src if same else src.to(dst.dtype).expand(dst.shape))
         return dst
     if src.device == dst.device and src.dtype == dst.dtype and src.shape == dst.shape:
         _storage.write(dst, _storage.read(src), _storage.device_shape(dst.shape))
@@ -183,9 +183,7 @@ def _fill_(t: torch.Tensor, value: Any) -> torch.Tensor:
 
 
 def _zero_(t: torch.Tensor) -> torch.Tensor:
-    if not _printing.depth and _storage.fill(t, 0.0):
-        return t
-    return _on_device(aten.zero_.default, (t,), {})
+    return _fill_(t, 0)
 
 
 _HANDLERS: dict[Any, Callable[..., Any]] = {

@@ -242,6 +242,11 @@ def _covers_in_order(t: torch.Tensor) -> bool:
     return not t.storage_offset() and t.numel() * t.element_size() == t.untyped_storage().nbytes()
 
 
+def _in_order(t: torch.Tensor) -> bool:
+    """Whether `t` is its whole storage in order: its value is the storage's, reshaped."""
+    return _covers_in_order(t) if t.is_contiguous() else _order(t) == tuple(range(t.dim()))
+
+
 def _order(t: torch.Tensor) -> tuple[int, ...] | None:
     """The dims of `t` from outermost to innermost in memory, if `t` covers its storage densely
     from offset 0 (a permutation of a contiguous tensor); else None."""
@@ -299,7 +304,7 @@ def write(t: torch.Tensor, value: Pending, shape: tuple[int, ...], drain: bool =
     slot = _slots.get(t.untyped_storage().data_ptr())
     if slot is None or slot.device.closed:
         slot = _slot(t)  # makes the slot, or says the device is closed
-    if t.dtype is slot.dtype and (_covers_in_order(t) if t.is_contiguous() else _order(t) == tuple(range(t.dim()))):
+    if t.dtype is slot.dtype and _in_order(t):
         slot.value, slot.shape = value, shape
         return
     array = session.call(_fetch, value)
@@ -316,33 +321,14 @@ def write_host(t: torch.Tensor, source: torch.Tensor) -> None:
         torch.as_strided(storage, t.shape, t.stride(), t.storage_offset()).copy_(source)
         slot.host = storage
         return
-    if _order(t) == tuple(range(t.dim())):
-        flat = source.to(t.dtype).reshape(device_shape(t.shape))
-        slot.value, slot.shape = upload(flat, slot.device), device_shape(t.shape)
+    if _in_order(t):  # `x.to("tt")`, a parameter loaded: the new value, uploaded as it is
+        shape = device_shape(t.shape)
+        slot.value, slot.shape = upload(source.to(t.dtype).reshape(shape), slot.device), shape
         return
     storage = _storage_on_host(slot)
     view = torch.as_strided(storage, t.shape, t.stride(), t.storage_offset())
     view.copy_(source)
     slot.value, slot.shape = upload(storage.reshape(device_shape(storage.shape)), slot.device), device_shape(storage.shape)
-
-
-def upload_into(t: torch.Tensor, source: torch.Tensor) -> bool:
-    """`write_host`'s common case, `x.to("tt")`: a contiguous CPU tensor of `t`'s dtype and shape
-    into a `t` that is its whole storage; False (nothing done) for anything else."""
-    if (source.dtype is not t.dtype or source.shape != t.shape or not source.is_contiguous()
-            or not t.is_contiguous() or not _covers_in_order(t) or t.dtype not in _UPLOADED):
-        return False
-    slot = _slot(t)
-    if slot.dtype is not t.dtype:
-        return False
-    shape = device_shape(t.shape)
-    slot.value, slot.shape = upload(source.reshape(shape), slot.device), shape
-    return True
-
-
-_UPLOADED = frozenset({torch.float32, torch.bfloat16, torch.int32, torch.int64, torch.bool, torch.uint8,
-                       torch.int16, torch.int8})
-"""Dtypes `upload` takes as they are (it converts integers to the device's INT32 itself)."""
 
 
 def _storage_on_host(slot: Slot) -> torch.Tensor:
@@ -439,7 +425,7 @@ def fill(t: torch.Tensor, value: float | int | bool) -> bool:
     replaces the storage's value, never the constant). `loss.backward()` fills its seed
     gradient this way each step without running a program. False (nothing done) otherwise."""
     if (t.dtype not in (torch.float32, torch.bfloat16) or not isinstance(value, (int, float))
-            or t.numel() > _FILLS_MAX_NUMEL or not t.is_contiguous() or not _covers_in_order(t)):
+            or t.numel() > _FILLS_MAX_NUMEL or not _in_order(t)):
         return False
     slot = _slot(t)
     if slot.dtype is not t.dtype:
