@@ -20,6 +20,7 @@ import copy
 import logging
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["format_table", "run"]
@@ -50,30 +51,6 @@ def run(quick: bool = False) -> dict[str, Any]:
     def compiled_update() -> None:
         tt_opt.step()
 
-    def tt_steps_all_compiled() -> float:
-        begin = time.perf_counter()
-        loss = None
-        for x, y in batches:
-            loss = compiled_loss(x.to("tt"), y.to("tt"))
-            loss.backward()
-            compiled_update()
-            tt_opt.zero_grad()
-        assert loss is not None
-        loss.item()
-        return (time.perf_counter() - begin) / steps
-
-    def tt_steps_loss_compiled() -> float:
-        begin = time.perf_counter()
-        loss = None
-        for x, y in batches:
-            loss = compiled_loss(x.to("tt"), y.to("tt"))
-            loss.backward()
-            tt_opt.step()
-            tt_opt.zero_grad()
-        assert loss is not None
-        loss.item()
-        return (time.perf_counter() - begin) / steps
-
     def cpu_steps() -> float:
         # The tt rounds' last releases run on the loop thread once it sees the pause: let them
         # finish first, or they would be timed as CPU torch's.
@@ -87,17 +64,26 @@ def run(quick: bool = False) -> dict[str, Any]:
             cpu_opt.zero_grad()
         return (time.perf_counter() - begin) / steps
 
-    def tt_steps() -> float:
-        begin = time.perf_counter()
-        loss = None
-        for x, y in batches:
-            loss = F.cross_entropy(compiled(x.to("tt")), y.to("tt"))
-            loss.backward()
-            tt_opt.step()
-            tt_opt.zero_grad()
-        assert loss is not None
-        loss.item()  # waits for the last step
-        return (time.perf_counter() - begin) / steps
+    def tt_loop(loss_of: Callable[[Any, Any], Any], update: Callable[[], Any]) -> Callable[[], float]:
+        """The user's training loop on tt, with the loss and the update as given."""
+
+        def run() -> float:
+            begin = time.perf_counter()
+            loss = None
+            for x, y in batches:
+                loss = loss_of(x.to("tt"), y.to("tt"))
+                loss.backward()
+                update()
+                tt_opt.zero_grad()
+            assert loss is not None
+            loss.item()  # waits for the last step
+            return (time.perf_counter() - begin) / steps
+
+        return run
+
+    tt_steps = tt_loop(lambda x, y: F.cross_entropy(compiled(x), y), tt_opt.step)
+    tt_steps_loss_compiled = tt_loop(compiled_loss, tt_opt.step)
+    tt_steps_all_compiled = tt_loop(compiled_loss, compiled_update)
 
     a, b = torch.randn(64, 64), torch.randn(64, 64)
     ta, tb = a.to("tt"), b.to("tt")
