@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import gc
 import io
+import inspect
 import warnings
 
 import pytest
@@ -192,6 +193,31 @@ def test_an_op_with_no_device_lowering_warns_once_and_runs_on_the_cpu(fresh):
     assert torch.equal(r1.cpu(), torch.atan(x)) and torch.equal(r2.cpu(), torch.atan(x * 2))
     cpu_warnings = [w for w in caught if "atan" in str(w.message) and "ran on the CPU" in str(w.message)]
     assert len(cpu_warnings) == 1
+
+
+def test_fallback_warnings_name_the_users_line(fresh):
+    """Eager (through torch's dispatcher) and compiled (through dynamo's wrappers too), the
+    warning is attributed to the line that called the op, as torch's own warnings are."""
+    from ttflow.torch import _device
+
+    _device._warned.clear()
+    x = torch.tensor([[0.5, -1.0, 2.0]])
+
+    def f(a):
+        return torch.atan(a) * 2  # the line the compiled graph's warnings name
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        eager_line = inspect.currentframe().f_lineno + 1
+        r1 = torch.atan(x.to("tt"))
+        compiled_line = inspect.currentframe().f_lineno + 1
+        r2 = torch.compile(f, backend="tt")(x.to("tt") + 1)
+    assert torch.equal(r1.cpu(), torch.atan(x)) and torch.equal(r2.cpu(), f(x + 1))
+    where = {(w.filename, w.lineno) for w in caught
+             if "ran on the CPU" in str(w.message) or "runs eagerly" in str(w.message)}
+    assert where and all(filename == __file__ for filename, _ in where), where
+    assert (__file__, eager_line) in where
+    assert (__file__, compiled_line) in where or (__file__, f.__code__.co_firstlineno + 1) in where
 
 
 def test_factories_on_tt_run_on_the_device(fresh):

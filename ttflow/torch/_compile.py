@@ -17,7 +17,6 @@ from __future__ import annotations
 import collections
 import functools
 import threading
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,6 +27,7 @@ from torch import nn
 
 from . import _lower, _storage
 from ._session import Pending, session
+from ._warn import warn_user
 
 __all__ = ["MAX_SHAPES", "backend", "compile"]
 
@@ -84,8 +84,7 @@ def _compiler(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Any]
             return _program_runner(gm, example_inputs, f"{kind}_{id(gm):x}")
         except NotImplementedError as exc:  # UnsupportedOpError, from the lowering
             # As a graph break would: the graph runs op by op (each on the device where it can).
-            warnings.warn(f"ttflow.torch: a {kind} graph runs eagerly, op by op: {exc}",
-                          UserWarning, stacklevel=2)
+            warn_user(f"ttflow.torch: the compiled {kind} graph runs eagerly, op by op: {exc}")
             return make_boxed_func(gm)
 
     return compile_graph
@@ -145,11 +144,10 @@ class _PerShape:
         if fn is None:
             if len(self.compiled) >= MAX_SHAPES:
                 old, _ = self.compiled.popitem(last=False)
-                warnings.warn(
+                warn_user(
                     f"ttflow.torch: a compiled graph has now been built for {MAX_SHAPES + 1} input shapes; "
                     f"the oldest ({[k[0] for k in old if isinstance(k, tuple)]}) is dropped and rebuilt "
-                    "if it comes back. Pad inputs to a few shapes to avoid recompiling.",
-                    UserWarning, stacklevel=3,
+                    "if it comes back. Pad inputs to a few shapes to avoid recompiling."
                 )
             fn = self.compiled[key] = _specialized(self.gm, args, self.numbers)
         else:

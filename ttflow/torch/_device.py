@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import threading
 import types
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +22,7 @@ from . import _storage
 from ._errors import UnsupportedOpError
 from ._guard import load_guard
 from ._session import MAX_DEVICES, session
+from ._warn import warn_user
 
 __all__ = ["TTTensor", "install", "synchronize"]
 
@@ -55,10 +55,9 @@ def _warn_cpu(op: Any, reason: str) -> None:
     name = str(op)
     if name not in _warned:
         _warned.add(name)
-        warnings.warn(
+        warn_user(
             f"{name} ran on the CPU: {reason}. Its tt inputs were copied to the host and its "
-            "results back (this warning is shown once per op)",
-            UserWarning, stacklevel=4,
+            "results back (this warning is shown once per op)"
         )
 
 
