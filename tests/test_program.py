@@ -447,12 +447,12 @@ def load_bytes(path: Path, raw: bytes, match: str | None = None) -> None:
 
 def test_header_errors(tmp_path: Path) -> None:
     path, raw = saved(tmp_path)
-    assert raw[:8] == b"TTFLOWB\0" and HEADER.unpack_from(raw)[1:] == (4, len(raw) - 24, zlib.crc32(raw[24:]))
+    assert raw[:8] == b"TTFLOWB\0" and HEADER.unpack_from(raw)[1:] == (5, len(raw) - 24, zlib.crc32(raw[24:]))
     load_bytes(path, b"PK\x03\x04" + raw[4:], "not a ttflow binary")
     load_bytes(path, b"", "not a ttflow binary")
     load_bytes(path, b"TTF", "truncated")
-    load_bytes(path, raw[:8] + struct.pack("<I", 5) + raw[12:], r"version 5.*versions 1 to 4.*newer")
-    load_bytes(path, raw[:8] + struct.pack("<I", 0) + raw[12:], r"version 0.*versions 1 to 4.*unknown")
+    load_bytes(path, raw[:8] + struct.pack("<I", 6) + raw[12:], r"version 6.*versions 1 to 5.*newer")
+    load_bytes(path, raw[:8] + struct.pack("<I", 0) + raw[12:], r"version 0.*versions 1 to 5.*unknown")
     load_bytes(path, raw[:30], "truncated")
     load_bytes(path, raw + b"\0", "stray bytes")
     i = len(raw) // 2
@@ -510,7 +510,7 @@ def test_load_checks_the_header_before_reading_the_payload(tmp_path: Path, monke
     header = HEADER.unpack_from(raw)
     cases = {
         "not a ttflow binary": b"PK\x03\x04" + raw[4:],  # a zip, say
-        "version 5": raw[:8] + struct.pack("<I", 5) + raw[12:],
+        "version 6": raw[:8] + struct.pack("<I", 6) + raw[12:],
         "stray bytes": raw,  # the header's length disagrees with the file's size
         r"truncated.*header says 1099511627776": HEADER.pack(header[0], 2, 1 << 40, header[3]) + raw[24:],
     }
@@ -649,3 +649,64 @@ def test_fuzzed_payloads_raise_only_binary_format_error(tmp_path: Path, data: st
         tt.Binary.load(path)
     except tt.BinaryFormatError:
         pass
+
+
+def checked_program() -> tt.Program:
+    """x * 70000 summed, range-checked; beside it the same product unchecked (it wraps)."""
+    b = tt.ProgramBuilder("checked")
+    x = b.input((1, 4), tt.Layout(dtype=tt.DataType.INT32))
+    f = b.input((1, 4))
+    with b.checking_range("int64 x * 70000"):
+        total = b.sum(b.mul(x, 70000), 1)
+        as_int = b.typecast(f, tt.DataType.INT32)
+        halved = b.mul(f, 0.5)  # a float step: nothing to check
+    b.output(total)
+    b.output(b.mul(x, 70000))
+    b.output(as_int)
+    b.output(halved)
+    return b.build()
+
+
+def test_range_checked_steps_fail_where_unchecked_ones_wrap() -> None:
+    program = checked_program()
+    assert [program.steps[v - 2].op for v, _ in program.range_checks] == ["mul", "sum", "typecast"]
+    small = np.array([[1, -2, 3, 4]], np.int32)
+    floats = np.array([[1.5, -2.5, 3e9 - 3e9, 7.0]], np.float32)
+    total, product, as_int, halved = run_on_host(program, [small, floats])
+    np.testing.assert_array_equal(total, (small.astype(np.int64) * 70000).sum(1, keepdims=True))
+    np.testing.assert_array_equal(as_int, np.trunc(floats).astype(np.int32))
+    np.testing.assert_array_equal(halved, floats * 0.5)
+    big = np.array([[70000, 0, 0, 0]], np.int32)
+    with pytest.raises(tt.ProgramError, match=r"^int64 x \* 70000: a result of mul, 4900000000, does not fit INT32"):
+        run_on_host(program, [big, floats])
+    # The unchecked twin wraps as the device does (numpy's int32 arithmetic is the reference).
+    b = tt.ProgramBuilder("unchecked")
+    b.output(b.mul(b.input((1, 4), tt.Layout(dtype=tt.DataType.INT32)), 70000))
+    np.testing.assert_array_equal(run_on_host(b.build(), [big])[0], big * np.int32(70000))
+    sums = np.array([[30000, 30000, 30000, 30000]], np.int32)  # each product fits; the sum does not
+    with pytest.raises(tt.ProgramError, match="a result of sum, 8400000000"):
+        run_on_host(program, [sums, floats])
+    for bad in (3e9, np.nan, -np.inf):
+        with pytest.raises(tt.ProgramError, match="does not fit INT32 .the device would saturate it"):
+            run_on_host(program, [small, np.array([[1, 2, bad, 4]], np.float32)])
+
+
+def test_checking_range_takes_a_note_and_a_binary_keeps_the_checks(tmp_path: Path) -> None:
+    b = tt.ProgramBuilder("p")
+    with pytest.raises(tt.ProgramError, match="note"):
+        with b.checking_range(""):
+            pass
+    program = checked_program()
+    tt.Binary([program]).save(tmp_path / "p.ttb")
+    loaded = tt.Binary.load(tmp_path / "p.ttb").programs[0]
+    assert loaded.same_as(program) and loaded.range_checks == program.range_checks
+    payload = _binary._program_to_json(program)
+    float_step = next(v for v, spec in enumerate(program.values)
+                      if v >= program.num_inputs and spec.dtype is tt.DataType.FLOAT32)
+    for checks, match in (([[float_step, "x"]], "a range check on a float value"),
+                          ([[99, "x"]], "no step defines"),
+                          ([[0, "x"]], "no step defines")):  # an input
+        with pytest.raises(tt.BinaryFormatError, match=match):
+            _binary._program_from_json(dict(payload, range_checks=checks))
+    # A version-4 file has no range checks, whatever its payload says.
+    assert _binary._program_from_json(payload, version=4).range_checks == ()

@@ -278,6 +278,34 @@ async def test_a_program_whose_kernel_raises(monkeypatch: pytest.MonkeyPatch) ->
         await still_works(device)
 
 
+async def test_a_range_checked_result_that_would_wrap_fails_its_program_only() -> None:
+    """`checking_range` on the device: the run fails with the note instead of storing a wrapped
+    INT32; its dependents fail, its inputs and the device stay as they were."""
+    b = tt.ProgramBuilder("scaled")
+    x = b.input((2, 40), tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, I32))
+    with b.checking_range("int64 x * 70000"):
+        b.output(b.add(b.mul(x, 70000), 1), tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, I32))
+    binary = tt.Binary([b.build()])
+    async with tt.open_device(tt.DeviceSpec.small()) as device:
+        base = used(device)
+        fits = np.arange(80, dtype=np.int32).reshape(2, 40)
+        (ok,) = tt.submit(device, binary, 0, [tt.to_device(fits, device, binary.programs[0].inputs[0].layout)])
+        np.testing.assert_array_equal(await tt.to_host(ok), fits.astype(np.int64) * 70000 + 1)
+        wraps = fits * 1000
+        x_big = tt.to_device(wraps, device, binary.programs[0].inputs[0].layout)
+        (bad,) = tt.submit(device, binary, 0, [x_big])
+        (dependent,) = tt.submit(device, binary, 0, [bad])
+        with pytest.raises(tt.ProgramError, match=r"int64 x \* 70000: a result of mul, \d+, does not fit INT32"):
+            await tt.to_host(bad)
+        with pytest.raises(tt.ProgramError, match="does not fit INT32"):
+            await dependent
+        np.testing.assert_array_equal(await tt.to_host(x_big), wraps)
+        del ok, bad, dependent
+        tt.deallocate(x_big)
+        assert used(device) == base
+        await still_works(device)
+
+
 async def test_cancelling_a_waiter_leaves_the_work_and_the_device_intact() -> None:
     data = np.arange(150, dtype=np.float32).reshape(3, 50)
     async with tt.open_device(tt.DeviceSpec.small()) as device:

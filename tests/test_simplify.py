@@ -247,3 +247,27 @@ def test_a_constant_is_a_where_scalar_only_with_the_wheres_dtype_and_shape() -> 
     x_host = np.array([0, 1, -2, 0, 3, 0, 0.5, 0, 0, 7, 0, 1], np.float32)
     assert _shapes_hold(simpler, [x_host])
     assert _bits(run_on_host(simpler, [x_host])) == _bits(run_on_host(program, [x_host]))
+
+
+def test_range_checks_stay_with_their_steps() -> None:
+    """A checked step keeps its check through lifting and renumbering, and is never merged
+    with an equal unchecked step (one fails where the other wraps)."""
+    i32 = _layout(tt.DataType.INT32)
+    b = tt.ProgramBuilder("checked")
+    x = b.input((1, 8), i32)
+    flat = b.reshape(x, (8,))  # a 1-D view, as the lowerings make
+    unchecked = b.mul(flat, 70000)
+    with b.checking_range("int64 product"):
+        checked = b.mul(flat, 70000)
+    b.output(b.reshape(unchecked, (1, 8)), i32)
+    b.output(b.reshape(checked, (1, 8)), i32)
+    program = b.build()
+    simplified = tt.simplify(program)
+    assert len(simplified.steps) < len(program.steps)  # the reshapes went
+    assert [s.op for s in simplified.steps] == ["mul", "mul"]
+    assert [simplified.values[v].dtype for v, _ in simplified.range_checks] == [tt.DataType.INT32]
+    small = np.arange(8, dtype=np.int32).reshape(1, 8)
+    assert _bits(run_on_host(simplified, [small])) == _bits(run_on_host(program, [small]))
+    for p in (program, simplified):
+        with pytest.raises(tt.ProgramError, match="int64 product: a result of mul"):
+            run_on_host(p, [small * 10000])

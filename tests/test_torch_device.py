@@ -165,6 +165,36 @@ def test_dropped_tensors_free_their_device_memory(fresh):
     torch.testing.assert_close(keep.cpu() * 2, (keep * 2).cpu())
 
 
+def test_int64_results_past_int32_raise_instead_of_wrapping(fresh):
+    """int64 lives as INT32 on the device. CPU torch's int64 does not wrap at 2**31, so a result
+    past int32 must be an error (naming the op), never a wrapped number; int32 tensors wrap on
+    both devices, and int64 results in range are exact."""
+    counts = torch.tensor([[30000, 70000, -5, 2]])
+    big = torch.full((4,), 2**30)
+
+    def hashed(ids):
+        return ids * 70001 - ids  # a product past int32, whatever it is for
+
+    compiled = torch.compile(hashed, backend="tt")
+    with pytest.raises(tt.ProgramError, match=r"aten.mul.Tensor gives an int64 tensor.*4900000000"):
+        (counts.to("tt") * 70000).cpu()
+    with pytest.raises(tt.ProgramError, match=r"aten.sum.* gives an int64 tensor.*4294967296"):
+        big.to("tt").sum().item()
+    with pytest.raises(tt.ProgramError, match=r"aten.mul.Tensor gives an int64 tensor.*does not fit INT32"):
+        compiled(counts.to("tt")).cpu()
+    with pytest.raises(tt.ProgramError, match="(?i)int32"):  # not 2**31 - 1, as the device saturates
+        torch.tensor([3e9, 1.0]).to("tt").long().cpu()
+    # In range: exact, as CPU int64; int32 wraps as on CPU.
+    small = torch.tensor([[3, 7, -5, 2]])
+    assert torch.equal(compiled(small.to("tt")).cpu(), hashed(small))
+    assert torch.equal((small.to("tt") * 70000).sum().cpu(), (small * 70000).sum())
+    as_int32 = counts.int()
+    assert torch.equal((as_int32.to("tt") * 70000).cpu(), as_int32 * 70000)
+    # The failed runs left nothing behind.
+    gc.collect()
+    assert _storage.live_slots() == 0
+
+
 def test_a_loop_of_eager_ops_holds_only_what_it_holds(fresh):
     # Each `r = a + b` frees the previous r: its device memory must go back as the loop runs,
     # not at the next tensor torch makes on tt (an op whose result goes straight into its

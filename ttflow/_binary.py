@@ -17,6 +17,8 @@ versions 1 and 2 still load, and a version-2 file that names a version-3 op is m
 `full` of an infinite value writes JSON's `Infinity` (Python's json reads it back).
 Version 4 adds sin, cos, floor, ceil, round and trunc, with no other change; a version-3 file
 that names one of them is malformed.
+Version 5 adds each program's range checks (`"range_checks"`: [value id, note] pairs, see
+`ProgramBuilder.checking_range`), with no other change; versions 1 to 4 still load, with none.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ from ._types import DataType, Layout, MemorySpace, TensorLayout, check_shape
 __all__ = ["Binary", "get_layout"]
 
 _MAGIC = b"TTFLOWB\0"
-_VERSION = 4
-_READS = (1, 2, 3, 4)  # the versions `load` reads
+_VERSION = 5
+_READS = (1, 2, 3, 4, 5)  # the versions `load` reads
 _V1_OPS = frozenset({"add", "sub", "mul", "gt", "matmul", "relu", "neg", "gelu", "exp", "sqrt",
                      "reciprocal", "softmax", "sum", "max", "transpose", "reshape", "typecast"})
 _V2_OPS = _V1_OPS | {
@@ -170,6 +172,7 @@ def _program_to_json(p: Program) -> dict[str, Any]:
         "outputs": list(p.outputs),
         "output_specs": [_spec_to_json(s) for s in p.output_specs],
         "donations": [list(pair) for pair in p.donations],
+        "range_checks": [list(pair) for pair in p.range_checks],
     }
 
 
@@ -248,6 +251,11 @@ def _program_from_json(j: Any, version: int = _VERSION) -> Program:
     num_inputs = _expect(j["num_inputs"], int, "num_inputs")
     if not 0 <= num_inputs <= len(values):
         raise BinaryFormatError(f"num_inputs {num_inputs} does not fit {len(values)} values")
+    checks: dict[int, str] = {}
+    if version >= 5:
+        for pair in _expect(j.get("range_checks", []), list, "range_checks"):
+            value_id, note = _expect(pair, list, "a range check")
+            checks[_expect(value_id, int, "a range check's value")] = _expect(note, str, "a range check's note")
     b = ProgramBuilder(name)
     built = [b.input(spec.shape, spec.layout) for spec in values[:num_inputs]]
     for index, raw in enumerate(_expect(j["steps"], list, "steps")):
@@ -263,7 +271,14 @@ def _program_from_json(j: Any, version: int = _VERSION) -> Program:
             scalar = float(_expect(scalar, (int, float), f"step {index} scalar"))
         pairs = [_expect(a, list, f"step {index} attrs") for a in _expect(step_attrs, list, f"step {index} attrs")]
         kwargs = {_expect(k, str, "an attr name"): tuple(v) if isinstance(v, list) else v for k, v in pairs}
-        value = _replay(b, op, [built[i] for i in ids], scalar, kwargs)
+        note = checks.pop(len(built), None)
+        if note is None:
+            value = _replay(b, op, [built[i] for i in ids], scalar, kwargs)
+        else:
+            with b.checking_range(note):
+                value = _replay(b, op, [built[i] for i in ids], scalar, kwargs)
+            if value.dtype.is_float:
+                raise BinaryFormatError(f"step {index} ({op}): a range check on a float value")
         if output != value.id or value.id >= len(values) or values[value.id] != b._values[value.id]:
             raise BinaryFormatError(
                 f"step {index} ({op}) does not define value {output!r:.20} as the file declares it"
@@ -271,6 +286,8 @@ def _program_from_json(j: Any, version: int = _VERSION) -> Program:
         built.append(value)
     if len(built) != len(values):
         raise BinaryFormatError(f"{len(values)} values declared, {len(built)} defined by inputs and steps")
+    if checks:
+        raise BinaryFormatError(f"a range check names value {next(iter(checks))!r:.20}, which no step defines")
     outputs = [_expect(i, int, "an output id") for i in _expect(j["outputs"], list, "outputs")]
     specs = [_spec_from_json(s, f"output spec {k}") for k, s in enumerate(_expect(j["output_specs"], list, "output specs"))]
     if len(specs) != len(outputs) or not all(0 <= i < len(built) for i in outputs):

@@ -27,7 +27,7 @@ import numpy as np
 from . import _storage_io as io
 from ._kernels import _pointwise
 from ._memory import Storage
-from ._ops import OPS, compute_dtype
+from ._ops import OPS, check_range, compute_dtype
 from ._types import DataType, Layout, MemorySpace, TensorLayout
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ class Plan:
     __slots__ = ("values", "steps", "inputs", "outputs", "pagewise", "last_read", "step_attrs",
                  "store_in_output", "copied_out", "compute", "value_dtypes", "scratch", "macs",
                  "page_code", "input_layouts", "output_layouts", "output_shapes", "input_checks",
-                 "bound", "donated", "in_place", "output_states", "footprint", "schedule")
+                 "bound", "donated", "in_place", "output_states", "footprint", "schedule", "range_checks")
 
     def __init__(self, program: Program) -> None:
         # The parts of the program a run reads (not the program: a plan cached under its program
@@ -101,6 +101,7 @@ class Plan:
             for value in step.inputs:
                 self.last_read[value] = index
         self.step_attrs = [dict(step.attrs) for step in program.steps]
+        self.range_checks = dict(program.range_checks)
         self.compute = [OPS[step.op].fn for step in program.steps]  # run() silences FP warnings
         self.value_dtypes = [compute_dtype(spec.dtype) for spec in program.values]
         # A step value that is an output of the same dtype is stored straight into that output.
@@ -161,6 +162,7 @@ class _Schedule:
             if (plan.last_read[index] >= 0 or plan.copied_out[index]) and index not in skipped
         )
         steps = []
+        checks = plan.range_checks
         for index, op in enumerate(plan.steps):
             value = op.output
             k = plan.store_in_output.get(value, -1)
@@ -172,8 +174,10 @@ class _Schedule:
             host_dtype = None if spec.dtype is DataType.BFLOAT8_B else spec.dtype.host_dtype
             # An `update_cache` into its donated buffer: (cache shape, value, index) instead of an op.
             cache = (plan.values[op.inputs[0]].shape, op.inputs[1], op.inputs[2]) if index in plan.in_place else None
+            # A range-checked integer value (`ProgramBuilder.checking_range`): (note, op, dtype).
+            check = (checks[value], op.op, spec.dtype) if value in checks else None
             steps.append((plan.compute[index], op.inputs, op.scalar, plan.step_attrs[index], value, k,
-                          kept, spec.shape, plan.value_dtypes[value], dies, host_dtype, cache))
+                          kept, spec.shape, plan.value_dtypes[value], dies, host_dtype, cache, check))
         self.steps = tuple(steps)
         self.copies = tuple((k, value) for k, value in enumerate(plan.outputs)
                             if plan.store_in_output.get(value) != k)
@@ -454,7 +458,7 @@ def _run_schedule(schedule: _Schedule, n_values: int, sources: tuple[Storage, ..
     for index, shape, dtype in schedule.reads:
         storage = sources[index]
         values[index] = read(banks[storage.layout.memory], storage, shape).astype(dtype, copy=False)
-    for fn, inputs, scalar, attrs, value, k, kept, shape, dtype, dies, host_dtype, cache in schedule.steps:
+    for fn, inputs, scalar, attrs, value, k, kept, shape, dtype, dies, host_dtype, cache, check in schedule.steps:
         storage = outputs[k] if k >= 0 else scratch[value]
         layout = storage.layout
         bank = banks[layout.memory]
@@ -463,12 +467,16 @@ def _run_schedule(schedule: _Schedule, n_values: int, sources: tuple[Storage, ..
             cache_shape, new_row, row_index = cache
             _update_in_place(cache_shape, values[new_row], values[row_index], bank, storage)
             stored = None  # the rest of the buffer was not written here: read back if needed
-        elif host_dtype is not None and layout.tensor_layout is tile:
-            result = fn([values[v] for v in inputs], scalar, **attrs)
-            stored = np.asarray(result).astype(host_dtype, copy=False)
-            write_tiles(bank, storage, stored)
         else:
-            stored = write(bank, storage, fn([values[v] for v in inputs], scalar, **attrs))
+            operands = [values[v] for v in inputs]
+            result = fn(operands, scalar, **attrs)
+            if check is not None:
+                check_range(check[0], check[1], operands, result, check[2])
+            if host_dtype is not None and layout.tensor_layout is tile:
+                stored = np.asarray(result).astype(host_dtype, copy=False)
+                write_tiles(bank, storage, stored)
+            else:
+                stored = write(bank, storage, result)
         if kept:
             # Later steps and copies read the value as it is stored: rounded to its dtype. An
             # exact store says what it stored; a BFLOAT8_B one (or a cache updated in place) is

@@ -44,9 +44,11 @@ import attrs
 import ml_dtypes
 import numpy as np
 
+from ._errors import ProgramError
 from ._types import DataType
 
-__all__ = ["OpDef", "OPS", "erf", "philox4x32_10", "arange_length", "compute_dtype", "store_as", "to_host_dtype"]
+__all__ = ["OpDef", "OPS", "erf", "philox4x32_10", "arange_length", "check_range", "compute_dtype", "store_as",
+           "to_host_dtype"]
 
 Array = np.ndarray[Any, Any]
 
@@ -622,6 +624,25 @@ def store_as(array: Array, dtype: DataType) -> Array:
         a = _to_int(a.astype(np.float32), dtype)
     wrapped = a.astype(np.int64).astype(np.int32 if dtype is DataType.INT32 else np.uint32)
     return wrapped.astype(np.int64)
+
+
+def check_range(note: str, op: str, operands: list[Any], result: Array, dtype: DataType) -> None:
+    """Raises ProgramError, beginning with `note`, when an integer step's unrounded result does
+    not fit `dtype` (`ProgramBuilder.checking_range`): the device would wrap it. A typecast from
+    a float is checked on its truncated input, since the op saturates it (NaN fails too)."""
+    low, high = _INT_RANGE[dtype]
+    if op == "typecast" and operands[0].dtype.kind == "f":
+        source = np.trunc(np.asarray(operands[0], np.float64))
+        bad = ~((source >= low) & (source <= high))  # NaN compares False both ways
+        if bad.any():
+            raise ProgramError(f"{note}: {source[bad].flat[0]} does not fit {dtype.name} "
+                               "(the device would saturate it)")
+        return
+    values = np.asarray(result)
+    if values.size and (values.min() < low or values.max() > high):
+        example = values[(values < low) | (values > high)].flat[0]
+        raise ProgramError(f"{note}: a result of {op}, {example}, does not fit {dtype.name} "
+                           "(the device would wrap it)")
 
 
 def to_host_dtype(array: Array, dtype: DataType) -> Array:

@@ -53,8 +53,9 @@ interpreter: the runtime's loop, on host arrays.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, final
 
 import attrs
@@ -62,7 +63,7 @@ import numpy as np
 
 from ._errors import LayoutError, ProgramError, ShapeError
 from ._footprint import program_footprint
-from ._ops import OPS, arange_length, store_as, to_host_dtype
+from ._ops import OPS, arange_length, check_range, store_as, to_host_dtype
 from ._types import DataType, DeviceSpec, Layout, MemorySpace, TensorLayout, check_shape
 
 __all__ = [
@@ -112,6 +113,9 @@ class Program:
     num_inputs: int
     donations: tuple[tuple[int, int], ...] = ()
     """(output index, input index) pairs: that output reuses that input's buffer (`donates=`)."""
+    range_checks: tuple[tuple[int, str], ...] = ()
+    """(value id, note) pairs: integer step values whose results must fit their dtype; one that
+    does not fails the run with a ProgramError naming the note (`ProgramBuilder.checking_range`)."""
 
     inputs: tuple[TensorSpec, ...] = attrs.field(init=False, eq=False)
 
@@ -259,6 +263,8 @@ class ProgramBuilder:
         self._donated: list[int] = []  # per output: the input it donates, or -1
         self._num_inputs = 0
         self._built = False
+        self._range_note: str | None = None  # set inside `checking_range`
+        self._range_checks: list[tuple[int, str]] = []
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -288,7 +294,27 @@ class ProgramBuilder:
         self._steps.append(
             Step(op, tuple(v.id for v in inputs), scalar, tuple(sorted(step_attrs.items())), out.id)
         )
+        if self._range_note is not None and not result.is_float:
+            self._range_checks.append((out.id, self._range_note))
         return out
+
+    @contextlib.contextmanager
+    def checking_range(self, note: str) -> Iterator[None]:
+        """Integer results of the steps emitted inside must fit their dtype: the device wraps an
+        INT32 result to 32 bits, and a run whose checked result would wrap fails instead, with
+        a ProgramError that begins with `note`.
+
+        For a front-end that holds a type the device lacks in a narrower one (ttflow.torch keeps
+        int64 as INT32): a result past the narrow type's range is then an error, not a wrong
+        value. A float-to-integer typecast checks its input (the device saturates it)."""
+        self._check_open()
+        if not isinstance(note, str) or not note:
+            raise ProgramError("checking_range needs a note naming what is checked")
+        outer, self._range_note = self._range_note, note
+        try:
+            yield
+        finally:
+            self._range_note = outer
 
     # -- inputs and outputs -----------------------------------------------------------------
 
@@ -365,6 +391,7 @@ class ProgramBuilder:
             output_specs=tuple(s for _, s in self._outputs),
             num_inputs=self._num_inputs,
             donations=tuple((k, i) for k, i in enumerate(self._donated) if i >= 0),
+            range_checks=tuple(self._range_checks),
         )
 
     # -- ops ---------------------------------------------------------------------------------
@@ -1083,9 +1110,15 @@ def run_on_host(program: Program, arrays: Sequence[Any]) -> list[np.ndarray[Any,
                 f"input {index} of {program.name!r} has shape {host.shape}, the program declares {spec.shape}"
             )
         values[index] = store_as(host, spec.dtype)
+    checks = dict(program.range_checks)
     for step in program.steps:
-        result = OPS[step.op].compute([values[v] for v in step.inputs], step.scalar, **dict(step.attrs))
-        values[step.output] = store_as(result, program.values[step.output].dtype)
+        operands = [values[v] for v in step.inputs]
+        result = OPS[step.op].compute(operands, step.scalar, **dict(step.attrs))
+        dtype = program.values[step.output].dtype
+        note = checks.get(step.output)
+        if note is not None:
+            check_range(note, step.op, operands, result, dtype)
+        values[step.output] = store_as(result, dtype)
     return [
         to_host_dtype(store_as(values[v], spec.dtype), spec.dtype)
         for v, spec in zip(program.outputs, program.output_specs)

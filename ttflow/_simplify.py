@@ -67,6 +67,7 @@ def _simplified(program: Program, lift: bool) -> Program:
     made: dict[int, Step] = {}  # value -> the (rewritten) step that makes it
     seen: dict[Hashable, int] = {}  # step key -> its value
     steps: list[Step] = []
+    checks = dict(program.range_checks)  # value -> its note; a lifted op's inner value gains one
 
     def resolve(value: int) -> int:
         return alias.get(value, value)
@@ -108,12 +109,15 @@ def _simplified(program: Program, lift: bool) -> Program:
                 sources, shape = lifted
                 inner = len(values)
                 values.append(TensorSpec(shape, values[step.output].layout))
-                result = _emit(steps, made, seen, values, Step(op, sources, step.scalar, attrs, inner))
+                if step.output in checks:
+                    checks[inner] = checks[step.output]
+                result = _emit(steps, made, seen, values, Step(op, sources, step.scalar, attrs, inner),
+                               checks.get(inner))
                 reshape = Step("reshape", (result,), None, (("shape", values[step.output].shape),), step.output)
                 made[step.output] = reshape
                 steps.append(reshape)
                 continue
-        key = _key(op, inputs, step.scalar, attrs)
+        key = _key(op, inputs, step.scalar, attrs, checks.get(step.output))
         if key is not None:
             earlier = seen.get(key)
             if earlier is not None and _same(values, earlier, step.output):
@@ -127,13 +131,13 @@ def _simplified(program: Program, lift: bool) -> Program:
     steps = _live(steps, outputs)
     if len(steps) == len(program.steps) and len(values) == len(program.values):
         return program
-    return _renumbered(program, values, steps, outputs)
+    return _renumbered(program, values, steps, outputs, checks)
 
 
 def _emit(steps: list[Step], made: dict[int, Step], seen: dict[Hashable, int],
-          values: list[TensorSpec], step: Step) -> int:
+          values: list[TensorSpec], step: Step, check: str | None) -> int:
     """Appends `step` unless an equal one was made: the value that holds its result."""
-    key = _key(step.op, step.inputs, step.scalar, step.attrs)
+    key = _key(step.op, step.inputs, step.scalar, step.attrs, check)
     if key is not None:
         earlier = seen.get(key)
         if earlier is not None and _same(values, earlier, step.output):
@@ -267,8 +271,10 @@ def _same(values: Sequence[TensorSpec], a: int, b: int) -> bool:
     return values[a].shape == values[b].shape and values[a].dtype is values[b].dtype
 
 
-def _key(op: str, inputs: tuple[int, ...], scalar: float | None, attrs: Any) -> Hashable | None:
-    key = (op, inputs, scalar, attrs)
+def _key(op: str, inputs: tuple[int, ...], scalar: float | None, attrs: Any,
+         check: str | None) -> Hashable | None:
+    # A range-checked step and an unchecked one differ: one fails where the other wraps.
+    key = (op, inputs, scalar, attrs, check)
     try:
         hash(key)
     except TypeError:
@@ -291,8 +297,10 @@ def _live(steps: list[Step], outputs: tuple[int, ...]) -> list[Step]:
 
 
 def _renumbered(program: Program, specs: list[TensorSpec], steps: list[Step],
-                outputs: tuple[int, ...]) -> Program:
-    """A program of `steps` with value ids 0..n-1 again (inputs first, then step values in order)."""
+                outputs: tuple[int, ...], checks: dict[int, str]) -> Program:
+    """A program of `steps` with value ids 0..n-1 again (inputs first, then step values in order).
+    A range check stays with its step; one on a value that became an alias goes: its source
+    was stored (wrapped, or checked) before, so the alias could never fail it."""
     number = {v: v for v in range(program.num_inputs)}
     values = list(program.values[: program.num_inputs])
     for step in steps:
@@ -306,4 +314,6 @@ def _renumbered(program: Program, specs: list[TensorSpec], steps: list[Step],
         outputs=tuple(number[v] for v in outputs),
         output_specs=program.output_specs,
         num_inputs=program.num_inputs,
+        range_checks=tuple(sorted((number[step.output], checks[step.output])
+                                  for step in steps if step.output in checks)),
     )

@@ -28,6 +28,7 @@ so it can be loaded by path; `UnsupportedOpError` is defined here for that reaso
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 import re
@@ -572,18 +573,33 @@ def _lower_node(L: _Lowering, node: torch.fx.Node, env: dict[torch.fx.Node, Any]
     if fn is None:
         raise UnsupportedOpError(f"{_op_name(node.target)} has no tt lowering{_user_line(node)}")
     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n])
-    try:
-        result = fn(L, node, *args, **kwargs)
-    except UnsupportedOpError:
-        raise
-    except AttributeError as exc:
-        if exc.obj is not L.b:
+    meta = node.meta.get("val")
+    with _int64_checked(L, node, meta):
+        try:
+            result = fn(L, node, *args, **kwargs)
+        except UnsupportedOpError:
             raise
-        raise L.unsupported(f"needs ttflow's op {exc.name!r}, which this ttflow does not have") from exc
-    except tt.TTFlowError as exc:
-        exc.add_note(f"while lowering {node.name} = {_op_name(node.target)}{_user_line(node)}")
-        raise
-    return _wrap(L, node, node.meta.get("val"), result)
+        except AttributeError as exc:
+            if exc.obj is not L.b:
+                raise
+            raise L.unsupported(f"needs ttflow's op {exc.name!r}, which this ttflow does not have") from exc
+        except tt.TTFlowError as exc:
+            exc.add_note(f"while lowering {node.name} = {_op_name(node.target)}{_user_line(node)}")
+            raise
+        return _wrap(L, node, meta, result)
+
+
+def _int64_checked(L: _Lowering, node: torch.fx.Node, meta: Any) -> contextlib.AbstractContextManager[None]:
+    """An int64 result lives as INT32 on the device: its integer steps are range-checked, so a
+    value past int32 fails the run (a ProgramError naming the op) instead of wrapping, which
+    CPU torch's int64 would not."""
+    metas = meta if isinstance(meta, (tuple, list)) else (meta,)
+    if not any(isinstance(m, torch.Tensor) and m.dtype == torch.int64 for m in metas):
+        return contextlib.nullcontext()
+    return L.b.checking_range(
+        f"{_op_name(node.target)} gives an int64 tensor, which the tt device holds as INT32"
+        f"{_user_line(node)}"
+    )
 
 
 def _wrap(L: _Lowering, node: torch.fx.Node, meta: Any, result: Any) -> Any:
