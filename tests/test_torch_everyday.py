@@ -167,6 +167,38 @@ def test_random_fills_draw_the_cpu_generators_values(fresh, on_device_only):
     assert torch.count_nonzero(host[:, 1]) == 4 and torch.count_nonzero(host[:, [0, 2, 3]]) == 0
 
 
+def test_a_tt_generator_draws_what_a_cpu_generator_seeded_alike_draws(fresh):
+    """`torch.Generator(device="tt")` (diffusers' pipelines make one per device): its draws are a
+    CPU generator's, each op advancing it once, and it pickles and re-seeds like one."""
+    def draws(device, generator):
+        probs = torch.tensor([[0.2, 0.3, 0.5]], device=device)
+        return [torch.randn(4, 5, generator=generator, device=device),
+                torch.rand(3, generator=generator, device=device),
+                torch.randint(0, 9, (5,), generator=generator, device=device),
+                torch.empty(6, device=device).normal_(2, 3, generator=generator),
+                torch.randperm(9, generator=generator, device=device),
+                torch.multinomial(probs, 6, replacement=True, generator=generator),
+                torch.bernoulli(torch.full((8,), 0.5, device=device), generator=generator)]
+
+    g = torch.Generator(device="tt").manual_seed(11)
+    assert g.device == torch.device("tt", 0) and g.initial_seed() == 11
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # randperm and multinomial run on the host, and say so
+        first = draws("tt", g)
+        twin = copy.deepcopy(g)
+        second, from_twin = draws("tt", g), draws("tt", twin)
+        g.manual_seed(11)
+        again = draws("tt", g)
+    c = torch.Generator().manual_seed(11)
+    expected = draws("cpu", c) + draws("cpu", c)
+    for on_tt, on_cpu in zip(first + second, expected, strict=True):
+        assert on_tt.device.type == "tt" and torch.equal(on_tt.cpu(), on_cpu)
+    for a, b in zip(first, again, strict=True):
+        assert torch.equal(a.cpu(), b.cpu())
+    for a, b in zip(second, from_twin, strict=True):
+        assert torch.equal(a.cpu(), b.cpu())
+
+
 def test_gradient_clipping_runs_on_the_device(fresh, on_device_only):
     torch.manual_seed(0)
     params = [nn.Parameter(torch.randn(5, 6)), nn.Parameter(torch.randn(7))]

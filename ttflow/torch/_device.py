@@ -10,9 +10,10 @@ values), and otherwise on the CPU, once warning which op did so.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -61,6 +62,25 @@ def _warn_cpu(op: Any, reason: str) -> None:
         )
 
 
+@contextlib.contextmanager
+def _host_generators(kwargs: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """`kwargs` with each tt generator (`torch.Generator(device="tt")`) replaced by a CPU one in
+    its state, for a host op; the host generator's new state goes back to it afterwards, so a
+    tt generator draws the CPU generator's sequence (see `TTGeneratorImpl` in `_guard.cpp`)."""
+    swapped = []
+    for key, value in kwargs.items():
+        if isinstance(value, torch.Generator) and value.device.type == "tt":
+            host = torch.Generator()
+            host.set_state(value.get_state())
+            swapped.append((value, host))
+            kwargs = {**kwargs, key: host}
+    try:
+        yield kwargs
+    finally:
+        for generator, host in swapped:
+            generator.set_state(host.get_state())
+
+
 def _cpu_fallback(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Runs `op` on CPU copies of its tt arguments; writes mutated arguments back, and returns
     results as new tt tensors (on the device of the first tt argument)."""
@@ -85,7 +105,8 @@ def _cpu_fallback(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     schema = op._schema.arguments
     host_args = tuple(torch.tensor(a) if i < len(schema) and isinstance(a, (bool, int, float))
                       and str(schema[i].type) == "Tensor" else a for i, a in enumerate(host_args))
-    result = op(*host_args, **host_kwargs)
+    with _host_generators(host_kwargs) as host_kwargs:
+        result = op(*host_args, **host_kwargs)
     # Arguments the op writes (in-place, out=): their new values go back to the device.
     mutated: dict[int, torch.Tensor] = {}
     for i, argument in enumerate(op._schema.arguments):
@@ -164,7 +185,8 @@ def _drawn_on_host(op: Any) -> Callable[..., Any]:
 
     def fill(t: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         host = torch.empty(t.shape, dtype=t.dtype)
-        op(host, *args, **kwargs)
+        with _host_generators(kwargs) as host_kwargs:
+            op(host, *args, **host_kwargs)
         _storage.write_host(t, host)
         return t
 
@@ -250,6 +272,11 @@ def _kernel(keyset: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
 def _on_device(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """An op as a cached device program, else on the CPU (with the one-time warning)."""
     if _printing.depth:
+        return _cpu_fallback(op, args, kwargs)
+    if any(isinstance(v, torch.Generator) and v.device.type == "tt" for v in kwargs.values()):
+        # Drawn on the host from the generator's state, as the random fills are: a trace would
+        # run the op once more (the generator's dispatch key leads back here) and draw twice.
+        _warn_cpu(op, "it draws from a tt generator, whose numbers are drawn on the host")
         return _cpu_fallback(op, args, kwargs)
     from . import _eager
 

@@ -13,6 +13,7 @@
 // ttflow's device is driven from Python, so the guard only tracks the current device index
 // (per thread, as CUDA's does) and hands out the default stream. Loading the shared library
 // registers everything through static initializers.
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
@@ -105,7 +106,37 @@ struct PinnedAllocator final : public c10::Allocator {
 
 PinnedAllocator pinned_allocator;
 
+// `torch.Generator(device="tt")`: CPU's generator (the same Mersenne Twister, seeds and states)
+// that says it is a tt device's. ttflow.torch draws tt random fills on the host, so its Python
+// side runs the host op with a CPU generator in this one's state and writes the state back: a tt
+// generator seeded s draws what a CPU generator seeded s draws, as the default generators do.
+struct TTGeneratorImpl final : public at::CPUGeneratorImpl {
+  TTGeneratorImpl(c10::DeviceIndex index, uint64_t seed) : at::CPUGeneratorImpl(seed) {
+    device_ = c10::Device(kType, index);
+    key_set_ = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
+  }
+  // No Philox offset, as for CPU; but pickling (copy.deepcopy, torch.save) of a non-CPU
+  // generator asks for one, so it is 0 and only 0 may be set.
+  uint64_t get_offset() const override { return 0; }
+  void set_offset(uint64_t offset) override {
+    TORCH_CHECK(offset == 0, "a tt generator has no offset (it is CPU's Mersenne Twister)");
+  }
+
+ private:
+  TTGeneratorImpl* clone_impl() const override {
+    auto* copy = new TTGeneratorImpl(device_.index(), current_seed());
+    auto* self = const_cast<TTGeneratorImpl*>(this);  // engine() and the samples are not const
+    copy->set_engine(self->engine());
+    copy->set_next_float_normal_sample(self->next_float_normal_sample());
+    copy->set_next_double_normal_sample(self->next_double_normal_sample());
+    return copy;
+  }
+};
+
 struct TTHooks final : public at::PrivateUse1HooksInterface {
+  at::Generator getNewGenerator(c10::DeviceIndex index) const override {
+    return at::make_generator<TTGeneratorImpl>(index < 0 ? current_index : index, c10::default_rng_seed_val);
+  }
   bool isPinnedPtr(const void* data) const override {
     std::lock_guard<std::mutex> lock(pinned_mutex);
     return pinned.count(const_cast<void*>(data)) != 0;
