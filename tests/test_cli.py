@@ -213,6 +213,11 @@ def test_bench_torch_reports_the_step_against_cpu_torch(capsys: pytest.CaptureFi
     assert result["host_to_device_bytes_per_step"] == 64 * 64 * 4 + 64 * 4
     # Only the last step's loss comes back, once per round (`loss.item()`, 4 bytes).
     assert result["device_to_host_bytes_per_step"] * result["steps_per_round"] == pytest.approx(4)
+    # Both threads work in a tt step, and their clocks are parts of the process's (the rest,
+    # autograd's device thread, is not negative but for clock granularity); the peer ran.
+    assert result["cpu_ms_per_step_torch_thread"] > 0.05 and result["cpu_ms_per_step_loop_thread"] > 0.05
+    assert result["cpu_ms_per_step_other_threads"] >= -0.05
+    assert result["step_ms_cpu_aot_eager"] > 0 and result["step_ratio_cpu_aot_eager"] > 0
 
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
