@@ -660,6 +660,8 @@ def checked_program() -> tt.Program:
         total = b.sum(b.mul(x, 70000), 1)
         as_int = b.typecast(f, tt.DataType.INT32)
         halved = b.mul(f, 0.5)  # a float step: nothing to check
+        kept = b.relu(x)  # selects values that fit: nothing to check
+    b.output(kept)
     b.output(total)
     b.output(b.mul(x, 70000))
     b.output(as_int)
@@ -672,7 +674,8 @@ def test_range_checked_steps_fail_where_unchecked_ones_wrap() -> None:
     assert [program.steps[v - 2].op for v, _ in program.range_checks] == ["mul", "sum", "typecast"]
     small = np.array([[1, -2, 3, 4]], np.int32)
     floats = np.array([[1.5, -2.5, 3e9 - 3e9, 7.0]], np.float32)
-    total, product, as_int, halved = run_on_host(program, [small, floats])
+    kept, total, product, as_int, halved = run_on_host(program, [small, floats])
+    np.testing.assert_array_equal(kept, np.maximum(small, 0))
     np.testing.assert_array_equal(total, (small.astype(np.int64) * 70000).sum(1, keepdims=True))
     np.testing.assert_array_equal(as_int, np.trunc(floats).astype(np.int32))
     np.testing.assert_array_equal(halved, floats * 0.5)
@@ -703,9 +706,10 @@ def test_checking_range_takes_a_note_and_a_binary_keeps_the_checks(tmp_path: Pat
     payload = _binary._program_to_json(program)
     float_step = next(v for v, spec in enumerate(program.values)
                       if v >= program.num_inputs and spec.dtype is tt.DataType.FLOAT32)
-    for checks, match in (([[float_step, "x"]], "a range check on a float value"),
+    for checks, match in (([[float_step, "x"]], "a range check where none applies"),
                           ([[99, "x"]], "no step defines"),
-                          ([[0, "x"]], "no step defines")):  # an input
+                          ([[0, "x"]], "no step defines"),  # an input
+                          ([[program.outputs[0], "x"]], "a range check where none applies")):  # relu
         with pytest.raises(tt.BinaryFormatError, match=match):
             _binary._program_from_json(dict(payload, range_checks=checks))
     # A version-4 file has no range checks, whatever its payload says.

@@ -277,8 +277,8 @@ def _program_from_json(j: Any, version: int = _VERSION) -> Program:
         else:
             with b.checking_range(note):
                 value = _replay(b, op, [built[i] for i in ids], scalar, kwargs)
-            if value.dtype.is_float:
-                raise BinaryFormatError(f"step {index} ({op}): a range check on a float value")
+            if b._range_checks[-1:] != [(value.id, note)]:  # a float value, or an op that stays in range
+                raise BinaryFormatError(f"step {index} ({op}): a range check where none applies")
         if output != value.id or value.id >= len(values) or values[value.id] != b._values[value.id]:
             raise BinaryFormatError(
                 f"step {index} ({op}) does not define value {output!r:.20} as the file declares it"

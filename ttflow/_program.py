@@ -249,6 +249,11 @@ def _window_size(size: int, kernel: int, stride: int, padding: int, dilation: in
     return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
 
 
+_MAY_LEAVE_RANGE = frozenset({"add", "sub", "mul", "sum", "neg", "abs", "matmul", "typecast"})
+"""The integer ops whose result can leave its dtype's range when every operand fits it (-(2**31)
+negated, a sum, a product, a float or other integer type cast); `checking_range` checks these."""
+
+
 @final
 class ProgramBuilder:
     """Records a program op by op; `build()` returns the immutable `Program`."""
@@ -294,7 +299,7 @@ class ProgramBuilder:
         self._steps.append(
             Step(op, tuple(v.id for v in inputs), scalar, tuple(sorted(step_attrs.items())), out.id)
         )
-        if self._range_note is not None and not result.is_float:
+        if self._range_note is not None and not result.is_float and op in _MAY_LEAVE_RANGE:
             self._range_checks.append((out.id, self._range_note))
         return out
 
@@ -302,7 +307,9 @@ class ProgramBuilder:
     def checking_range(self, note: str) -> Iterator[None]:
         """Integer results of the steps emitted inside must fit their dtype: the device wraps an
         INT32 result to 32 bits, and a run whose checked result would wrap fails instead, with
-        a ProgramError that begins with `note`.
+        a ProgramError that begins with `note`. Only the ops that can leave the range of
+        operands inside it are checked (`_MAY_LEAVE_RANGE`: arithmetic and typecast); the others
+        select, compare or move values that already fit.
 
         For a front-end that holds a type the device lacks in a narrower one (ttflow.torch keeps
         int64 as INT32): a result past the narrow type's range is then an error, not a wrong
