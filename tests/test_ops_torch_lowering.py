@@ -682,24 +682,95 @@ def every_version_4_op(dtype: tt.DataType) -> tuple[tt.Program, list[Array], lis
     return b.build(), [x], refs
 
 
-BUILDS = [every_new_op, every_version_4_op]  # one program holding every op of format version 3, of 4
+# -- format version 5: remainder, floor_divide, fmod, cumsum ---------------------------------------
+
+MODULO5 = ("remainder", "floor_divide", "fmod")  # torch's names too
 
 
-@pytest.mark.parametrize("build", BUILDS, ids=["v3", "v4"])
+def as_torch(torch: Any, x: Array, dtype: tt.DataType) -> Any:
+    """The values the device holds, as the torch tensor CPU torch would compute on (int64 for
+    the integer types: the device's integers compute in int64)."""
+    return torch.from_numpy(rounded(x, dtype).astype(np.float32 if dtype.is_float else np.int64))
+
+
+@given(st.sampled_from(MODULO5), shapes(1, 3), st.sampled_from([F32, BF16, I32]), st.booleans(), seeds)
+def test_modulo_ops_of_version_5_match_torch(op: str, shape: tuple[int, ...], dtype: tt.DataType,
+                                              by_scalar: bool, seed: int) -> None:
+    torch = torch_module()
+    rng = np.random.default_rng(seed)
+    a = make(rng, shape, dtype, scale=50.0)
+    if dtype.is_float:
+        d = make(rng, shape, dtype, scale=4.0)
+        d.flat[0] = 0.0  # NaN or +-inf, as torch's
+    else:  # CPU torch raises for an integer divided by 0 (the device gives 0)
+        d = (rng.integers(1, 9, shape) * rng.choice([-1, 1], shape)).astype(np.int32)
+    if by_scalar:
+        scalar = float(d.flat[-1]) if dtype.is_float else int(d.flat[-1])
+        _, got = host(lambda b, v: getattr(b, op)(v, scalar), (a, dtype))
+        want = getattr(torch, op)(as_torch(torch, a, dtype), scalar)
+    else:
+        _, got = host(lambda b, v, w: getattr(b, op)(v, w), (a, dtype), (d, dtype))
+        want = getattr(torch, op)(as_torch(torch, a, dtype), as_torch(torch, d, dtype))
+    exact(got, want.numpy(), dtype)  # NaN where torch has NaN; -0.0 and 0.0 alike
+
+
+@given(shapes(1, 3), st.sampled_from([F32, BF16, I32]), st.data(), seeds)
+def test_cumsum_matches_torch_bit_for_bit(shape: tuple[int, ...], dtype: tt.DataType, data: st.DataObject,
+                                          seed: int) -> None:
+    torch = torch_module()
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1), "axis")
+    x = make(np.random.default_rng(seed), shape, dtype, scale=100.0)
+    out, got = host(lambda b, v: b.cumsum(v, axis), (x, dtype))
+    assert out.dtype is dtype and out.shape == shape
+    # CPU torch sums float32 in float64 and rounds each running sum once: so must the device.
+    exact(got, torch.cumsum(as_torch(torch, x, dtype), axis).numpy(), dtype)
+
+
+def test_a_float32_cumsum_is_not_numpys_float32_running_sum() -> None:
+    # The reason for the float64 accumulator: 1000 float32 additions drift from it.
+    x = (np.random.default_rng(0).standard_normal(1000) * 100).astype(np.float32)
+    _, got = host(lambda b, v: b.cumsum(v, 0), (x, F32))
+    np.testing.assert_array_equal(got, np.cumsum(x.astype(np.float64)).astype(np.float32))
+    assert not np.array_equal(got, np.cumsum(x))
+
+
+def every_version_5_op(dtype: tt.DataType) -> tuple[tt.Program, list[Array], list[Any]]:
+    b = tt.ProgramBuilder("v5")
+    rng = np.random.default_rng(5)
+    x, d = make(rng, (3, 40), dtype, scale=20.0), make(rng, (3, 40), dtype, scale=3.0) + np.float32(3.5)
+    v, w = b.input((3, 40), tile(dtype)), b.input((3, 40), tile(dtype))
+    refs: list[Any] = [
+        lambda r: (np.remainder(r[0], r[1]), "exact"),
+        lambda r: (np.floor_divide(r[0], 1.5), "exact"),
+        lambda r: (np.fmod(r[0], r[1]), "exact"),
+        lambda r: (np.cumsum(r[0], axis=1), "exact"),
+    ]
+    b.output(b.remainder(v, w))
+    b.output(b.floor_divide(v, 1.5))
+    b.output(b.fmod(v, w))
+    b.output(b.cumsum(v, 1))
+    return b.build(), [x, d], refs
+
+
+BUILDS = [every_new_op, every_version_4_op, every_version_5_op]  # every op of format version 3, of 4, of 5
+
+
+@pytest.mark.parametrize("build", BUILDS, ids=["v3", "v4", "v5"])
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_every_new_op_saves_loads_and_runs_on_the_host(tmp_path: Path, build: Any, dtype: tt.DataType) -> None:
     check_saved_and_on_host(tmp_path, *build(dtype))
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("build", BUILDS, ids=["v3", "v4"])
+@pytest.mark.parametrize("build", BUILDS, ids=["v3", "v4", "v5"])
 @pytest.mark.parametrize("dtype", [F32, BF16])
 async def test_every_new_op_on_the_device(build: Any, dtype: tt.DataType) -> None:
     await check_on_device(*build(dtype))
 
 
-@pytest.mark.parametrize(("build", "older", "first_op"), [(every_new_op, 2, "div"), (every_version_4_op, 3, "sin")],
-                         ids=["v3_op_in_v2", "v4_op_in_v3"])
+@pytest.mark.parametrize(("build", "older", "first_op"), [(every_new_op, 2, "div"), (every_version_4_op, 3, "sin"),
+                                                         (every_version_5_op, 4, "remainder")],
+                         ids=["v3_op_in_v2", "v4_op_in_v3", "v5_op_in_v4"])
 def test_an_older_version_file_cannot_hold_a_newer_op(tmp_path: Path, build: Any, older: int, first_op: str) -> None:
     program, _, _ = build(F32)
     path = tmp_path / "p.ttb"

@@ -405,7 +405,21 @@ def ops_constants(x, w, v):
     return back * ar + k - n.float() * 1e-3 + y.long().float()
 
 
+def ops_modular(x, w, v):
+    # Floors and moduli jump: their operands are exact (x times 10 is one rounding on both sides),
+    # not a matmul's, whose summation order may differ by an ulp.
+    y = x * 10
+    q = y // 0.7 + torch.div(y, -1.3, rounding_mode="trunc") + torch.div(y, 2.2, rounding_mode="floor")
+    r = y % 1.5 + torch.fmod(y, -0.9) + torch.remainder(y, v[:3].abs() + 0.5) + torch.remainder(3.0, y.abs().detach() + 1)
+    c = y.cumsum(1) + y.flip(0, 2) + y.cumsum(-1).flip(1)
+    # Integers past 2**24 (float32's exact range), compared exactly.
+    big = (y * 1e6).long() + 100000001
+    ints = torch.div(big, 3, rounding_mode="trunc") + big // -7 + big % 9 + torch.fmod(-big, 5) + big.cumsum(0) // 4
+    return q.detach() + r + c + (x @ w)[..., :3], ints
+
+
 OPS = {
+    "modular": (ops_modular, ("full", "broadcast_to")),
     "shapes": (ops_shapes, ("full", "broadcast_to")),
     "reductions": (ops_reductions, ("full", "broadcast_to")),
     "indexing": (ops_indexing, ("full", "broadcast_to", "gather", "embedding_grad")),

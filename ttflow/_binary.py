@@ -18,7 +18,8 @@ versions 1 and 2 still load, and a version-2 file that names a version-3 op is m
 Version 4 adds sin, cos, floor, ceil, round and trunc, with no other change; a version-3 file
 that names one of them is malformed.
 Version 5 adds each program's range checks (`"range_checks"`: [value id, note] pairs, see
-`ProgramBuilder.checking_range`), with no other change; versions 1 to 4 still load, with none.
+`ProgramBuilder.checking_range`; versions 1 to 4 still load, with none) and the ops remainder,
+floor_divide, fmod and cumsum (a version-4 file that names one of them is malformed).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ _V2_OPS = _V1_OPS | {
 _V3_OPS = _V2_OPS | {
     "div", "log", "erf", "abs", "full", "broadcast_to", "rand", "gather", "embedding_grad",
     "conv2d_input_grad", "conv2d_weight_grad", "max_pool2d_backward", "avg_pool2d_backward"}
-_OPS_OF_VERSION = {1: _V1_OPS, 2: _V2_OPS, 3: _V3_OPS}  # the older versions' ops; the newest holds every op
+_V4_OPS = _V3_OPS | {"sin", "cos", "floor", "ceil", "round", "trunc"}
+_OPS_OF_VERSION = {1: _V1_OPS, 2: _V2_OPS, 3: _V3_OPS, 4: _V4_OPS}  # the older versions' ops; the newest holds every op
 _HEADER = struct.Struct("<8sIQI")  # magic, version, payload length, crc32 of payload
 
 

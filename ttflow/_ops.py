@@ -32,6 +32,10 @@ with a strided add (`_scatter_taps`), the weight's is im2col again. `max_pool2d_
 PyTorch's CPU scan of each window (the first maximum; NaN wins; padding never) and both pool
 gradients add overlapping windows in row-major window order, so their float32 sums are
 PyTorch's bit for bit.
+
+The ops of format version 5 are numpy's on the compute dtypes: `remainder` and `floor_divide`
+floored, `fmod` truncated (an integer divided by 0 gives 0), and `cumsum`, whose float running
+sums are float64 rounded once each, as PyTorch's CPU kernel.
 """
 
 from __future__ import annotations
@@ -168,6 +172,14 @@ def _softmax(arrays: list[Array], scalar: float | None, axis: int = -1) -> Array
 
 def _sum(arrays: list[Array], scalar: float | None, axis: int) -> Array:
     return arrays[0].sum(axis=axis, keepdims=True, dtype=arrays[0].dtype)
+
+
+def _cumsum(arrays: list[Array], scalar: float | None, axis: int) -> Array:
+    # Floats accumulate in float64, each partial sum rounded once: torch's CPU cumsum, bit for bit.
+    x = arrays[0]
+    if x.dtype.kind == "f":
+        return np.cumsum(x, axis=axis, dtype=np.float64).astype(np.float32)
+    return np.cumsum(x, axis=axis)
 
 
 def _max(arrays: list[Array], scalar: float | None, axis: int) -> Array:
@@ -593,6 +605,13 @@ OPS: dict[str, OpDef] = {
         OpDef("ceil", 1, _unary(np.ceil), float_only=True),
         OpDef("round", 1, _unary(np.rint), float_only=True),
         OpDef("trunc", 1, _unary(np.trunc), float_only=True),
+        # Format version 5: numpy's, on integers (int64) and floats (float32). remainder and
+        # floor_divide are Python's (and torch's) floored ones, fmod C's truncated one; an integer
+        # divided by 0 gives 0 (a device op has no way to raise; CPU torch raises).
+        OpDef("remainder", 2, _binary(np.remainder)),
+        OpDef("floor_divide", 2, _binary(np.floor_divide)),
+        OpDef("fmod", 2, _binary(np.fmod)),
+        OpDef("cumsum", 1, _cumsum),
     )
 }
 

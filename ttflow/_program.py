@@ -249,9 +249,11 @@ def _window_size(size: int, kernel: int, stride: int, padding: int, dilation: in
     return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
 
 
-_MAY_LEAVE_RANGE = frozenset({"add", "sub", "mul", "sum", "neg", "abs", "matmul", "typecast"})
+_MAY_LEAVE_RANGE = frozenset({"add", "sub", "mul", "sum", "neg", "abs", "matmul", "typecast", "cumsum",
+                              "floor_divide"})
 """The integer ops whose result can leave its dtype's range when every operand fits it (-(2**31)
-negated, a sum, a product, a float or other integer type cast); `checking_range` checks these."""
+negated or divided by -1, a sum, a product, a float or other integer type cast); `checking_range`
+checks these."""
 
 
 @final
@@ -495,6 +497,27 @@ class ProgramBuilder:
     def max(self, x: Value, axis: int) -> Value:
         """Maximum over `axis`, keeping it with size 1."""
         return self._reduce("max", x, axis)
+
+    def cumsum(self, x: Value, axis: int) -> Value:
+        """Running sums along `axis` (torch.cumsum, np.cumsum); x's shape and dtype. Floats sum
+        in float64 and round each partial sum once, as torch's CPU kernel."""
+        self._check_open()
+        x = self._value("cumsum", x)
+        return self._emit("cumsum", [x], x.shape, x.dtype, axis=_normalise_axis("cumsum", axis, len(x.shape)))
+
+    def remainder(self, a: Value, other: Value | float) -> Value:
+        """a mod other with the divisor's sign (torch.remainder, np.remainder, Python's %);
+        `other` a value (numpy broadcasting) or a Python scalar. An integer mod 0 is 0."""
+        return self._binary("remainder", a, other)
+
+    def floor_divide(self, a: Value, other: Value | float) -> Value:
+        """floor(a / other) (torch.floor_divide and `div(rounding_mode="floor")`, np.floor_divide,
+        Python's //); floats give float results. An integer divided by 0 is 0."""
+        return self._binary("floor_divide", a, other)
+
+    def fmod(self, a: Value, other: Value | float) -> Value:
+        """a mod other with a's sign (torch.fmod, np.fmod, C's fmod). An integer mod 0 is 0."""
+        return self._binary("fmod", a, other)
 
     def transpose(self, x: Value) -> Value:
         """Swaps the last two dims."""

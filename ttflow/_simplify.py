@@ -46,7 +46,8 @@ _IN_PLACE = frozenset({"update_cache"})
 _POINTWISE = frozenset({
     "add", "sub", "mul", "div", "maximum", "minimum", "eq", "ne", "lt", "le", "ge", "gt", "where",
     "relu", "neg", "exp", "log", "sqrt", "rsqrt", "reciprocal", "tanh", "sigmoid", "silu", "gelu",
-    "erf", "abs", "sin", "cos", "floor", "ceil", "round", "trunc", "pow", "typecast",
+    "erf", "abs", "sin", "cos", "floor", "ceil", "round", "trunc", "pow", "typecast", "remainder",
+    "floor_divide", "fmod",
 })
 
 

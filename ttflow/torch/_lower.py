@@ -863,22 +863,75 @@ def _mul(L: _Lowering, node: torch.fx.Node, a: Any, other: Any) -> Any:
 @_register(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)
 def _div(L: _Lowering, node: torch.fx.Node, a: Any, other: Any, rounding_mode: str | None = None) -> Any:
     b, dtype = L.b, _out(node).dtype
-    compute = dtype if dtype.is_floating_point else torch.float32
-    x, y = L.operand(a, compute), L.operand(other, compute)
+    if rounding_mode is not None:
+        return _rounded_div(L, node, a, other, rounding_mode)
+    x, y = L.operand(a, dtype), L.operand(other, dtype)
     if not isinstance(a, _T):
-        q = b.mul(b.reciprocal(y), x) if x != 1 else b.reciprocal(y)
-    else:
-        q = b.div(x, y)
-    if rounding_mode is None:
-        return q
+        return b.mul(b.reciprocal(y), x) if x != 1 else b.reciprocal(y)
+    return b.div(x, y)
+
+
+def _tensor_operands(L: _Lowering, a: Any, other: Any, dtype: torch.dtype) -> tuple[Any, Any]:
+    """Both operands of a non-commutative op in `dtype`: a number as the first becomes a
+    one-element constant (the second may stay a number: the builder takes it as the scalar)."""
+    x, y = L.operand(a, dtype), L.operand(other, dtype)
+    if not isinstance(a, _T):
+        x = L.full((1,), x, dtype)
+    return x, y
+
+
+def _rounded_div(L: _Lowering, node: torch.fx.Node, a: Any, other: Any, rounding_mode: str) -> Any:
+    """`div(rounding_mode=)` and `//` in the result's dtype, as torch computes them: floor by
+    `floor_divide` (integers exactly, floats by torch's fmod-based rule); trunc of floats as
+    trunc(a / b), of integers as (a - fmod(a, b)) // b, which divides exactly. (Through float32
+    and INT32, as before, integers past 2**24 and quotients past 2**31 came out wrong.)"""
+    b, dtype = L.b, _out(node).dtype
     if rounding_mode not in ("trunc", "floor"):
         raise L.unsupported(f"rounding_mode={rounding_mode!r}")
-    # Round through INT32 (exact for |q| < 2**31): typecast truncates toward zero.
-    q = q if q.dtype is _F32 else b.typecast(q, _F32)
-    t = b.typecast(b.typecast(q, _I32), _F32)
+    x, y = _tensor_operands(L, a, other, dtype)
     if rounding_mode == "floor":
-        t = b.sub(t, b.gt(t, q))  # one less where truncation went up (negative non-integers)
-    return t
+        return b.floor_divide(x, y)
+    if dtype.is_floating_point:
+        return b.trunc(b.div(x, y))
+    return b.floor_divide(b.sub(x, b.fmod(x, y)), y)
+
+
+@_register(aten.floor_divide.default, aten.floor_divide.Scalar)
+def _floor_divide(L: _Lowering, node: torch.fx.Node, a: Any, other: Any) -> Any:
+    return _rounded_div(L, node, a, other, "floor")
+
+
+def _modulo(op: str) -> Callable[..., Any]:
+    def lower(L: _Lowering, node: torch.fx.Node, a: Any, other: Any) -> Any:
+        return getattr(L.b, op)(*_tensor_operands(L, a, other, _out(node).dtype))
+
+    return lower
+
+
+_register(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)(_modulo("remainder"))
+_register(aten.fmod.Tensor, aten.fmod.Scalar)(_modulo("fmod"))
+
+
+@_register(aten.flip.default)
+def _flip(L: _Lowering, node: torch.fx.Node, x: _T, dims: Sequence[int]) -> Any:
+    """Each flipped axis as a gather of a reversed arange (cumsum's backward flips its grad)."""
+    b, v = L.b, x.v
+    shape = _ishape(x.shape)
+    for axis in _dims(dims, len(x.shape)) if x.shape else []:
+        n = shape[axis]
+        if n == 1:
+            continue
+        index = b.reshape(b.arange(n - 1, -1, -1), tuple(n if d == axis else 1 for d in range(len(shape))))
+        v = b.gather(v, b.broadcast_to(index, shape), axis)
+    return v
+
+
+@_register(aten.cumsum.default)
+def _cumsum(L: _Lowering, node: torch.fx.Node, x: _T, dim: int, dtype: Any = None) -> Any:
+    v = L.cast(x, _out(node).dtype)
+    if not x.shape:  # a 0-d tensor is its own running sum
+        return v
+    return L.b.cumsum(v, _dims(dim, len(x.shape))[0])
 
 
 def _minmax(op: str) -> Callable[..., Any]:
