@@ -195,6 +195,21 @@ def test_int64_results_past_int32_raise_instead_of_wrapping(fresh):
     assert _storage.live_slots() == 0
 
 
+def test_eager_programs_stay_bounded_however_many_shapes_come(fresh, monkeypatch):
+    """Each new shape traces a program; past the cache's capacity the oldest go (a workload of
+    ever-new shapes had kept every program it traced, 27 KB each), and a signature that comes
+    back is traced again, with the same values."""
+    from ttflow.torch import _eager
+
+    monkeypatch.setattr(_eager._entries, "capacity", 8)
+    _eager._entries.clear()
+    x = torch.randn(40, 3)
+    on_tt = x.to("tt")
+    for n in (*range(1, 31), 1, 2):  # 1 and 2 were evicted: traced again
+        torch.testing.assert_close((on_tt[:n] * 2 + 1).sum(0).cpu(), (x[:n] * 2 + 1).sum(0))
+        assert len(_eager._entries) <= 8
+
+
 def test_a_loop_of_eager_ops_holds_only_what_it_holds(fresh):
     # Each `r = a + b` frees the previous r: its device memory must go back as the loop runs,
     # not at the next tensor torch makes on tt (an op whose result goes straight into its

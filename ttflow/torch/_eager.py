@@ -28,6 +28,7 @@ import torch.fx
 import ttflow as tt
 
 from . import _storage
+from ._bounded import BoundedCache
 from ._errors import UnsupportedOpError
 
 __all__ = ["run"]
@@ -139,7 +140,9 @@ class _Entry:
 
 
 _infos: dict[Any, _OpInfo | UnsupportedOpError] = {}
-_entries: dict[Hashable, _Entry | UnsupportedOpError] = {}
+MAX_PROGRAMS = 1024
+"""Eager programs kept (per op, shapes and constants); the oldest is traced again if needed."""
+_entries: BoundedCache[Hashable, _Entry | UnsupportedOpError] = BoundedCache(MAX_PROGRAMS)
 _functional: dict[Any, Any] = {}
 
 

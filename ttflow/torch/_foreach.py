@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from . import _eager, _storage
+from ._bounded import BoundedCache
 from ._errors import UnsupportedOpError
 
 __all__ = ["kernels"]
@@ -41,7 +42,7 @@ class _Plan:
         self.outputs = tuple(outputs)
 
 
-_plans: dict[Hashable, _Plan | UnsupportedOpError] = {}
+_plans: BoundedCache[Hashable, _Plan | UnsupportedOpError] = BoundedCache(256)  # per signature
 
 
 def _family(op: Any) -> tuple[str, bool]:
