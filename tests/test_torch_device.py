@@ -210,6 +210,48 @@ def test_eager_programs_stay_bounded_however_many_shapes_come(fresh, monkeypatch
         assert len(_eager._entries) <= 8
 
 
+def test_torch_tt_answers_what_device_agnostic_code_asks(fresh):
+    """`torch.cuda`'s everyday calls, on `torch.tt`, and `torch.accelerator.synchronize()`
+    (which had raised "Backend doesn't support synchronizing"): each against what it reports."""
+    base = torch.tt.memory_allocated()
+    a = torch.randn(1000, 100).to("tt")
+    assert torch.tt.memory_allocated() - base >= 1000 * 100 * 4  # its tiles, padded
+    assert torch.tt.memory_reserved() == torch.tt.memory_allocated()
+    del a
+    assert torch.tt.memory_allocated() == base  # freed at once, not at the next collection
+    torch.tt.empty_cache()
+    assert "wormhole_n150" in torch.tt.get_device_name()
+    torch.tt.manual_seed(3)
+    drawn = torch.randn(3, device="tt").cpu()
+    torch.manual_seed(3)
+    assert torch.equal(drawn, torch.randn(3)) and torch.tt.initial_seed() == 3
+    # synchronize waits: a posted op has run once it returns (without it, the loop thread would
+    # still be waiting for the caller to pause).
+    x = torch.randn(64, 64).to("tt")
+    before = fresh.stats.programs_run
+    y = x * 3 + 1
+    torch.accelerator.synchronize()
+    assert fresh.stats.programs_run > before
+    torch.testing.assert_close(y.cpu(), x.cpu() * 3 + 1)
+    # ... and raises what a queued op met, as torch's RuntimeError naming it, while it is held.
+    overflowed = torch.tensor([70000]).to("tt") * 70000
+    with pytest.raises(RuntimeError, match="aten.mul.Tensor gives an int64 tensor.*does not fit INT32"):
+        torch.accelerator.synchronize()
+    with pytest.raises(RuntimeError, match="does not fit INT32"):
+        torch.accelerator.current_stream().synchronize()
+    del overflowed
+    torch.accelerator.synchronize()
+    ttt.open_device(tt.DeviceSpec.small(), index=1)
+    torch.tt.set_device(1)
+    try:
+        held = torch.randn(2, device="tt")
+        assert torch.tt.current_device() == 1 and held.device == torch.device("tt", 1)
+        assert torch.tt.memory_allocated("tt:1") > 0 and "small" in torch.tt.get_device_name(1)
+    finally:
+        torch.tt.set_device("tt:0")
+    assert torch.randn(2, device="tt").device == torch.device("tt", 0)
+
+
 def test_a_loop_of_eager_ops_holds_only_what_it_holds(fresh):
     # Each `r = a + b` frees the previous r: its device memory must go back as the loop runs,
     # not at the next tensor torch makes on tt (an op whose result goes straight into its

@@ -11,6 +11,7 @@ values), and otherwise on the CPU, once warning which op did so.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import threading
 import types
 from collections.abc import Callable, Iterator
@@ -19,10 +20,12 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
+import ttflow as tt
+
 from . import _storage
 from ._errors import UnsupportedOpError
 from ._guard import load_guard
-from ._session import MAX_DEVICES, session
+from ._session import MAX_DEVICES, on_loop_thread, session
 from ._warn import warn_user
 
 __all__ = ["TTTensor", "install", "synchronize"]
@@ -226,6 +229,26 @@ def synchronize() -> None:
         _storage.synchronize()
 
 
+_SYNCHRONIZE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int8, ctypes.POINTER(ctypes.c_char), ctypes.c_size_t)
+
+
+def _synchronize_for_torch(index: int, message: Any, capacity: int) -> int:
+    """torch's own waits (`torch.accelerator.synchronize()`, a stream's `synchronize()`), called
+    by the guard: `synchronize()`, its error written into `message` for the guard to raise."""
+    if on_loop_thread():  # the loop thread never waits for its own work
+        return 0
+    try:
+        synchronize()
+    except BaseException as exc:  # noqa: BLE001 - carried back to C++, which raises it
+        text = f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}".encode()[:capacity]
+        ctypes.memmove(message, text, len(text))
+        return 1
+    return 0
+
+
+_synchronize_callback = _SYNCHRONIZE(_synchronize_for_torch)  # kept alive: the guard holds its address
+
+
 def _convolution(*args: Any) -> Any:
     return _kernel(None, aten.convolution.default, *args)
 
@@ -319,17 +342,46 @@ class _BackendModule(types.ModuleType):
         return MAX_DEVICES
 
     def current_device(self) -> int:
-        return 0
+        return torch.accelerator.current_device_index()
+
+    def set_device(self, device: Any) -> None:
+        """The device `device="tt"` means on this thread, as `torch.cuda.set_device`."""
+        torch.accelerator.set_device_index(_index(device))
 
     def _is_in_bad_fork(self) -> bool:
         return False
 
+    def manual_seed(self, seed: int) -> None:
+        """tt's random numbers are drawn from torch's CPU generator (see docs/torch.md), so
+        seeding tt seeds that generator, as `torch.manual_seed` does."""
+        torch.default_generator.manual_seed(seed)
+
     def manual_seed_all(self, seed: int) -> None:
-        pass
+        self.manual_seed(seed)
+
+    def initial_seed(self) -> int:
+        return torch.initial_seed()
 
     def synchronize(self, device: Any = None) -> None:
         """`torch.tt.synchronize()`: waits until everything queued so far has run."""
         synchronize()
+
+    def memory_allocated(self, device: Any = None) -> int:
+        """Bytes of the device's DRAM and L1 that tensors hold now (`torch.cuda.memory_allocated`;
+        the ttflow device's `memory_used`, after the posted work has run)."""
+        tt_device = session.device(_index(device))
+        _storage.drain_freed()  # storages torch freed since the last op give their memory back first
+        return session.call(_memory_used, tt_device)
+
+    def memory_reserved(self, device: Any = None) -> int:
+        """As `memory_allocated`: ttflow frees a buffer when its tensor dies; no cache holds it."""
+        return self.memory_allocated(device)
+
+    def empty_cache(self) -> None:
+        """Nothing to give back (no caching allocator); kept for device-agnostic code."""
+
+    def get_device_name(self, device: Any = None) -> str:
+        return f"ttflow emulated device ({session.device(_index(device)).spec.name})"
 
     def get_rng_state(self, device: Any = None) -> torch.Tensor:
         return torch.empty(0, dtype=torch.uint8)
@@ -341,6 +393,22 @@ class _BackendModule(types.ModuleType):
         """`torch.autocast("tt")`: bfloat16 is the device's lower precision (float16 tensors
         are kept on the host, so autocasting to them would make every op a host round trip)."""
         return [torch.bfloat16]
+
+
+async def _memory_used(device: tt.Device) -> int:
+    await device.synchronize()  # the frees queued behind work still running are done
+    return sum(device.memory_used(space) for space in tt.MemorySpace)
+
+
+def _index(device: Any) -> int:
+    """A device argument of torch.tt's functions (None, an index, "tt:1", a torch.device) as
+    an index; None is the current device."""
+    if device is None:
+        return torch.accelerator.current_device_index()
+    if isinstance(device, int):
+        return device
+    index = torch.device(device).index
+    return torch.accelerator.current_device_index() if index is None else index
 
 
 _library: torch.library.Library | None = None
@@ -363,7 +431,7 @@ def install() -> None:
     current = torch._C._get_privateuse1_backend_name()
     if current not in ("privateuseone", "tt"):
         raise RuntimeError(f"torch's PrivateUse1 backend is already named {current!r} by another package")
-    load_guard()
+    ctypes.CDLL(str(load_guard())).ttflow_set_synchronize(_synchronize_callback)
     if current != "tt":
         torch.utils.rename_privateuse1_backend("tt")
         torch._register_device_module("tt", _BackendModule("torch.tt"))

@@ -37,6 +37,19 @@ constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
 constexpr c10::DeviceIndex kMaxDevices = 8;  // ttflow.torch opens at most this many devices
 thread_local c10::DeviceIndex current_index = 0;
 
+// Waiting for the device is Python's (ttflow.torch.synchronize): it registers a function here
+// (`ttflow_set_synchronize`, through ctypes, which takes the GIL to call it). It returns 0, or
+// non-zero with the queued op's error in `message`. Until then there is nothing to wait for.
+using SynchronizeFn = int (*)(int8_t device_index, char* message, size_t capacity);
+std::atomic<SynchronizeFn> synchronize_fn{nullptr};
+
+void synchronize_device(c10::DeviceIndex index) {
+  SynchronizeFn fn = synchronize_fn.load();
+  if (fn == nullptr) return;
+  char message[2048] = {0};
+  TORCH_CHECK(fn(static_cast<int8_t>(index), message, sizeof(message) - 1) == 0, message);
+}
+
 struct TTGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override { return kType; }
 
@@ -72,7 +85,10 @@ struct TTGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   bool queryEvent(void*) const override { return true; }
   void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
   bool queryStream(const c10::Stream&) const override { return true; }
-  void synchronizeStream(const c10::Stream&) const override {}
+  // `torch.tt.current_stream().synchronize()`, `torch.accelerator.synchronize()`: everything
+  // queued on the device has run (one in-order stream per device, as ttflow's queues are).
+  void synchronizeStream(const c10::Stream& stream) const override { synchronize_device(stream.device_index()); }
+  void synchronizeDevice(const c10::DeviceIndex index) const override { synchronize_device(index); }
 };
 
 // "Pinned" host memory (`pin_memory()`, `DataLoader(pin_memory=True)`): the emulated device
@@ -285,7 +301,7 @@ Registrar registrar;
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, TTGuardImpl);
 
-extern "C" int ttflow_torch_guard_version() { return 2; }
+extern "C" int ttflow_torch_guard_version() { return 3; }
 
 // Moves up to `capacity` freed storage addresses into `out`; returns how many.
 extern "C" size_t ttflow_take_freed(uint64_t* out, size_t capacity) {
@@ -297,3 +313,5 @@ extern "C" size_t ttflow_take_freed(uint64_t* out, size_t capacity) {
 }
 
 extern "C" uint64_t ttflow_live_storages() { return live_storages.load(); }
+
+extern "C" void ttflow_set_synchronize(SynchronizeFn fn) { synchronize_fn.store(fn); }

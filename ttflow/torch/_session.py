@@ -79,6 +79,11 @@ class Pending:
 _loop_thread = [0]  # the ident of the event loop thread
 
 
+def on_loop_thread() -> bool:
+    """Whether the caller is the event loop's thread (which must never wait for itself)."""
+    return threading.get_ident() == _loop_thread[0]
+
+
 def _drop(value: Any) -> None:
     """Runs on the loop thread; the value's last reference goes with the posted call."""
 

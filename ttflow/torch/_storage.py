@@ -483,7 +483,9 @@ def torch_from_host(array: np.ndarray[Any, Any], dtype: torch.dtype) -> torch.Te
 
 
 def synchronize() -> None:
-    """Waits for the value of every live tt storage (each was made by queued work)."""
+    """Waits for the value of every live tt storage (each was made by queued work). Storages
+    torch has freed go first: a failed op's result the caller dropped no longer raises here."""
+    drain_freed()
     session.call(_wait_all, list(_slots.values()))
 
 
