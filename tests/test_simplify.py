@@ -271,3 +271,38 @@ def test_range_checks_stay_with_their_steps() -> None:
     for p in (program, simplified):
         with pytest.raises(tt.ProgramError, match="int64 product: a result of mul"):
             run_on_host(p, [small * 10000])
+
+
+@pytest.mark.anyio
+async def test_pointwise_ops_move_inside_the_same_permute() -> None:
+    """A convolution's NHWC result seen as NCHW for a ReLU and a bias, then permuted back for
+    the pool: the ops run on the NHWC value and the two permutes cancel. Operands permuted by
+    different axes, or a permuted one beside a plain one, stay as they are."""
+    b = tt.ProgramBuilder("nchw")
+    x = b.input((2, 3, 4, 5), _layout(F32))  # NHWC
+    other = b.input((2, 5, 3, 4), _layout(F32))  # already NCHW
+    nchw = b.permute(x, (0, 3, 1, 2))
+    scale = b.full((1, 1, 1, 1), 0.5, F32)
+    y = b.relu(b.mul(nchw, scale))
+    b.output(b.permute(y, (0, 2, 3, 1)), _layout(F32))  # back to NHWC: the moves cancel
+    b.output(b.add(nchw, other), _layout(F32))  # a plain operand: kept
+    program = b.build()
+    simpler = tt.simplify(program)
+    ops = [s.op for s in simpler.steps]
+    assert ops.count("permute") == 1 and ops.count("mul") == 1 and ops.count("relu") == 1, ops
+    first = simpler.steps[ops.index("mul")]
+    assert simpler.values[first.output].shape == (2, 3, 4, 5)  # runs on the NHWC value
+    rng = np.random.default_rng(3)
+    arrays = [rng.standard_normal((2, 3, 4, 5)).astype(np.float32), rng.standard_normal((2, 5, 3, 4)).astype(np.float32)]
+    assert _bits(run_on_host(simpler, arrays)) == _bits(run_on_host(program, arrays))
+    async with tt.open_device(tt.DeviceSpec.small()) as device:
+        outs = tt.submit(device, tt.Binary([simpler]), 0, [tt.to_device(a, device, _layout(F32)) for a in arrays])
+        got = [await tt.to_host(t) for t in outs]
+    assert _bits(got) == _bits(run_on_host(program, arrays))
+    # Two operands permuted by different axes: no common source shape to run on.
+    c = tt.ProgramBuilder("mixed")
+    sq = c.input((3, 3, 3), _layout(F32))
+    c.output(c.add(c.permute(sq, (1, 0, 2)), c.permute(c.relu(sq), (2, 1, 0))), _layout(F32))
+    mixed = c.build()
+    square = rng.standard_normal((3, 3, 3)).astype(np.float32)
+    assert _bits(run_on_host(tt.simplify(mixed), [square])) == _bits(run_on_host(mixed, [square]))

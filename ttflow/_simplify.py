@@ -13,8 +13,10 @@ step costs a run a kernel call and an intermediate buffer, so `simplify` removes
 - a one-element operand that is a reshape (a scalar seen as (1,)) is used as it was, when the
   op's result keeps its shape;
 - a pointwise op whose operands are all reshapes of values of one shape (a 1-D bias seen as
-  (n,) while it lives as (1, n)) runs on those values, and its result is reshaped instead: the
-  reshapes around a chain of such ops then meet and cancel;
+  (n,) while it lives as (1, n)), or all the same permute of them (a convolution's NHWC result
+  seen as NCHW for a ReLU, then permuted back for the pool), runs on those values, and its
+  result is reshaped or permuted instead: the moves around a chain of such ops then meet and
+  cancel;
 - a step equal to an earlier one (same op, inputs, scalar and attributes) is that step's value
   (common-subexpression elimination: every op is a function of its inputs, the random ones of
   their seed input included);
@@ -107,16 +109,16 @@ def _simplified(program: Program, lift: bool) -> Program:
             if lifted is None:
                 inputs = _unreshaped_one_elements(values, made, inputs, step.output)
             else:
-                sources, shape = lifted
+                sources, shape, mover = lifted
                 inner = len(values)
                 values.append(TensorSpec(shape, values[step.output].layout))
                 if step.output in checks:
                     checks[inner] = checks[step.output]
                 result = _emit(steps, made, seen, values, Step(op, sources, step.scalar, attrs, inner),
                                checks.get(inner))
-                reshape = Step("reshape", (result,), None, (("shape", values[step.output].shape),), step.output)
-                made[step.output] = reshape
-                steps.append(reshape)
+                moved = Step(mover.op, (result,), None, mover.attrs, step.output)
+                made[step.output] = moved
+                steps.append(moved)
                 continue
         key = _key(op, inputs, step.scalar, attrs, checks.get(step.output))
         if key is not None:
@@ -216,22 +218,28 @@ def _unreshaped_one_elements(values: list[TensorSpec], made: dict[int, Step], in
 
 
 def _lifted(values: list[TensorSpec], made: dict[int, Step], inputs: tuple[int, ...],
-            output: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """For a pointwise op on `inputs`: the operands to run it on instead and their shape, when
-    every operand of more than one element is a reshape, to the op's shape, of a value of one
-    other shape (a one-element operand broadcasts against that shape as it did against the
-    op's); else None."""
+            output: int) -> tuple[tuple[int, ...], tuple[int, ...], Step] | None:
+    """For a pointwise op on `inputs`: the operands to run it on instead, their shape, and the
+    step that moves the result back (its `op` and `attrs`), when every operand of more than one
+    element is the same move of a value of one other shape: a reshape to the op's shape, or a
+    permute by the same axes (a convolution's NHWC result seen as NCHW around a ReLU); a
+    one-element operand broadcasts against that shape as it did against the op's. Else None."""
     shape = values[output].shape
     if math.prod(shape) == 1 or any(values[v].dtype is DataType.BFLOAT8_B for v in (*inputs, output)):
         return None
     source_shape: tuple[int, ...] | None = None
+    mover: Step | None = None
     sources: list[int] = []
     for v in inputs:
         if math.prod(values[v].shape) == 1:
             sources.append(v)  # placed below, once the shape is known
             continue
         step = made.get(v)
-        if values[v].shape != shape or step is None or step.op != "reshape":
+        if values[v].shape != shape or step is None or step.op not in ("reshape", "permute"):
+            return None
+        if mover is None:
+            mover = step
+        elif step.op != mover.op or (step.op == "permute" and step.attrs != mover.attrs):
             return None
         source = step.inputs[0]
         if source_shape is None:
@@ -239,15 +247,17 @@ def _lifted(values: list[TensorSpec], made: dict[int, Step], inputs: tuple[int, 
         elif values[source].shape != source_shape:
             return None
         sources.append(source)
-    if source_shape is None or source_shape == shape:
-        return None
+    if source_shape is None or mover is None or (mover.op == "reshape" and source_shape == shape):
+        return None  # (a permute may keep the shape: a square matrix transposed)
+    if mover.op == "reshape":
+        mover = Step("reshape", (), None, (("shape", shape),), output)
     for k, v in enumerate(sources):
         if math.prod(values[v].shape) == 1:
             placed = _one_element(values, made, v, len(source_shape))
             if placed is None:
                 return None
             sources[k] = placed
-    return tuple(sources), source_shape
+    return tuple(sources), source_shape, mover
 
 
 def _one_element(values: Sequence[TensorSpec], made: dict[int, Step], v: int, rank: int) -> int | None:
