@@ -202,6 +202,7 @@ def test_bench_torch_reports_the_step_against_cpu_torch(capsys: pytest.CaptureFi
     assert main(["bench", "torch", "--quick", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["step_ms_tt"] > 0 and result["step_ms_cpu"] > 0 and result["step_ratio"] > 0
+    assert result["step_ratio_best"] == pytest.approx(result["step_ms_tt"] / result["step_ms_cpu"])
     # Forward, backward and the loss's ops are programs, and SGD's three foreach calls are one
     # program each: not one per parameter (that would be 4 more per call).
     assert 3 <= result["programs_per_step"] <= 12

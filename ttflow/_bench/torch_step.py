@@ -163,6 +163,11 @@ def run(quick: bool = False) -> dict[str, Any]:
         "step_ms_tt": min(tt_step_times) * 1e3,
         "step_ms_cpu": min(cpu_step_times) * 1e3,
         "step_ratio": statistics.median(t / c for t, c in zip(tt_step_times, cpu_step_times)),
+        # best over best: one noisy CPU round (a collection, another process) moves the median
+        # of five per-round ratios far more than it moves either best.
+        "step_ratio_best": min(tt_step_times) / min(cpu_step_times),
+        "step_ratio_best_loss_compiled": min(fused_times) / min(cpu_step_times),
+        "step_ratio_best_all_compiled": min(all_compiled_times) / min(cpu_step_times),
         "step_ms_tt_loss_compiled": min(fused_times) * 1e3,
         "step_ratio_loss_compiled": statistics.median(t / c for t, c in zip(fused_times, cpu_step_times)),
         "step_ms_tt_all_compiled": min(all_compiled_times) * 1e3,
@@ -188,18 +193,20 @@ def run(quick: bool = False) -> dict[str, Any]:
 
 def format_table(result: dict[str, Any]) -> str:
     return "\n".join([
-        "PyTorch on tt vs CPU torch (same run; best of rounds, median per-round ratio)",
+        "PyTorch on tt vs CPU torch (same run; best of rounds; ratio best/best, then the rounds' median)",
         f"  training step (MLP 64-64-10, batch 64, SGD momentum): {result['step_ms_tt']:.2f} ms vs "
-        f"{result['step_ms_cpu']:.2f} ms  ratio {result['step_ratio']:.1f}x",
+        f"{result['step_ms_cpu']:.2f} ms  ratio {result['step_ratio_best']:.1f}x ({result['step_ratio']:.1f}x)",
         f"  the same with the loss inside the compiled function: {result['step_ms_tt_loss_compiled']:.2f} ms  "
-        f"ratio {result['step_ratio_loss_compiled']:.1f}x",
+        f"ratio {result['step_ratio_best_loss_compiled']:.1f}x ({result['step_ratio_loss_compiled']:.1f}x)",
         f"  ... and the optimizer step compiled too: {result['step_ms_tt_all_compiled']:.2f} ms  "
-        f"ratio {result['step_ratio_all_compiled']:.1f}x ({result['programs_per_step_all_compiled']:.0f} programs a step)",
+        f"ratio {result['step_ratio_best_all_compiled']:.1f}x ({result['step_ratio_all_compiled']:.1f}x; "
+        f"{result['programs_per_step_all_compiled']:.0f} programs a step)",
         f"  where the tt step's CPU goes (ms a step): torch's thread {result['cpu_ms_per_step_torch_thread']:.2f}, "
         f"the emulator's loop thread {result['cpu_ms_per_step_loop_thread']:.2f}, other threads "
         f"{result['cpu_ms_per_step_other_threads']:.2f} (one GIL)",
         f"  peer: CPU torch with torch.compile(backend='aot_eager'): {result['step_ms_cpu_aot_eager']:.2f} ms  "
-        f"ratio {result['step_ratio_cpu_aot_eager']:.1f}x (torch's compile wrappers, no device)",
+        f"ratio {result['step_ms_cpu_aot_eager'] / result['step_ms_cpu']:.1f}x ({result['step_ratio_cpu_aot_eager']:.1f}x; "
+        "torch's compile wrappers, no device)",
         f"  eager a + b (64x64 float32): {result['eager_add_us_tt']:.0f} us vs "
         f"{result['eager_add_us_cpu']:.1f} us  ratio {result['eager_add_ratio']:.0f}x",
         f"  programs per step: {result['programs_per_step']:.1f}; host->device "
