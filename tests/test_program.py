@@ -694,6 +694,31 @@ def test_range_checked_steps_fail_where_unchecked_ones_wrap() -> None:
             run_on_host(program, [small, np.array([[1, 2, bad, 4]], np.float32)])
 
 
+def test_a_checked_integer_division_by_zero_fails_where_the_device_gives_zero() -> None:
+    b = tt.ProgramBuilder("divide")
+    x, d = (b.input((1, 3), tt.Layout(dtype=tt.DataType.INT32)) for _ in range(2))
+    with b.checking_range("int64 x // d"):
+        outs = [b.floor_divide(x, d), b.remainder(x, d), b.fmod(x, d)]
+        with pytest.raises(tt.ProgramError, match="integer division by zero"):
+            b.floor_divide(x, 0)  # a zero scalar is known now
+    for v in outs:
+        b.output(v)
+    b.output(b.floor_divide(x, d))  # unchecked: 0, as numpy
+    program = b.build()
+    xs = np.array([[7, -7, 9]], np.int32)
+    got = run_on_host(program, [xs, np.array([[2, 3, -4]], np.int32)])
+    ref = xs.astype(np.int64), np.array([[2, 3, -4]])
+    for g, want in zip(got, (np.floor_divide(*ref), np.remainder(*ref), np.fmod(*ref), np.floor_divide(*ref))):
+        np.testing.assert_array_equal(g, want)
+    zero = np.array([[2, 0, -4]], np.int32)
+    with pytest.raises(tt.ProgramError, match=r"^int64 x // d: integer division by zero"):
+        run_on_host(program, [xs, zero])
+    b = tt.ProgramBuilder("unchecked")
+    x, d = (b.input((1, 3), tt.Layout(dtype=tt.DataType.INT32)) for _ in range(2))
+    b.output(b.floor_divide(x, d))
+    np.testing.assert_array_equal(run_on_host(b.build(), [xs, zero])[0], [[3, 0, -3]])
+
+
 def test_checking_range_takes_a_note_and_a_binary_keeps_the_checks(tmp_path: Path) -> None:
     b = tt.ProgramBuilder("p")
     with pytest.raises(tt.ProgramError, match="note"):

@@ -184,6 +184,12 @@ def test_int64_results_past_int32_raise_instead_of_wrapping(fresh):
         compiled(counts.to("tt")).cpu()
     with pytest.raises(tt.ProgramError, match="(?i)int32"):  # not 2**31 - 1, as the device saturates
         torch.tensor([3e9, 1.0]).to("tt").long().cpu()
+    # An integer division by zero: CPU torch raises ZeroDivisionError; the device would give 0.
+    for divide in (lambda a, b: a // b, torch.remainder, torch.fmod):
+        with pytest.raises(tt.ProgramError, match="integer division by zero"):
+            divide(counts.to("tt"), torch.tensor([[3, 0, 1, 1]]).to("tt")).cpu()
+        with pytest.raises(tt.ProgramError, match="divides integers: integer division by zero"):
+            divide(counts.int().to("tt"), torch.tensor([[3, 0, 1, 1]], dtype=torch.int32).to("tt")).cpu()
     # In range: exact, as CPU int64; int32 wraps as on CPU.
     small = torch.tensor([[3, 7, -5, 2]])
     assert torch.equal(compiled(small.to("tt")).cpu(), hashed(small))

@@ -645,11 +645,18 @@ def store_as(array: Array, dtype: DataType) -> Array:
     return wrapped.astype(np.int64)
 
 
+_DIVISIONS = frozenset({"floor_divide", "remainder", "fmod"})
+
+
 def check_range(note: str, op: str, operands: list[Any], result: Array, dtype: DataType) -> None:
     """Raises ProgramError, beginning with `note`, when an integer step's unrounded result does
     not fit `dtype` (`ProgramBuilder.checking_range`): the device would wrap it. A typecast from
-    a float is checked on its truncated input, since the op saturates it (NaN fails too)."""
+    a float is checked on its truncated input, since the op saturates it (NaN fails too); an
+    integer division (floor_divide, remainder, fmod) by a zero element fails, where the device
+    gives 0."""
     low, high = _INT_RANGE[dtype]
+    if op in _DIVISIONS and len(operands) > 1 and not np.all(operands[1]):
+        raise ProgramError(f"{note}: integer division by zero (the device would give 0)")
     if op == "typecast" and operands[0].dtype.kind == "f":
         source = np.trunc(np.asarray(operands[0], np.float64))
         bad = ~((source >= low) & (source <= high))  # NaN compares False both ways

@@ -250,10 +250,10 @@ def _window_size(size: int, kernel: int, stride: int, padding: int, dilation: in
 
 
 _MAY_LEAVE_RANGE = frozenset({"add", "sub", "mul", "sum", "neg", "abs", "matmul", "typecast", "cumsum",
-                              "floor_divide"})
+                              "floor_divide", "remainder", "fmod"})
 """The integer ops whose result can leave its dtype's range when every operand fits it (-(2**31)
-negated or divided by -1, a sum, a product, a float or other integer type cast); `checking_range`
-checks these."""
+negated or divided by -1, a sum, a product, a float or other integer type cast), or that divide
+(by zero the device gives 0); `checking_range` checks these."""
 
 
 @final
@@ -296,12 +296,16 @@ class ProgramBuilder:
               scalar: float | None = None, /, **step_attrs: Any) -> Value:
         if OPS[op].float_only and not result.is_float:
             raise LayoutError(f"{op} needs a float input, got {result.name}; typecast it first")
+        checked = self._range_note is not None and not result.is_float and op in _MAY_LEAVE_RANGE
+        if checked and scalar == 0 and op in ("floor_divide", "remainder", "fmod"):
+            raise ProgramError(f"{self._range_note}: integer division by zero")
         layout = Layout(MemorySpace.L1, TensorLayout.TILE, result)
         out = self._new(out_shape, layout)
         self._steps.append(
             Step(op, tuple(v.id for v in inputs), scalar, tuple(sorted(step_attrs.items())), out.id)
         )
-        if self._range_note is not None and not result.is_float and op in _MAY_LEAVE_RANGE:
+        if checked:
+            assert self._range_note is not None
             self._range_checks.append((out.id, self._range_note))
         return out
 
@@ -309,9 +313,11 @@ class ProgramBuilder:
     def checking_range(self, note: str) -> Iterator[None]:
         """Integer results of the steps emitted inside must fit their dtype: the device wraps an
         INT32 result to 32 bits, and a run whose checked result would wrap fails instead, with
-        a ProgramError that begins with `note`. Only the ops that can leave the range of
-        operands inside it are checked (`_MAY_LEAVE_RANGE`: arithmetic and typecast); the others
-        select, compare or move values that already fit.
+        a ProgramError that begins with `note`; so does an integer division by a zero element
+        (floor_divide, remainder, fmod give 0 on the device; a checked division by a zero scalar
+        is refused here). Only the ops that can leave the range of operands inside it are
+        checked (`_MAY_LEAVE_RANGE`: arithmetic, divisions and typecast); the others select,
+        compare or move values that already fit.
 
         For a front-end that holds a type the device lacks in a narrower one (ttflow.torch keeps
         int64 as INT32): a result past the narrow type's range is then an error, not a wrong

@@ -574,7 +574,7 @@ def _lower_node(L: _Lowering, node: torch.fx.Node, env: dict[torch.fx.Node, Any]
         raise UnsupportedOpError(f"{_op_name(node.target)} has no tt lowering{_user_line(node)}")
     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n])
     meta = node.meta.get("val")
-    with _int64_checked(L, node, meta):
+    with _checked(L, node, meta):
         try:
             result = fn(L, node, *args, **kwargs)
         except UnsupportedOpError:
@@ -589,17 +589,27 @@ def _lower_node(L: _Lowering, node: torch.fx.Node, env: dict[torch.fx.Node, Any]
         return _wrap(L, node, meta, result)
 
 
-def _int64_checked(L: _Lowering, node: torch.fx.Node, meta: Any) -> contextlib.AbstractContextManager[None]:
+_INTEGER_DIVISIONS = frozenset({
+    aten.div.Tensor_mode, aten.div.Scalar_mode, aten.floor_divide.default, aten.floor_divide.Scalar,
+    aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor, aten.fmod.Tensor,
+    aten.fmod.Scalar,
+})
+
+
+def _checked(L: _Lowering, node: torch.fx.Node, meta: Any) -> contextlib.AbstractContextManager[None]:
     """An int64 result lives as INT32 on the device: its integer steps are range-checked, so a
     value past int32 fails the run (a ProgramError naming the op) instead of wrapping, which
-    CPU torch's int64 would not."""
-    metas = meta if isinstance(meta, (tuple, list)) else (meta,)
-    if not any(isinstance(m, torch.Tensor) and m.dtype == torch.int64 for m in metas):
-        return contextlib.nullcontext()
-    return L.b.checking_range(
-        f"{_op_name(node.target)} gives an int64 tensor, which the tt device holds as INT32"
-        f"{_user_line(node)}"
-    )
+    CPU torch's int64 would not. An integer division of any width is checked too: by zero the
+    device gives 0, where CPU torch raises ZeroDivisionError."""
+    metas = [m for m in (meta if isinstance(meta, (tuple, list)) else (meta,)) if isinstance(m, torch.Tensor)]
+    if any(m.dtype == torch.int64 for m in metas):
+        return L.b.checking_range(
+            f"{_op_name(node.target)} gives an int64 tensor, which the tt device holds as INT32"
+            f"{_user_line(node)}"
+        )
+    if node.target in _INTEGER_DIVISIONS and any(not m.dtype.is_floating_point for m in metas):
+        return L.b.checking_range(f"{_op_name(node.target)} divides integers{_user_line(node)}")
+    return contextlib.nullcontext()
 
 
 def _wrap(L: _Lowering, node: torch.fx.Node, meta: Any, result: Any) -> Any:
