@@ -719,6 +719,34 @@ def test_a_checked_integer_division_by_zero_fails_where_the_device_gives_zero() 
     np.testing.assert_array_equal(run_on_host(b.build(), [xs, zero])[0], [[3, 0, -3]])
 
 
+def test_checked_indices_out_of_range_fail_where_the_device_clamps() -> None:
+    b = tt.ProgramBuilder("pick")
+    table = b.input((5, 3))
+    ids = b.input((1, 4), tt.Layout(dtype=tt.DataType.INT32))
+    columns = b.input((5, 1), tt.Layout(dtype=tt.DataType.INT32))
+    with b.checking_range("picks"):
+        b.output(b.embedding(ids, table))
+        b.output(b.gather(table, columns, 1))
+    b.output(b.embedding(ids, table))  # unchecked: clamped, as the device does
+    program = b.build()
+    assert len(program.range_checks) == 2
+    t = np.arange(15, dtype=np.float32).reshape(5, 3)
+    ok_ids, ok_columns = np.array([[4, 0, 2, 1]], np.int32), np.array([[2], [0], [1], [1], [0]], np.int32)
+    rows, picked, clamped = run_on_host(program, [t, ok_ids, ok_columns])
+    np.testing.assert_array_equal(rows, t[ok_ids])
+    np.testing.assert_array_equal(picked, np.take_along_axis(t, ok_columns, 1))
+    np.testing.assert_array_equal(clamped, rows)
+    for bad_ids, bad_columns, match in (
+            (np.array([[5, 0, 2, 1]], np.int32), ok_columns, "picks: index 5 is out of range for 5 rows"),
+            (np.array([[1, -1, 2, 1]], np.int32), ok_columns, "picks: index -1 is out of range for 5 rows"),
+            (ok_ids, np.array([[2], [3], [1], [1], [0]], np.int32), "index 3 is out of range for 3 places along axis 1")):
+        with pytest.raises(tt.ProgramError, match=match):
+            run_on_host(program, [t, bad_ids, bad_columns])
+    b = tt.ProgramBuilder("clamps")
+    b.output(b.embedding(b.input((1, 2), tt.Layout(dtype=tt.DataType.INT32)), b.input((5, 3))))
+    np.testing.assert_array_equal(run_on_host(b.build(), [np.array([[7, -1]], np.int32), t])[0], t[[[4, 0]]])
+
+
 def test_checking_range_takes_a_note_and_a_binary_keeps_the_checks(tmp_path: Path) -> None:
     b = tt.ProgramBuilder("p")
     with pytest.raises(tt.ProgramError, match="note"):

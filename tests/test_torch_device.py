@@ -201,6 +201,32 @@ def test_int64_results_past_int32_raise_instead_of_wrapping(fresh):
     assert _storage.live_slots() == 0
 
 
+def test_indices_follow_torch_negative_wrap_and_out_of_range_error(fresh):
+    """x[-1] is the last row (the device's gather would clamp -1 to row 0), and an index out of
+    range is an error (torch's IndexError; the device would clamp it), eager and compiled."""
+    x = torch.arange(10.0).reshape(5, 2)
+    on_tt = x.to("tt")
+    neg = torch.tensor([-1, 1, -5])
+    assert torch.equal(on_tt[neg.to("tt")].cpu(), x[neg])
+    compiled = torch.compile(lambda t, i: t[i] * 2, backend="tt")
+    assert torch.equal(compiled(on_tt, neg.to("tt")).cpu(), x[neg] * 2)
+    bad = torch.tensor([7, 1])
+    with pytest.raises(IndexError):
+        x[bad]
+    cases = {
+        "aten.index.Tensor indexes": lambda t, i: t[i],
+        "index 7 is out of range for 5 rows": lambda t, i: nn.functional.embedding(i, t),
+        "aten.index_select.default indexes": lambda t, i: t.index_select(0, i),
+        "aten.gather.default indexes": lambda t, i: t.gather(1, i.reshape(2, 1)),
+    }
+    for match, fn in cases.items():
+        with pytest.raises(tt.ProgramError, match=match):
+            fn(on_tt, bad.to("tt")).cpu()
+    with pytest.raises(tt.ProgramError, match="aten.index.Tensor indexes"):
+        compiled(on_tt, bad.to("tt")).cpu()
+    torch.testing.assert_close((on_tt * 2).cpu(), x * 2)  # the device goes on
+
+
 def test_eager_programs_stay_bounded_however_many_shapes_come(fresh, monkeypatch):
     """Each new shape traces a program; past the cache's capacity the oldest go (a workload of
     ever-new shapes had kept every program it traced, 27 KB each), and a signature that comes

@@ -471,7 +471,7 @@ def _run_schedule(schedule: _Schedule, n_values: int, sources: tuple[Storage, ..
             operands = [values[v] for v in inputs]
             result = fn(operands, scalar, **attrs)
             if check is not None:
-                check_range(check[0], check[1], operands, result, check[2])
+                check_range(check[0], check[1], operands, result, check[2], attrs)
             if host_dtype is not None and layout.tensor_layout is tile:
                 stored = np.asarray(result).astype(host_dtype, copy=False)
                 write_tiles(bank, storage, stored)

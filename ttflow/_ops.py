@@ -648,12 +648,28 @@ def store_as(array: Array, dtype: DataType) -> Array:
 _DIVISIONS = frozenset({"floor_divide", "remainder", "fmod"})
 
 
-def check_range(note: str, op: str, operands: list[Any], result: Array, dtype: DataType) -> None:
+def _check_indices(note: str, index: Array, size: int, what: str) -> None:
+    bad = (index < 0) | (index >= size)
+    if bad.any():
+        raise ProgramError(f"{note}: index {index[bad].flat[0]} is out of range for {size} {what} "
+                           "(the device would clamp it)")
+
+
+def check_range(note: str, op: str, operands: list[Any], result: Array, dtype: DataType,
+                attrs: dict[str, Any] | None = None) -> None:
     """Raises ProgramError, beginning with `note`, when an integer step's unrounded result does
     not fit `dtype` (`ProgramBuilder.checking_range`): the device would wrap it. A typecast from
     a float is checked on its truncated input, since the op saturates it (NaN fails too); an
     integer division (floor_divide, remainder, fmod) by a zero element fails, where the device
-    gives 0."""
+    gives 0. An embedding's ids and a gather's index are checked against the rows or the axis
+    they pick from, which the device clamps into."""
+    if op == "embedding":
+        _check_indices(note, operands[0], operands[1].shape[0], "rows")
+        return
+    if op == "gather":
+        axis = (attrs or {})["axis"]
+        _check_indices(note, operands[1], operands[0].shape[axis], f"places along axis {axis}")
+        return
     low, high = _INT_RANGE[dtype]
     if op in _DIVISIONS and len(operands) > 1 and not np.all(operands[1]):
         raise ProgramError(f"{note}: integer division by zero (the device would give 0)")

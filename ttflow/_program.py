@@ -254,6 +254,8 @@ _MAY_LEAVE_RANGE = frozenset({"add", "sub", "mul", "sum", "neg", "abs", "matmul"
 """The integer ops whose result can leave its dtype's range when every operand fits it (-(2**31)
 negated or divided by -1, a sum, a product, a float or other integer type cast), or that divide
 (by zero the device gives 0); `checking_range` checks these."""
+_INDEXED = frozenset({"embedding", "gather"})
+"""The ops that read run-time indices, which the device clamps; `checking_range` checks them."""
 
 
 @final
@@ -296,7 +298,8 @@ class ProgramBuilder:
               scalar: float | None = None, /, **step_attrs: Any) -> Value:
         if OPS[op].float_only and not result.is_float:
             raise LayoutError(f"{op} needs a float input, got {result.name}; typecast it first")
-        checked = self._range_note is not None and not result.is_float and op in _MAY_LEAVE_RANGE
+        checked = self._range_note is not None and (
+            op in _INDEXED or (not result.is_float and op in _MAY_LEAVE_RANGE))
         if checked and scalar == 0 and op in ("floor_divide", "remainder", "fmod"):
             raise ProgramError(f"{self._range_note}: integer division by zero")
         layout = Layout(MemorySpace.L1, TensorLayout.TILE, result)
@@ -315,7 +318,8 @@ class ProgramBuilder:
         INT32 result to 32 bits, and a run whose checked result would wrap fails instead, with
         a ProgramError that begins with `note`; so does an integer division by a zero element
         (floor_divide, remainder, fmod give 0 on the device; a checked division by a zero scalar
-        is refused here). Only the ops that can leave the range of operands inside it are
+        is refused here), and an embedding id or a gather index out of range (the device clamps
+        them). Only the ops that can leave the range of operands inside it are
         checked (`_MAY_LEAVE_RANGE`: arithmetic, divisions and typecast); the others select,
         compare or move values that already fit.
 
@@ -1153,7 +1157,7 @@ def run_on_host(program: Program, arrays: Sequence[Any]) -> list[np.ndarray[Any,
         dtype = program.values[step.output].dtype
         note = checks.get(step.output)
         if note is not None:
-            check_range(note, step.op, operands, result, dtype)
+            check_range(note, step.op, operands, result, dtype, dict(step.attrs))
         values[step.output] = store_as(result, dtype)
     return [
         to_host_dtype(store_as(values[v], spec.dtype), spec.dtype)

@@ -596,11 +596,15 @@ _INTEGER_DIVISIONS = frozenset({
 })
 
 
+_INDEXING = frozenset({aten.embedding.default, aten.index_select.default, aten.index.Tensor, aten.gather.default})
+
+
 def _checked(L: _Lowering, node: torch.fx.Node, meta: Any) -> contextlib.AbstractContextManager[None]:
     """An int64 result lives as INT32 on the device: its integer steps are range-checked, so a
     value past int32 fails the run (a ProgramError naming the op) instead of wrapping, which
     CPU torch's int64 would not. An integer division of any width is checked too: by zero the
-    device gives 0, where CPU torch raises ZeroDivisionError."""
+    device gives 0, where CPU torch raises ZeroDivisionError; and so are the indices an indexing
+    op reads, which the device clamps where torch raises IndexError."""
     metas = [m for m in (meta if isinstance(meta, (tuple, list)) else (meta,)) if isinstance(m, torch.Tensor)]
     if any(m.dtype == torch.int64 for m in metas):
         return L.b.checking_range(
@@ -609,6 +613,8 @@ def _checked(L: _Lowering, node: torch.fx.Node, meta: Any) -> contextlib.Abstrac
         )
     if node.target in _INTEGER_DIVISIONS and any(not m.dtype.is_floating_point for m in metas):
         return L.b.checking_range(f"{_op_name(node.target)} divides integers{_user_line(node)}")
+    if node.target in _INDEXING:  # torch raises IndexError; the device would clamp
+        return L.b.checking_range(f"{_op_name(node.target)} indexes{_user_line(node)}")
     return contextlib.nullcontext()
 
 
@@ -1445,9 +1451,11 @@ def _index_select(L: _Lowering, node: torch.fx.Node, x: _T, dim: int, index: _T)
 def _index(L: _Lowering, node: torch.fx.Node, x: _T, indices: Sequence[_T | None]) -> Any:
     if len(indices) != 1 or indices[0] is None or indices[0].dtype == torch.bool:
         raise L.unsupported("only x[int_tensor] (one integer index tensor, on dim 0) lowers")
-    ids = indices[0]
+    ids, b = indices[0], L.b
     table, _, _ = _gather_table(L, x, 0)
-    rows = L.b.embedding(ids.v, table)
+    # x[-1] is the last row, as in Python (embedding's ids are never negative).
+    wrapped = b.add(ids.v, b.mul(b.lt(ids.v, 0), x.shape[0]))
+    rows = b.embedding(wrapped, table)
     return L.fit(rows, _out(node).shape)
 
 
