@@ -174,7 +174,7 @@ class _Schedule:
             host_dtype = None if spec.dtype is DataType.BFLOAT8_B else spec.dtype.host_dtype
             # An `update_cache` into its donated buffer: (cache shape, value, index) instead of an op.
             cache = (plan.values[op.inputs[0]].shape, op.inputs[1], op.inputs[2]) if index in plan.in_place else None
-            # A range-checked integer value (`ProgramBuilder.checking_range`): (note, op, dtype).
+            # A checked step (`ProgramBuilder.checking_range`): (note, op, dtype).
             check = (checks[value], op.op, spec.dtype) if value in checks else None
             steps.append((plan.compute[index], op.inputs, op.scalar, plan.step_attrs[index], value, k,
                           kept, spec.shape, plan.value_dtypes[value], dies, host_dtype, cache, check))

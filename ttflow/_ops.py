@@ -51,8 +51,8 @@ import numpy as np
 from ._errors import ProgramError
 from ._types import DataType
 
-__all__ = ["OpDef", "OPS", "erf", "philox4x32_10", "arange_length", "check_range", "compute_dtype", "store_as",
-           "to_host_dtype"]
+__all__ = ["OpDef", "OPS", "erf", "philox4x32_10", "arange_length", "check_range", "checked", "compute_dtype",
+           "store_as", "to_host_dtype", "zero_divisor"]
 
 Array = np.ndarray[Any, Any]
 
@@ -646,6 +646,24 @@ def store_as(array: Array, dtype: DataType) -> Array:
 
 
 _DIVISIONS = frozenset({"floor_divide", "remainder", "fmod"})
+_RANGE_CHECKED = frozenset({"add", "sub", "mul", "sum", "neg", "abs", "matmul", "typecast", "cumsum",
+                            *_DIVISIONS})
+"""The integer ops whose result can leave its dtype's range when every operand fits it (-(2**31)
+negated or divided by -1, a sum, a product, a float or other integer type cast), or that divide
+(by zero the device gives 0)."""
+_INDEX_CHECKED = frozenset({"embedding", "gather"})
+"""The ops that read run-time indices, which the device clamps."""
+
+
+def checked(op: str, result: DataType) -> bool:
+    """Whether `checking_range` checks a step of `op` giving `result`: the others select,
+    compare or move values that already fit."""
+    return op in _INDEX_CHECKED or (not result.is_float and op in _RANGE_CHECKED)
+
+
+def zero_divisor(op: str, scalar: float | None) -> bool:
+    """Whether a step divides by the scalar 0 (refused by a checked builder at once)."""
+    return op in _DIVISIONS and scalar == 0
 
 
 def _check_indices(note: str, index: Array, size: int, what: str) -> None:
@@ -657,8 +675,8 @@ def _check_indices(note: str, index: Array, size: int, what: str) -> None:
 
 def check_range(note: str, op: str, operands: list[Any], result: Array, dtype: DataType,
                 attrs: dict[str, Any] | None = None) -> None:
-    """Raises ProgramError, beginning with `note`, when an integer step's unrounded result does
-    not fit `dtype` (`ProgramBuilder.checking_range`): the device would wrap it. A typecast from
+    """Raises ProgramError, beginning with `note`, when a `checked` step's unrounded integer
+    result does not fit `dtype` (`ProgramBuilder.checking_range`): the device would wrap it. A typecast from
     a float is checked on its truncated input, since the op saturates it (NaN fails too); an
     integer division (floor_divide, remainder, fmod) by a zero element fails, where the device
     gives 0. An embedding's ids and a gather's index are checked against the rows or the axis

@@ -63,7 +63,15 @@ import numpy as np
 
 from ._errors import LayoutError, ProgramError, ShapeError
 from ._footprint import program_footprint
-from ._ops import OPS, arange_length, check_range, store_as, to_host_dtype
+from ._ops import (
+    OPS,
+    arange_length,
+    check_range,
+    checked,
+    store_as,
+    to_host_dtype,
+    zero_divisor,
+)
 from ._types import DataType, DeviceSpec, Layout, MemorySpace, TensorLayout, check_shape
 
 __all__ = [
@@ -114,8 +122,9 @@ class Program:
     donations: tuple[tuple[int, int], ...] = ()
     """(output index, input index) pairs: that output reuses that input's buffer (`donates=`)."""
     range_checks: tuple[tuple[int, str], ...] = ()
-    """(value id, note) pairs: integer step values whose results must fit their dtype; one that
-    does not fails the run with a ProgramError naming the note (`ProgramBuilder.checking_range`)."""
+    """(value id, note) pairs: the steps the emulator checks (`ProgramBuilder.checking_range`):
+    an integer result that would wrap, a division by zero or an index out of range fails the run
+    with a ProgramError that begins with the note."""
 
     inputs: tuple[TensorSpec, ...] = attrs.field(init=False, eq=False)
 
@@ -249,15 +258,6 @@ def _window_size(size: int, kernel: int, stride: int, padding: int, dilation: in
     return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
 
 
-_MAY_LEAVE_RANGE = frozenset({"add", "sub", "mul", "sum", "neg", "abs", "matmul", "typecast", "cumsum",
-                              "floor_divide", "remainder", "fmod"})
-"""The integer ops whose result can leave its dtype's range when every operand fits it (-(2**31)
-negated or divided by -1, a sum, a product, a float or other integer type cast), or that divide
-(by zero the device gives 0); `checking_range` checks these."""
-_INDEXED = frozenset({"embedding", "gather"})
-"""The ops that read run-time indices, which the device clamps; `checking_range` checks them."""
-
-
 @final
 class ProgramBuilder:
     """Records a program op by op; `build()` returns the immutable `Program`."""
@@ -298,16 +298,15 @@ class ProgramBuilder:
               scalar: float | None = None, /, **step_attrs: Any) -> Value:
         if OPS[op].float_only and not result.is_float:
             raise LayoutError(f"{op} needs a float input, got {result.name}; typecast it first")
-        checked = self._range_note is not None and (
-            op in _INDEXED or (not result.is_float and op in _MAY_LEAVE_RANGE))
-        if checked and scalar == 0 and op in ("floor_divide", "remainder", "fmod"):
+        check = self._range_note is not None and checked(op, result)
+        if check and zero_divisor(op, scalar):
             raise ProgramError(f"{self._range_note}: integer division by zero")
         layout = Layout(MemorySpace.L1, TensorLayout.TILE, result)
         out = self._new(out_shape, layout)
         self._steps.append(
             Step(op, tuple(v.id for v in inputs), scalar, tuple(sorted(step_attrs.items())), out.id)
         )
-        if checked:
+        if check:
             assert self._range_note is not None
             self._range_checks.append((out.id, self._range_note))
         return out
@@ -320,7 +319,7 @@ class ProgramBuilder:
         (floor_divide, remainder, fmod give 0 on the device; a checked division by a zero scalar
         is refused here), and an embedding id or a gather index out of range (the device clamps
         them). Only the ops that can leave the range of operands inside it are
-        checked (`_MAY_LEAVE_RANGE`: arithmetic, divisions and typecast); the others select,
+        checked (`_ops.checked`: arithmetic, divisions, typecast, indexing); the others select,
         compare or move values that already fit.
 
         For a front-end that holds a type the device lacks in a narrower one (ttflow.torch keeps
