@@ -282,6 +282,12 @@ def test_torch_tt_answers_what_device_agnostic_code_asks(fresh):
     finally:
         torch.tt.set_device("tt:0")
     assert torch.randn(2, device="tt").device == torch.device("tt", 0)
+    with torch.tt.device(1):
+        assert torch.randn(2, device="tt").device == torch.device("tt", 1)
+        with torch.tt.device("tt:0"):
+            assert torch.tt.current_device() == 0
+        assert torch.tt.current_device() == 1
+    assert torch.tt.current_device() == 0
 
 
 def test_a_loop_of_eager_ops_holds_only_what_it_holds(fresh):

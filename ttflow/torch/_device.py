@@ -315,16 +315,20 @@ def _on_device(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 class _DeviceContext:
-    """`torch.tt.device(d)`: torch enters it around copies to a device (e.g. in torch.load)."""
+    """`torch.tt.device(d)`: `d` is the current tt device inside (as `torch.cuda.device`; torch
+    enters it around copies to a device, e.g. in torch.load)."""
 
     def __init__(self, device: Any) -> None:
         self.device = device
+        self._outer: list[int] = []
 
     def __enter__(self) -> None:
-        return None
+        self._outer.append(torch.accelerator.current_device_index())
+        if self.device is not None and (not isinstance(self.device, int) or self.device >= 0):
+            torch.accelerator.set_device_index(_index(self.device))
 
     def __exit__(self, *exc: object) -> None:
-        return None
+        torch.accelerator.set_device_index(self._outer.pop())
 
 
 class _BackendModule(types.ModuleType):
