@@ -412,6 +412,7 @@ def ops_modular(x, w, v):
     q = y // 0.7 + torch.div(y, -1.3, rounding_mode="trunc") + torch.div(y, 2.2, rounding_mode="floor")
     r = y % 1.5 + torch.fmod(y, -0.9) + torch.remainder(y, v[:3].abs() + 0.5) + torch.remainder(3.0, y.abs().detach() + 1)
     c = y.cumsum(1) + y.flip(0, 2) + y.cumsum(-1).flip(1) + torch.roll(y, (2, -1), (1, 2))  # roll: an fmod of an arange
+    c = c + y.repeat(1, 2, 2)[:, 3:9, 1:4] + y[0].repeat(4, 1, 1)  # tiling, rank kept and grown
     # Integers past 2**24 (float32's exact range), compared exactly.
     big = (y * 1e6).long() + 100000001
     ints = torch.div(big, 3, rounding_mode="trunc") + big // -7 + big % 9 + torch.fmod(-big, 5) + big.cumsum(0) // 4

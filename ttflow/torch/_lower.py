@@ -1141,6 +1141,19 @@ def _expand(L: _Lowering, node: torch.fx.Node, x: _T, size: Any, implicit: bool 
     return x.v if x.v.shape == target else L.b.broadcast_to(x.v, target)
 
 
+@_register(aten.repeat.default)
+def _repeat(L: _Lowering, node: torch.fx.Node, x: _T, repeats: Sequence[int]) -> Any:
+    """`x.repeat(*repeats)` (tiling, as np.tile): each dim gets a size-1 axis in front, which
+    broadcasts to its repeat count, and each pair then merges (rotary embeddings' cos.repeat)."""
+    out = _ishape(_out(node).shape)
+    if math.prod(repeats) == 1:
+        return L.fit(x.v, out)
+    shape = (1,) * (len(repeats) - len(x.shape)) + tuple(x.shape)
+    paired = tuple(d for n in shape for d in (1, n))
+    tiled = tuple(d for r, n in zip(repeats, shape) for d in (r, n))
+    return L.fit(L.b.broadcast_to(L.b.reshape(x.v, paired), tiled), out)
+
+
 @_register(aten.select.int)
 def _select(L: _Lowering, node: torch.fx.Node, x: _T, dim: int, index: int) -> Any:
     rank = len(x.shape)
