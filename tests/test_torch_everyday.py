@@ -18,6 +18,7 @@ torch = pytest.importorskip(
 )
 ttt = pytest.importorskip("ttflow.torch")
 
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -417,3 +418,75 @@ def test_a_compiled_optimizer_step_is_one_program_and_matches_cpu(fresh, on_devi
     for state_cpu, state_tt in zip(opt_cpu.state.values(), opt_tt.state.values(), strict=True):
         for key, value in state_cpu.items():
             torch.testing.assert_close(state_tt[key].cpu(), value, atol=1e-6, rtol=1e-5, msg=key)
+
+
+class _RMSNorm(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return self.w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+def _rope(x, pos):
+    d = x.shape[-1]
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, device=x.device).float() / d))
+    angle = torch.outer(pos.float(), inv)
+    cos, sin = angle.cos().repeat(1, 2), angle.sin().repeat(1, 2)
+    x1, x2 = x.chunk(2, -1)
+    return x * cos + torch.cat((-x2, x1), -1) * sin
+
+
+class _LlamaBlock(nn.Module):
+    """What a decoder of the Llama family computes: RMSNorm, rotary embeddings at positions
+    counted from the attention mask, grouped-query attention (repeat_interleave), a causal mask
+    filled with finfo.min, SwiGLU."""
+
+    def __init__(self, d=32, heads=4, kv_heads=2):
+        super().__init__()
+        self.heads, self.kv_heads, self.hd = heads, kv_heads, d // heads
+        self.q = nn.Linear(d, d, bias=False)
+        self.k = nn.Linear(d, kv_heads * self.hd, bias=False)
+        self.v = nn.Linear(d, kv_heads * self.hd, bias=False)
+        self.o = nn.Linear(d, d, bias=False)
+        self.n1, self.n2 = _RMSNorm(d), _RMSNorm(d)
+        self.up, self.gate, self.down = nn.Linear(d, 64, bias=False), nn.Linear(d, 64, bias=False), nn.Linear(64, d, bias=False)
+
+    def forward(self, x, mask):
+        b, t, d = x.shape
+        h = self.n1(x)
+        q = self.q(h).view(b, t, self.heads, self.hd).transpose(1, 2)
+        k = self.k(h).view(b, t, self.kv_heads, self.hd).transpose(1, 2)
+        v = self.v(h).view(b, t, self.kv_heads, self.hd).transpose(1, 2)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)[0]
+        q, k = _rope(q, pos), _rope(k, pos)
+        k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
+        v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
+        causal = torch.tril(torch.ones(t, t, dtype=torch.bool, device=x.device))
+        att = ((q @ k.transpose(-1, -2)) / math.sqrt(self.hd)).masked_fill(~causal, torch.finfo(x.dtype).min)
+        y = (att.softmax(-1) @ v).transpose(1, 2).reshape(b, t, d)
+        x = x + self.o(y)
+        return x + self.down(F.silu(self.gate(self.n2(x))) * self.up(self.n2(x)))
+
+
+def test_a_llama_style_block_compiles_whole_and_trains_like_cpu(fresh, on_device_only):
+    torch.manual_seed(0)
+    cpu = _LlamaBlock()
+    tt_block = copy.deepcopy(cpu).to("tt")
+    compiled = torch.compile(tt_block, backend="tt")
+    opt_cpu, opt_tt = torch.optim.AdamW(cpu.parameters(), 1e-3), torch.optim.AdamW(tt_block.parameters(), 1e-3)
+    mask = torch.ones(2, 8, dtype=torch.long)
+    for step in range(3):
+        x = torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(step))
+        want = cpu(x, mask).pow(2).mean()
+        want.backward()
+        opt_cpu.step()
+        opt_cpu.zero_grad()
+        got = compiled(x.to("tt"), mask.to("tt")).pow(2).mean()
+        got.backward()
+        opt_tt.step()
+        opt_tt.zero_grad()
+        torch.testing.assert_close(got.cpu(), want.detach(), rtol=1e-5, atol=1e-6)
+    for p, q in zip(tt_block.parameters(), cpu.parameters(), strict=True):
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-6)
