@@ -42,7 +42,7 @@ def test_the_op_table() -> None:
     v3 = {"div", "log", "erf", "abs", "full", "broadcast_to", "rand", "gather", "embedding_grad",
           "conv2d_input_grad", "conv2d_weight_grad", "max_pool2d_backward", "avg_pool2d_backward"}
     v4 = {"sin", "cos", "floor", "ceil", "round", "trunc"}
-    v5 = {"remainder", "floor_divide", "fmod", "cumsum"}
+    v5 = {"remainder", "floor_divide", "fmod", "cumsum", "argsort"}
     assert set(OPS) == v1 | v2 | v3 | v4 | v5
     assert {n for n, op in OPS.items() if op.float_only} == {
         "gelu", "exp", "sqrt", "reciprocal", "softmax", "layer_norm", "rms_norm", "conv2d", "mean",

@@ -734,6 +734,22 @@ def test_a_float32_cumsum_is_not_numpys_float32_running_sum() -> None:
     assert not np.array_equal(got, np.cumsum(x))
 
 
+@given(shapes(1, 3), st.sampled_from([F32, BF16, I32]), st.booleans(), st.data(), seeds)
+def test_argsort_is_torchs_stable_sort(shape: tuple[int, ...], dtype: tt.DataType, descending: bool,
+                                       data: st.DataObject, seed: int) -> None:
+    torch = torch_module()
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1), "axis")
+    rng = np.random.default_rng(seed)
+    x = make(rng, shape, dtype, scale=3.0)
+    if dtype.is_float:
+        x = np.round(x)  # ties, which a stable sort keeps in order
+        x.flat[rng.integers(0, x.size)] = np.nan if data.draw(st.booleans(), "nan") else x.flat[0]
+    out, got = host(lambda b, v: b.argsort(v, axis, descending), (x, dtype))
+    assert out.dtype is I32 and out.shape == shape
+    want = torch.sort(as_torch(torch, x, dtype), dim=axis, descending=descending, stable=True).indices
+    np.testing.assert_array_equal(got, want.numpy())
+
+
 def every_version_5_op(dtype: tt.DataType) -> tuple[tt.Program, list[Array], list[Any]]:
     b = tt.ProgramBuilder("v5")
     rng = np.random.default_rng(5)
@@ -744,11 +760,13 @@ def every_version_5_op(dtype: tt.DataType) -> tuple[tt.Program, list[Array], lis
         lambda r: (np.floor_divide(r[0], 1.5), "exact"),
         lambda r: (np.fmod(r[0], r[1]), "exact"),
         lambda r: (np.cumsum(r[0], axis=1), "exact"),
+        lambda r: (np.sort(r[0], axis=1), "exact"),
     ]
     b.output(b.remainder(v, w))
     b.output(b.floor_divide(v, 1.5))
     b.output(b.fmod(v, w))
     b.output(b.cumsum(v, 1))
+    b.output(b.gather(v, b.argsort(v, 1), 1))
     return b.build(), [x, d], refs
 
 

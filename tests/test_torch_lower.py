@@ -419,8 +419,17 @@ def ops_modular(x, w, v):
     return q.detach() + r + c + (x @ w)[..., :3], ints
 
 
+def ops_sorting(x, w, v):
+    y = x * 10  # exact: ties and order are the same on both sides
+    ordered = y.sort(-1, descending=True).values + y.topk(2, 1, largest=False).values.sum(1, keepdim=True)
+    big = (y * 1e6).long()
+    places = (big % 3).sort(dim=1, stable=True).indices + big.topk(2, -1).indices.sum(-1, keepdim=True)
+    return ordered + (x @ w)[..., :3], places
+
+
 OPS = {
     "modular": (ops_modular, ("full", "broadcast_to")),
+    "sorting": (ops_sorting, ("full", "broadcast_to")),
     "shapes": (ops_shapes, ("full", "broadcast_to")),
     "reductions": (ops_reductions, ("full", "broadcast_to")),
     "indexing": (ops_indexing, ("full", "broadcast_to", "gather", "embedding_grad")),

@@ -34,8 +34,9 @@ gradients add overlapping windows in row-major window order, so their float32 su
 PyTorch's bit for bit.
 
 The ops of format version 5 are numpy's on the compute dtypes: `remainder` and `floor_divide`
-floored, `fmod` truncated (an integer divided by 0 gives 0), and `cumsum`, whose float running
-sums are float64 rounded once each, as PyTorch's CPU kernel.
+floored, `fmod` truncated (an integer divided by 0 gives 0), `cumsum`, whose float running
+sums are float64 rounded once each, as PyTorch's CPU kernel, and `argsort`, stable, NaN as the
+largest value (PyTorch's order).
 """
 
 from __future__ import annotations
@@ -244,6 +245,20 @@ def _embedding(arrays: list[Array], scalar: float | None) -> Array:
 def _argmax(arrays: list[Array], scalar: float | None, axis: int) -> Array:
     # numpy's argmax: the first index of the maximum, or of the first NaN.
     return np.expand_dims(np.argmax(arrays[0], axis=axis), axis).astype(np.int64)
+
+
+def _argsort(arrays: list[Array], scalar: float | None, axis: int, descending: bool) -> Array:
+    # Stable, as torch.sort(stable=True): equal keys keep their order. NaN sorts as the largest
+    # value (last ascending, first descending), as torch's does.
+    x = arrays[0]
+    if not descending:
+        return np.argsort(x, axis=axis, kind="stable").astype(np.int64)
+    nan = np.isnan(x) if x.dtype.kind == "f" else np.zeros(x.shape, bool)
+    keys = np.where(nan, 0, -x.astype(np.float64) if x.dtype.kind == "f" else -x)
+    order = np.argsort(keys, axis=axis, kind="stable")
+    # NaN first: a second stable sort on "not NaN" keeps the first one's order within each part.
+    return np.take_along_axis(order, np.argsort(~np.take_along_axis(nan, order, axis), axis=axis,
+                                                 kind="stable"), axis).astype(np.int64)
 
 
 def _where(arrays: list[Array], scalar: float | None, a_scalar: float | None,
@@ -612,6 +627,7 @@ OPS: dict[str, OpDef] = {
         OpDef("floor_divide", 2, _binary(np.floor_divide)),
         OpDef("fmod", 2, _binary(np.fmod)),
         OpDef("cumsum", 1, _cumsum),
+        OpDef("argsort", 1, _argsort),
     )
 }
 

@@ -622,6 +622,17 @@ class ProgramBuilder:
         shape = x.shape[:axis] + (1,) + x.shape[axis + 1 :]
         return self._emit("argmax", [x], shape, DataType.INT32, axis=axis)
 
+    def argsort(self, x: Value, axis: int = -1, descending: bool = False) -> Value:
+        """The indices (INT32, x's shape) that sort x along `axis`: stable (equal values keep
+        their order), NaN as the largest value (torch.sort(stable=True), np.argsort(kind=
+        "stable") ascending). Sorted values are `gather(x, argsort(x), axis)`."""
+        self._check_open()
+        x = self._value("argsort", x)
+        if not isinstance(descending, bool):
+            raise ProgramError(f"argsort: descending must be a bool, got {descending!r:.40}")
+        axis = _normalise_axis("argsort", axis, len(x.shape))
+        return self._emit("argsort", [x], x.shape, DataType.INT32, axis=axis, descending=descending)
+
     def slice(self, x: Value, starts: Sequence[int | None], ends: Sequence[int | None],
               steps: Sequence[int] | None = None) -> Value:
         """`x[starts[0]:ends[0]:steps[0], ...]`: Python's clamping and negative indices, None

@@ -1472,6 +1472,38 @@ def _index(L: _Lowering, node: torch.fx.Node, x: _T, indices: Sequence[_T | None
     return L.fit(rows, _out(node).shape)
 
 
+def _sorted(L: _Lowering, x: _T, dim: int, descending: bool) -> tuple[Any, Any, int]:
+    """(values, INT32 indices, axis) of x sorted along `dim`: stable, NaN as the largest."""
+    if not x.shape:
+        raise L.unsupported("sorting a 0-d tensor")
+    axis = _dim(dim, len(x.shape))
+    index = L.b.argsort(x.v, axis, bool(descending))
+    return L.b.gather(x.v, index, axis), index, axis
+
+
+@_register(aten.sort.default)
+def _sort(L: _Lowering, node: torch.fx.Node, x: _T, dim: int = -1, descending: bool = False) -> Any:
+    values, index, _ = _sorted(L, x, dim, descending)
+    return values, index
+
+
+@_register(aten.sort.stable)
+def _sort_stable(L: _Lowering, node: torch.fx.Node, x: _T, *, stable: bool | None = None, dim: int = -1,
+                 descending: bool = False) -> Any:
+    values, index, _ = _sorted(L, x, dim, descending)
+    return values, index
+
+
+@_register(aten.topk.default)
+def _topk(L: _Lowering, node: torch.fx.Node, x: _T, k: int, dim: int = -1, largest: bool = True,
+          sorted: bool = True) -> Any:
+    """The first k of a stable sort (ties: the earlier index first; CPU torch leaves their order
+    unspecified, and its values are the same)."""
+    values, index, axis = _sorted(L, x, dim, largest)
+    ends = [None] * axis + [int(k)]
+    return L.b.slice(values, [0] * (axis + 1), ends), L.b.slice(index, [0] * (axis + 1), ends)
+
+
 @_register(aten.gather.default)
 def _gather(L: _Lowering, node: torch.fx.Node, x: _T, dim: int, index: _T, sparse_grad: bool = False) -> Any:
     rank = len(x.shape)
