@@ -734,6 +734,28 @@ def test_a_float32_cumsum_is_not_numpys_float32_running_sum() -> None:
     assert not np.array_equal(got, np.cumsum(x))
 
 
+@given(shapes(1, 3), float_dtypes, st.booleans(), seeds)
+def test_atan2_is_within_an_ulp_of_torch(shape: tuple[int, ...], dtype: tt.DataType, by_scalar: bool, seed: int) -> None:
+    torch = torch_module()
+    rng = np.random.default_rng(seed)
+    a, d = make(rng, shape, dtype, scale=5.0), make(rng, shape, dtype, scale=5.0)
+    d.flat[0] = 0.0  # the axis: +-pi/2, or 0 or +-pi
+    if by_scalar:
+        out, got = host(lambda b, v: b.atan2(v, -1.5), (a, dtype))
+        want = torch.atan2(as_torch(torch, a, dtype), torch.tensor(-1.5))
+    else:
+        out, got = host(lambda b, v, w: b.atan2(v, w), (a, dtype), (d, dtype))
+        want = torch.atan2(as_torch(torch, a, dtype), as_torch(torch, d, dtype))
+    assert out.dtype is dtype
+    check(got, want.numpy().astype(np.float64), dtype, rtol=2.4e-7, atol=2e-7)
+
+
+def test_atan2_refuses_integers() -> None:
+    b = tt.ProgramBuilder("p")
+    with pytest.raises(tt.LayoutError):
+        b.atan2(b.input((2, 3), tile(I32)), 1)
+
+
 @given(shapes(1, 3), st.sampled_from([F32, BF16, I32]), st.booleans(), st.data(), seeds)
 def test_argsort_is_torchs_stable_sort(shape: tuple[int, ...], dtype: tt.DataType, descending: bool,
                                        data: st.DataObject, seed: int) -> None:
@@ -761,12 +783,14 @@ def every_version_5_op(dtype: tt.DataType) -> tuple[tt.Program, list[Array], lis
         lambda r: (np.fmod(r[0], r[1]), "exact"),
         lambda r: (np.cumsum(r[0], axis=1), "exact"),
         lambda r: (np.sort(r[0], axis=1), "exact"),
+        lambda r: (np.arctan2(r[0], r[1]), "close"),
     ]
     b.output(b.remainder(v, w))
     b.output(b.floor_divide(v, 1.5))
     b.output(b.fmod(v, w))
     b.output(b.cumsum(v, 1))
     b.output(b.gather(v, b.argsort(v, 1), 1))
+    b.output(b.atan2(v, w))
     return b.build(), [x, d], refs
 
 

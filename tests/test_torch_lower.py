@@ -422,6 +422,7 @@ def ops_modular(x, w, v):
 def ops_sorting(x, w, v):
     y = x * 10  # exact: ties and order are the same on both sides
     ordered = y.sort(-1, descending=True).values + y.topk(2, 1, largest=False).values.sum(1, keepdim=True)
+    ordered = ordered + torch.atan2(y, v[:3] + 2) + torch.atan(y)  # angles, and their gradients
     big = (y * 1e6).long()
     places = (big % 3).sort(dim=1, stable=True).indices + big.topk(2, -1).indices.sum(-1, keepdim=True)
     return ordered + (x @ w)[..., :3], places

@@ -19,7 +19,8 @@ Version 4 adds sin, cos, floor, ceil, round and trunc, with no other change; a v
 that names one of them is malformed.
 Version 5 adds each program's range checks (`"range_checks"`: [value id, note] pairs, see
 `ProgramBuilder.checking_range`; versions 1 to 4 still load, with none) and the ops remainder,
-floor_divide, fmod, cumsum and argsort (a version-4 file that names one of them is malformed).
+floor_divide, fmod, cumsum, argsort and atan2 (a version-4 file that names one of them is
+malformed).
 """
 
 from __future__ import annotations

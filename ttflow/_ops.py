@@ -35,8 +35,8 @@ PyTorch's bit for bit.
 
 The ops of format version 5 are numpy's on the compute dtypes: `remainder` and `floor_divide`
 floored, `fmod` truncated (an integer divided by 0 gives 0), `cumsum`, whose float running
-sums are float64 rounded once each, as PyTorch's CPU kernel, and `argsort`, stable, NaN as the
-largest value (PyTorch's order).
+sums are float64 rounded once each, as PyTorch's CPU kernel, `argsort`, stable, NaN as the
+largest value (PyTorch's order), and `atan2`, float32 numpy (within 1 ulp, as torch's kernel).
 """
 
 from __future__ import annotations
@@ -628,6 +628,7 @@ OPS: dict[str, OpDef] = {
         OpDef("fmod", 2, _binary(np.fmod)),
         OpDef("cumsum", 1, _cumsum),
         OpDef("argsort", 1, _argsort),
+        OpDef("atan2", 2, _binary(np.arctan2), float_only=True),
     )
 }
 

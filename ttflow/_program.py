@@ -524,6 +524,11 @@ class ProgramBuilder:
         Python's //); floats give float results. An integer divided by 0 is 0."""
         return self._binary("floor_divide", a, other)
 
+    def atan2(self, a: Value, other: Value | float) -> Value:
+        """The angle of the point (other, a) in radians, in [-pi, pi] (torch.atan2, np.arctan2;
+        floats only); `other` a value (numpy broadcasting) or a Python scalar."""
+        return self._binary("atan2", a, other)
+
     def fmod(self, a: Value, other: Value | float) -> Value:
         """a mod other with a's sign (torch.fmod, np.fmod, C's fmod). An integer mod 0 is 0."""
         return self._binary("fmod", a, other)

@@ -49,7 +49,7 @@ _POINTWISE = frozenset({
     "add", "sub", "mul", "div", "maximum", "minimum", "eq", "ne", "lt", "le", "ge", "gt", "where",
     "relu", "neg", "exp", "log", "sqrt", "rsqrt", "reciprocal", "tanh", "sigmoid", "silu", "gelu",
     "erf", "abs", "sin", "cos", "floor", "ceil", "round", "trunc", "pow", "typecast", "remainder",
-    "floor_divide", "fmod",
+    "floor_divide", "fmod", "atan2",
 })
 
 

@@ -926,6 +926,12 @@ def _modulo(op: str) -> Callable[..., Any]:
 
 _register(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)(_modulo("remainder"))
 _register(aten.fmod.Tensor, aten.fmod.Scalar)(_modulo("fmod"))
+_register(aten.atan2.default)(_modulo("atan2"))
+
+
+@_register(aten.atan.default)
+def _atan(L: _Lowering, node: torch.fx.Node, x: _T) -> Any:
+    return L.b.atan2(L.cast(x, _out(node).dtype), 1.0)  # atan(x) is the angle of (1, x)
 
 
 @_register(aten.flip.default)
