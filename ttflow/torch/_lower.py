@@ -1487,16 +1487,10 @@ def _sorted(L: _Lowering, x: _T, dim: int, descending: bool) -> tuple[Any, Any, 
     return L.b.gather(x.v, index, axis), index, axis
 
 
-@_register(aten.sort.default)
-def _sort(L: _Lowering, node: torch.fx.Node, x: _T, dim: int = -1, descending: bool = False) -> Any:
-    values, index, _ = _sorted(L, x, dim, descending)
-    return values, index
-
-
-@_register(aten.sort.stable)
-def _sort_stable(L: _Lowering, node: torch.fx.Node, x: _T, *, stable: bool | None = None, dim: int = -1,
-                 descending: bool = False) -> Any:
-    values, index, _ = _sorted(L, x, dim, descending)
+@_register(aten.sort.default, aten.sort.stable)
+def _sort(L: _Lowering, node: torch.fx.Node, x: _T, dim: int = -1, descending: bool = False, *,
+          stable: bool | None = None) -> Any:
+    values, index, _ = _sorted(L, x, dim, descending)  # always stable: a valid unstable order too
     return values, index
 
 
