@@ -62,7 +62,7 @@ class Pending:
 
     def __del__(self) -> None:
         value = self.value
-        if value is not None and threading.get_ident() != _loop_thread[0]:
+        if value is not None and not on_loop_thread():
             self.value = None
             try:
                 session.post(_drop, value)
@@ -114,7 +114,7 @@ class _Inbox:
         if wake:
             assert self._wake is not None
             self._wake()
-        if full and threading.get_ident() != _loop_thread[0] and self.on_full is not None:
+        if full and not on_loop_thread() and self.on_full is not None:
             self.on_full()
 
     def run_queued(self) -> None:
