@@ -63,13 +63,16 @@ def run(quick: bool = False) -> dict[str, Any]:
     def compiled_update() -> None:
         tt_opt.step()
 
+    def settle() -> None:
+        """The tt rounds' last releases run on the loop thread once it sees the pause: a CPU
+        round lets them finish first, or they would be timed as CPU torch's."""
+        ttt.synchronize()
+        time.sleep(0.02)
+        ttt.synchronize()
+
     def cpu_loop(model: Any, opt: Any) -> Callable[[], float]:
         def run() -> float:
-            # The tt rounds' last releases run on the loop thread once it sees the pause: let
-            # them finish first, or they would be timed as CPU torch's.
-            ttt.synchronize()
-            time.sleep(0.02)
-            ttt.synchronize()
+            settle()
             begin = time.perf_counter()
             for x, y in batches:
                 F.cross_entropy(model(x), y).backward()
@@ -107,9 +110,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     ta, tb = a.to("tt"), b.to("tt")
 
     def cpu_ops() -> float:
-        ttt.synchronize()
-        time.sleep(0.02)
-        ttt.synchronize()
+        settle()
         begin = time.perf_counter()
         for _ in range(ops):
             a + b
