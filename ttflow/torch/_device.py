@@ -296,7 +296,8 @@ def _on_device(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """An op as a cached device program, else on the CPU (with the one-time warning)."""
     if _printing.depth:
         return _cpu_fallback(op, args, kwargs)
-    if any(isinstance(v, torch.Generator) and v.device.type == "tt" for v in kwargs.values()):
+    generator = kwargs.get("generator")  # ATen names it so in every random op's schema
+    if generator is not None and generator.device.type == "tt":
         # Drawn on the host from the generator's state, as the random fills are: a trace would
         # run the op once more (the generator's dispatch key leads back here) and draw twice.
         _warn_cpu(op, "it draws from a tt generator, whose numbers are drawn on the host")
