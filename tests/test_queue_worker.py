@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ttflow as tt
-from ttflow import _commands, _queue, _scheduler, _storage_io
+from ttflow import _commands, _queue, _sched, _storage_io
 from ttflow.testing import hold_worker_threads
 
 pytestmark = pytest.mark.anyio  # the async tests; the hypothesis one runs each backend itself
@@ -268,13 +268,13 @@ async def test_a_decision_ahead_that_cannot_be_sent_is_undone(monkeypatch: pytes
     x, w = rng.standard_normal((256, 512)).astype(np.float32), rng.standard_normal((512, 256)).astype(np.float32)
     tile = tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, F32)
     undone = [0]
-    rollback = _scheduler.ProgramCommand.rollback
+    rollback = _sched.ProgramCommand.rollback
 
     def counting(self: Any, record: Any) -> None:
         undone[0] += 1
         rollback(self, record)
 
-    monkeypatch.setattr(_scheduler.ProgramCommand, "rollback", counting)
+    monkeypatch.setattr(_sched.ProgramCommand, "rollback", counting)
     async with tt.open_device(SPEC) as device:
         limiter = anyio.to_thread.current_default_thread_limiter()
         tokens = limiter.total_tokens

@@ -1,4 +1,4 @@
-"""Planning room by compaction (`ttflow._room.compaction`), as pure address arithmetic.
+"""Planning room by compaction (`ttflow._sched.planning.compaction`), as pure address arithmetic.
 
 The plan is replayed move by move on a model of the address line: each move may overlap its own
 old place but no buffer that has not moved yet, and at the end no two buffers overlap and one free
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from ttflow._room import compaction
+from ttflow._sched.planning import compaction
 
 ALIGN = 32
 

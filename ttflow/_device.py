@@ -18,7 +18,7 @@ from ._blas import limit_blas_threads
 from ._errors import DeviceClosedError
 from ._memory import MemorySpaceState, MemoryView
 from ._queue import Command, CommandQueue
-from ._scheduler import EVICTION_POLICIES, Scheduler
+from ._sched import EVICTION_POLICIES, Scheduler
 from ._types import DeviceSpec, MemorySpace
 
 __all__ = ["Device", "DeviceStatistics", "open_device"]

@@ -19,7 +19,7 @@ from ._errors import LayoutError, ProgramError, ShapeError, raise_stored
 from ._kernels import _bfp8, _pointwise
 from ._memory import Storage
 from ._queue import NO_DEPS
-from ._scheduler import ProgramCommand, TensorState
+from ._sched import ProgramCommand, TensorState
 from ._binary import Binary
 from ._program import Program
 from ._tensor import Tensor

@@ -22,7 +22,7 @@ from ._types import DataType, Layout
 
 if TYPE_CHECKING:
     from ._device import Device
-    from ._scheduler import TensorState
+    from ._sched import TensorState
 
 __all__ = ["Tensor"]
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, final
 
 if TYPE_CHECKING:
     from ._device import Device
-    from ._scheduler import Capture
+    from ._sched import Capture
 
 __all__ = ["Trace", "capture_trace", "execute_trace", "release_trace"]
 

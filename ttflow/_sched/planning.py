@@ -1,7 +1,7 @@
 """Making room in a memory space: which buffers to evict, and where a block can be made.
 
-Pure planning over addresses and sizes (no tensors, no bank memory): the scheduler asks, then
-queues the moves as an `EvictCommand` that runs in queue order like any other command.
+Pure planning over addresses and sizes (no tensors, no bank memory): `room` asks, then queues
+the moves (`moves`' commands) that run in queue order like any other command.
 
 - `choose_victims`: Belady's MIN over the known queue. The buffers whose next use is farthest go
   first (a buffer no queued command reads is never needed again, as far as the runtime can know);
@@ -23,7 +23,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
-from ._core._allocator import Allocator
+from .._core._allocator import Allocator
 
 __all__ = ["NEVER", "next_uses", "choose_victims", "largest_block", "windows", "placement", "gaps", "compaction"]
 

@@ -1,0 +1,242 @@
+"""The scheduler: queueing commands in dependency order, program plans, and listeners.
+
+`Scheduler` is the face the device and the runtime talk to (`push`, `write`, `read`,
+`to_layout`, `submit`, `deallocate`, trace capture, `complete`, `shutdown`). What it queues it
+orders here (`enqueue`: after the writes it reads and the reads it overwrites); everything it
+knows it keeps in `SchedulerState`, its base class, and changes only through that class's
+methods. Each program gets a `Plan` once per device (`plan`), bound to the device's layouts and
+geometry so that the fast decision (`ProgramCommand.decide`) and `_core._dispatch`'s C path
+allocate without recomputing anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, final
+
+import numpy as np
+
+from .._commands import Plan, estimate
+from .._core._dispatch import submit_program
+from .._errors import OutOfMemoryError, TraceError, detach_frames
+from .._memory import MemorySpaceState
+from .._queue import Command, CommandQueue
+from .._types import DeviceSpec, Layout, MemorySpace
+from . import capture as _capture
+from . import room
+from .capture import Capture
+from .commands import (AllocateCommand, ConvertCommand, ProgramCommand, ReadCommand, WriteCommand,
+                       _Bound, _Scheduled)
+from .state import SchedulerState, TensorState
+
+if TYPE_CHECKING:
+    from .._program import Program
+
+__all__ = ["Scheduler", "EVICTION_POLICIES"]
+
+EVICTION_POLICIES = ("lookahead", "eager")
+"""`open_device(eviction=...)`: the first is the default (docs/performance.md, "Memory")."""
+
+
+@final
+class Scheduler(SchedulerState):
+    """Owns the scheduling state of one device: tensor states, residency, liveness, counters.
+
+    Its tables are `SchedulerState`'s (fields of the C record `SchedulerCore`, which also does
+    the bookkeeping every command needs: allocate_geometry, free, add_storage, release,
+    collect_garbage, settle_all); this class queues commands and keeps the plans."""
+
+    def __init__(self, spaces: dict[MemorySpace, MemorySpaceState], cq0: CommandQueue,
+                 cq1: CommandQueue, spec: DeviceSpec | None = None, eviction: str = "lookahead") -> None:
+        if eviction not in EVICTION_POLICIES:
+            raise ValueError(f"eviction must be one of {EVICTION_POLICIES}, got {eviction!r}")
+        super().__init__(spaces, cq0, cq1, eviction)
+        self._spec = spec if spec is not None else DeviceSpec()
+        # Per-program plans die with their program: a front-end that builds programs on the fly
+        # (one per shape, say) must not find every one it ever built kept alive here.
+        self._plans: weakref.WeakKeyDictionary[Program, Plan] = weakref.WeakKeyDictionary()
+        self.listeners: list[Callable[[Command, BaseException | None], None]] = []
+        # The last plan looked up: a chain submits one program again and again.
+        self._last_plan: tuple[weakref.ref[Program], Plan] | None = None
+
+    @contextlib.contextmanager
+    def listening(self, listener: Callable[[Command, BaseException | None], None]) -> Iterator[None]:
+        """Calls `listener` with every command completed inside the block (a recorder's hook)."""
+        self.listeners.append(listener)
+        try:
+            yield
+        finally:
+            self.listeners.remove(listener)
+
+    # -- plans ------------------------------------------------------------------------------
+
+    def plan(self, program: Program) -> Plan:
+        last = self._last_plan
+        if last is not None and last[0]() is program:
+            return last[1]
+        plan = self._plans.get(program)
+        if plan is None:
+            plan = self._plans[program] = Plan(program)
+            plan.footprint = program.l1_footprint(self._spec)
+            plan.bound = self._bind(plan)
+        self._last_plan = (weakref.ref(program), plan)
+        return plan
+
+    def _bind(self, plan: Plan) -> _Bound | None:
+        """What a plan's fast decision needs on this device (see `ProgramCommand.decide`)."""
+        # Equal layouts as one object, so that the fast decision finds a storage by identity.
+        intern = self.intern
+        plan.input_layouts = tuple([intern(layout) for layout in plan.input_layouts])
+        plan.output_layouts = tuple([intern(layout) for layout in plan.output_layouts])
+        plan.output_states = tuple([(shape, dtype, layout) for (shape, dtype, _), layout
+                                    in zip(plan.output_states, plan.output_layouts)])
+        if plan.donated:
+            return None
+        inputs = [self.geometry(layout, spec.shape)
+                  for layout, spec in zip(plan.input_layouts, plan.inputs)]
+        outputs = tuple(self.geometry(layout, shape)
+                        for layout, shape in zip(plan.output_layouts, plan.output_shapes))
+        scratch = tuple((value, self.geometry(intern(l1), shape), self.geometry(intern(dram), shape))
+                        for value, shape, l1, dram in plan.scratch)
+        operands = (*inputs, *outputs)
+        spaces = {g[0].memory for g in operands}
+        pagewise = len(spaces) == 1 and all(g[2] == g[3] for g in operands)
+        nbytes = sum(g[2] * g[4] for g in operands)
+        kernel = None
+        if pagewise and plan.page_code is not None and not scratch:
+            # A pagewise plan's values share one shape and dtype: one geometry for all.
+            layout, space, _, _, num_pages, depth, _ = operands[0]
+            kernel = (layout.memory, plan.page_code, min(num_pages, space.num_banks), depth)
+        nbytes += sum(2 * g[2] * g[4] for _, g, _ in scratch)  # each written, then read
+        seconds = estimate(nbytes, nbytes if kernel is not None else 0, plan.macs)
+        return _Bound(outputs, scratch, nbytes, kernel, seconds)
+
+    # -- queueing ---------------------------------------------------------------------------
+
+    def push(self, array: np.ndarray[Any, Any] | None, layout: Layout, shape: tuple[int, ...]) -> TensorState:
+        """A new tensor in `layout`, filled from `array` (zeros when None) by a CQ1 write."""
+        assert layout.dtype is not None
+        if self.capturing is not None:
+            self.capturing.admit_transfer()
+        state = TensorState(shape, layout.dtype, layout)
+        try:
+            self.add_storage(state, self.allocate(layout, shape, state))
+        except OutOfMemoryError as error:
+            self._allocate_in_order(state, error)
+        self.enqueue(WriteCommand(self, state, array, new_value=False), self.cq1)
+        return state
+
+    def _allocate_in_order(self, state: TensorState, error: OutOfMemoryError) -> None:
+        """A new tensor that does not fit now: allocated on CQ0 once room is made (its write
+        waits for that), when room can be made; otherwise the error, with the memory view."""
+        space = state.declared.memory
+        allocator = self.allocator(space)
+        depth = -(-error.requested // allocator.alignment) * allocator.alignment
+        if depth > allocator.size or (space is MemorySpace.DRAM
+                                      and allocator.size - allocator.used_bytes < depth):
+            raise room.out_of_memory(self, error) from None  # larger than the space, or than DRAM's free bytes
+        self.enqueue(AllocateCommand(self, state), self.cq0)
+
+    def write(self, state: TensorState, array: np.ndarray[Any, Any]) -> None:
+        self.enqueue(WriteCommand(self, state, array, new_value=True), self.cq1)
+
+    def read(self, state: TensorState) -> ReadCommand:
+        command = ReadCommand(self, state)
+        self.enqueue(command, self.cq0)
+        return command
+
+    def to_layout(self, state: TensorState, layout: Layout) -> TensorState:
+        assert layout.dtype is not None
+        target = TensorState(state.shape, layout.dtype, layout)
+        self.enqueue(ConvertCommand(self, state, target, layout), self.cq0)
+        return target
+
+    def submit(self, program: Program, inputs: tuple[TensorState, ...],
+               plan: Plan | None = None) -> tuple[TensorState, ...]:
+        """Queues a run of `program` on CQ0; its output states (see `_core._dispatch`)."""
+        if plan is None:
+            plan = self.plan(program)
+        return submit_program(self, self.cq0, program, plan, inputs)
+
+    def _consume(self, command: ProgramCommand, queue: CommandQueue, deps: list[Command] | None,
+                 program: str) -> list[Command] | None:
+        """Donated inputs are consumed now (their handles refuse new work); their buffers are
+        overwritten, so the program also waits for their readers on another queue."""
+        if self.capturing is not None:
+            raise TraceError(
+                f"program {program!r} donates an input; a donating submit cannot be captured "
+                "(a replay would write into a buffer its input no longer owns)"
+            )
+        for i in command.plan.donated.values():
+            state = command.reads[i]
+            reader = state.last_reader
+            if reader is not None and not reader.done and reader.queue is not queue:
+                deps = command.deps = [*(deps or ()), reader]
+            self.consume(state, program)
+        return deps
+
+    def enqueue(self, command: _Scheduled, queue: CommandQueue) -> None:
+        """Orders `command` after the writes it reads and the reads it overwrites, then queues it."""
+        deps = None
+        for state in command.reads:
+            writer = state.last_writer
+            if writer is not None and not writer.done and writer.queue is not queue:
+                deps = deps or [*command.deps]
+                deps.append(writer)
+        for state in command.writes:
+            writer = state.last_writer
+            if writer is not None and not writer.done and writer.queue is not queue:
+                deps = deps or [*command.deps]
+                deps.append(writer)
+            reader = state.last_reader
+            if reader is not None and not reader.done and reader.queue is not queue:
+                deps = deps or [*command.deps]
+                deps.append(reader)
+        if deps is not None:
+            command.deps = deps
+        capture = self.capturing
+        if capture is not None and command.capture is None:
+            capture.admit(command, queue)
+        queue.push(command)
+        self.mark_queued(command)
+
+    def complete(self, command: Command, error: BaseException | None) -> None:
+        """A queue finished `command` (or failed it): settle what it used, then let it go."""
+        self.count("commands_run", 1)
+        if error is not None:
+            self.count("commands_failed", 1)
+            queue = command.queue.name if command.queue is not None else "CQ0"
+            detach_frames(error, f"{command.describe()['name']} on {queue}")
+            if command.capture is not None:
+                command.capture.failed(error)
+        for listener in self.listeners:
+            listener(command, error)
+        if isinstance(command, _Scheduled):
+            self.settle_all(command, error)
+        command.complete(error)
+
+    def shutdown(self, abort: BaseException) -> None:
+        """Fails whatever never ran and frees every buffer (the device is closing)."""
+        for queue in (self.cq0, self.cq1):
+            queue.close(abort)
+            for command in queue.pop_all():
+                self.complete(command, abort)
+        self.free_all()
+
+    # -- trace capture and replay (the rules are `capture`'s) --------------------------------
+
+    def begin_capture(self) -> Capture:
+        return _capture.begin(self)
+
+    def end_capture(self, capture: Capture, error: BaseException | None) -> None:
+        """Ends the capture; a seal on CQ0 snapshots it once every captured command is done."""
+        _capture.end(self, capture, error)
+
+    def replay(self, capture: Capture) -> None:
+        """Queues one replay of a captured trace on CQ0."""
+        self.enqueue(_capture.replay(self, capture), self.cq0)
+
+    def release_capture(self, capture: Capture) -> None:
+        _capture.release(capture)
