@@ -3,8 +3,11 @@
 
 The classes here are the C layouts of scheduling state (a storage, a tensor's state, a command,
 the scheduler's tables, the user's tensor handle); their Python subclasses (`_memory.Storage`,
-`_scheduler.TensorState`, `_queue.Command`, `_scheduler.Scheduler`, `_tensor.Tensor`) add the
-methods. The functions are the two halves of a tiny program's life when nothing unusual happens:
+`_sched.state.TensorState`, `_queue.Command`, `_sched.state.SchedulerState` and its
+`_sched.scheduler.Scheduler`, `_tensor.Tensor`) add the methods. The fast path changes
+scheduling state only through `SchedulerCore`'s methods, the ones the Python side calls too
+(`allocate_geometry`, `free`, `add_storage`, `release`, `settle_all`), and the fields a submit
+sets on the records it makes. The functions are the two halves of a tiny program's life when nothing unusual happens:
 `submit_program` (the scheduler's side of `tt.submit`) and `run_program` (decide, run, commit
 and complete in one call, from the queue's loop). Anything unusual (a conversion, an eviction, a
 capture, a timeline, a failed input, an allocation that does not fit) makes `run_program`
@@ -106,7 +109,7 @@ cdef class CommandCore:
 
 @cython.no_gc
 cdef class StateCore:
-    """What the scheduler knows of one tensor (`_scheduler.TensorState`)."""
+    """What the scheduler knows of one tensor (`_sched.state.TensorState`)."""
 
     cdef public object shape
     cdef public object dtype
@@ -156,8 +159,9 @@ cdef class TensorCore:
 
 
 cdef class SchedulerCore:
-    """The scheduler's tables (`_scheduler.Scheduler`), and its bookkeeping that runs for every
-    command: allocating, freeing, releasing and completing."""
+    """The scheduler's tables (`_sched.state.SchedulerState`), and its bookkeeping that runs for
+    every command: allocating, freeing, keeping a storage on its tensor, releasing and
+    completing."""
 
     cdef public dict _spaces
     cdef public object counters
@@ -173,7 +177,7 @@ cdef class SchedulerCore:
     cdef public object cq1
     cdef public object l1_allocator
     cdef public bint evict_eagerly  # the "eager" policy: evictions are due before every program
-    cdef public Py_ssize_t cb_depth  # the circular-buffer region at the bottom of L1 (`_scheduler`)
+    cdef public Py_ssize_t cb_depth  # the circular-buffer region at the bottom of L1 (`_sched.state`)
     cdef object __weakref__
 
     cpdef StorageCore allocate_geometry(self, tuple geometry, object owner):
@@ -194,6 +198,11 @@ cdef class SchedulerCore:
         if owner is not None and layout.memory is _l1:
             self._l1[storage] = owner
         return storage
+
+    cpdef add_storage(self, StateCore state, StorageCore storage):
+        """`storage` is one of the state's storages from now on (a command's output, a
+        conversion kept, a new tensor's home)."""
+        state.storages.append(storage)
 
     cpdef free(self, StorageCore storage):
         if storage in self._owned:
@@ -418,7 +427,7 @@ def run_program(CommandCore command, banks, double inline_seconds):
         raise
     # commit
     for state, storage in zip(command.writes, outputs):
-        state.storages.append(storage)
+        s.add_storage(state, storage)
     counters = s.counters
     counters["programs_run"] += 1
     counters["commands_run"] += 1

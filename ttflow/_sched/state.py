@@ -8,7 +8,7 @@ here, and the fast path only through `SchedulerCore`'s C methods (which this cla
 the Python side calls too: `allocate_geometry`, `free`, `add_storage`, `release`,
 `collect_garbage`, `settle_all`). So the answer to "who writes X" is this file (or its C twin):
 
-- a tensor's storages: `add_storage`, `replace_storage`, `drop_storage`, `drop_conversions`,
+- a tensor's storages: `add_storage` (C), `replace_storage`, `drop_storage`, `drop_conversions`,
   `adopt`, `set_storages`, `hand_over`, `release` (C);
 - its last writer and reader, and pending count: `mark_queued`, `begin_move`, `settle`,
   `settle_all` (C); its error: `settle_all` (C); `deallocated` and `donated_to`: `deallocate`,
@@ -286,12 +286,7 @@ class SchedulerState(SchedulerCore):
         for storage in list(self._owned):
             self.free(storage)
 
-    # -- a tensor's storages --------------------------------------------------------------------
-
-    def add_storage(self, state: TensorState, storage: Storage) -> None:
-        """`storage` is one of the state's storages from now on (a command's output, a
-        conversion kept, a new tensor's home)."""
-        state.storages.append(storage)
+    # -- a tensor's storages (`add_storage`, appending one, is `SchedulerCore`'s, in C) ---------
 
     def replace_storage(self, state: TensorState, old: Storage, new: Storage) -> None:
         """`new` takes `old`'s place among the state's storages (an eviction copied it to DRAM)."""
