@@ -238,6 +238,7 @@ async def test_a_failed_command_keeps_no_frames() -> None:
         x = tt.to_device(np.ones((32, 32), np.float32), device, DRAM_TILE)
         with pytest.MonkeyPatch.context() as mp:
             plan = device._scheduler.plan(binary.programs[0])
+            mp.setattr(type(plan), "__setattr__", object.__setattr__)  # plans are immutable: not here
             mp.setattr(plan, "compute", [broken])
             mp.setattr(plan, "pagewise", False)  # through the general path, which calls ops
             mp.setattr(plan, "schedule", type(plan.schedule)(plan))  # made again, with the broken op

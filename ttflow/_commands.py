@@ -82,12 +82,19 @@ class Slide(NamedTuple):
 
 @final
 class Plan:
-    """What a program needs that does not change between submissions (cached per program)."""
+    """What a program needs that does not change between submissions (cached per program).
+
+    Immutable: a plan is shared by every queued run of its program, and `_core._dispatch` reads
+    it in C, so nothing may change under them; assigning a field once it is built raises. What
+    depends on the device (its circular-buffer bytes, its layouts as the device's interned
+    objects, the output geometry of the fast decision) is bound at construction too: a device's
+    scheduler makes its own plan from the plain one (`bound_to`)."""
 
     __slots__ = ("values", "steps", "inputs", "outputs", "pagewise", "last_read", "step_attrs",
                  "store_in_output", "copied_out", "compute", "value_dtypes", "scratch", "macs",
                  "page_code", "input_layouts", "output_layouts", "output_shapes", "input_checks",
-                 "bound", "donated", "in_place", "output_states", "footprint", "schedule", "range_checks")
+                 "bound", "donated", "in_place", "output_states", "footprint", "schedule", "range_checks",
+                 "_built")
 
     def __init__(self, program: Program) -> None:
         # The parts of the program a run reads (not the program: a plan cached under its program
@@ -129,14 +136,14 @@ class Plan:
         self.input_layouts = tuple(spec.layout for spec in program.inputs)
         self.output_layouts = tuple(spec.layout for spec in program.output_specs)
         self.output_shapes = tuple(spec.shape for spec in program.output_specs)
-        # (shape, dtype, layout) of each output's new tensor state (the scheduler interns the
-        # layouts when it binds the plan to its device).
+        # (shape, dtype, layout) of each output's new tensor state (in the device's interned
+        # layouts once bound).
         self.output_states = tuple((spec.shape, spec.dtype, spec.layout) for spec in program.output_specs)
         # What submit checks of each input: (shape, dtype, whether a float dtype).
         self.input_checks = tuple((spec.shape, spec.dtype, spec.dtype.is_float) for spec in program.inputs)
-        # What the scheduler of one device precomputes (output geometry), set by it.
+        # What the scheduler of one device precomputes (output geometry): bound by `bound_to`.
         self.bound: Any = None
-        # Per-core L1 bytes of circular buffers while it runs (`_footprint`), set by the scheduler.
+        # Per-core L1 bytes of circular buffers while it runs (`_footprint`): bound by `bound_to`.
         self.footprint = 0
         self.macs = sum(_macs(program, step) for step in program.steps)
         # Output index -> the input index whose buffer it takes over (`output(donates=)`).
@@ -144,6 +151,37 @@ class Plan:
         # Steps that update a donated cache in place: step index -> the output it writes.
         self.in_place = _in_place_steps(program, self.donated, self.store_in_output)
         self.schedule = _Schedule(self)
+        self._built = True  # from here on, fields are read-only
+
+    def bound_to(self, footprint: int, input_layouts: tuple[Layout, ...],
+                 output_layouts: tuple[Layout, ...], bound: Any) -> Plan:
+        """This plan as one device runs it, as a new plan (this one is left as it is):
+        `footprint`, the per-core L1 bytes of its circular buffers there; its input and output
+        layouts as the device's own objects (equal layouts as one object, so that the fast
+        decision finds a storage by identity), and its outputs' new states in those layouts;
+        `bound`, what the device precomputed for the fast decision (None when it has none)."""
+        plan = Plan.__new__(Plan)
+        init = object.__setattr__
+        for name in Plan.__slots__:
+            if name != "_built":
+                init(plan, name, getattr(self, name))
+        init(plan, "footprint", footprint)
+        init(plan, "input_layouts", input_layouts)
+        init(plan, "output_layouts", output_layouts)
+        init(plan, "output_states", tuple([(shape, dtype, layout) for (shape, dtype, _), layout
+                                           in zip(self.output_states, output_layouts)]))
+        init(plan, "bound", bound)
+        init(plan, "_built", True)
+        return plan
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if getattr(self, "_built", False):
+            raise AttributeError(f"a Plan is immutable: cannot set {name!r} (a device binds its own "
+                                 "copy with `Plan.bound_to`)")
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"a Plan is immutable: cannot delete {name!r}")
 
 
 class _Schedule:

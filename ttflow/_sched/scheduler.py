@@ -78,26 +78,24 @@ class Scheduler(SchedulerState):
             return last[1]
         plan = self._plans.get(program)
         if plan is None:
-            plan = self._plans[program] = Plan(program)
-            plan.footprint = program.l1_footprint(self._spec)
-            plan.bound = self._bind(plan)
+            plan = self._plans[program] = self._bind(Plan(program), program.l1_footprint(self._spec))
         self._last_plan = (weakref.ref(program), plan)
         return plan
 
-    def _bind(self, plan: Plan) -> _Bound | None:
-        """What a plan's fast decision needs on this device (see `ProgramCommand.decide`)."""
-        # Equal layouts as one object, so that the fast decision finds a storage by identity.
+    def _bind(self, plan: Plan, footprint: int) -> Plan:
+        """`plan` as this device runs it: its layouts interned (equal layouts as one object, so
+        that the fast decision finds a storage by identity), its circular-buffer bytes, and what
+        its fast decision needs here (`_Bound`, see `ProgramCommand.decide`; None when it
+        donates)."""
         intern = self.intern
-        plan.input_layouts = tuple([intern(layout) for layout in plan.input_layouts])
-        plan.output_layouts = tuple([intern(layout) for layout in plan.output_layouts])
-        plan.output_states = tuple([(shape, dtype, layout) for (shape, dtype, _), layout
-                                    in zip(plan.output_states, plan.output_layouts)])
+        input_layouts = tuple([intern(layout) for layout in plan.input_layouts])
+        output_layouts = tuple([intern(layout) for layout in plan.output_layouts])
         if plan.donated:
-            return None
+            return plan.bound_to(footprint, input_layouts, output_layouts, None)
         inputs = [self.geometry(layout, spec.shape)
-                  for layout, spec in zip(plan.input_layouts, plan.inputs)]
+                  for layout, spec in zip(input_layouts, plan.inputs)]
         outputs = tuple(self.geometry(layout, shape)
-                        for layout, shape in zip(plan.output_layouts, plan.output_shapes))
+                        for layout, shape in zip(output_layouts, plan.output_shapes))
         scratch = tuple((value, self.geometry(intern(l1), shape), self.geometry(intern(dram), shape))
                         for value, shape, l1, dram in plan.scratch)
         operands = (*inputs, *outputs)
@@ -111,7 +109,8 @@ class Scheduler(SchedulerState):
             kernel = (layout.memory, plan.page_code, min(num_pages, space.num_banks), depth)
         nbytes += sum(2 * g[2] * g[4] for _, g, _ in scratch)  # each written, then read
         seconds = estimate(nbytes, nbytes if kernel is not None else 0, plan.macs)
-        return _Bound(outputs, scratch, nbytes, kernel, seconds)
+        bound = _Bound(outputs, scratch, nbytes, kernel, seconds)
+        return plan.bound_to(footprint, input_layouts, output_layouts, bound)
 
     # -- queueing ---------------------------------------------------------------------------
 
