@@ -33,6 +33,7 @@ policy, offline or not, with or without fragmentation, can go under.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import math
 from collections.abc import Callable, Iterable
@@ -285,13 +286,14 @@ class TraceRecorder:
         self._items: dict[tuple[int, Layout], int] = {}
         self.commands: dict[str, int] = {}  # completed commands seen, by class name
         self.spilled_outputs = 0  # L1 outputs the runtime put in DRAM (L1 could not hold them)
+        self._listening = contextlib.ExitStack()
 
     def __enter__(self) -> Self:
-        self.scheduler.listeners.append(self._listen)
+        self._listening.enter_context(self.scheduler.listening(self._listen))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.scheduler.listeners.remove(self._listen)
+        self._listening.close()
         self._values.clear()  # the states: no longer needed
 
     def _value(self, state: Any) -> int:
