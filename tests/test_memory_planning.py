@@ -412,8 +412,8 @@ async def test_a_trace_let_go_of_while_its_buffer_slides_frees_it_after_the_slid
     """The trace's output buffer, which only the trace keeps (its tensor was deallocated), is
     sliding (held on its worker thread) when the trace is released: it is freed when the slide
     ends, not under it, and DRAM then holds exactly the live tensors."""
-    monkeypatch.setattr(_queue, "INLINE_SECONDS", -1.0)  # every record on a worker: holdable
-    async with tt.open_device(SMALL) as device, _TraceAmongHoles(device, np.random.default_rng(8)) as dram:
+    # inline_seconds=-1: every record on a worker, so holdable
+    async with tt.open_device(SMALL, inline_seconds=-1) as device, _TraceAmongHoles(device, np.random.default_rng(8)) as dram:
         tt.deallocate(dram.y)  # the trace alone keeps its buffer now
         async with hold_worker_threads() as hold:
             tb, big = dram.request()  # its room: a slide, held before its run

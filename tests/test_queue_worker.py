@@ -324,7 +324,7 @@ _actions = st.lists(
 async def _run_actions(actions: list[tuple[Any, ...]]) -> None:
     binary = _two_op_binary()
     rng = np.random.default_rng(0)
-    async with tt.open_device(tt.DeviceSpec.small()) as device:
+    async with tt.open_device(tt.DeviceSpec.small(), inline_seconds=-1) as device:
         pool: list[tuple[tt.Tensor, np.ndarray[Any, Any]]] = []
         for _ in range(3):
             value = rng.standard_normal(_SMALL).astype(np.float32)
@@ -365,5 +365,4 @@ def test_queued_work_on_the_workers_matches_numpy(
     # Every record runs on a worker thread (so writes behind readers convert ahead, and programs
     # are decided ahead), nothing is awaited until an `await` action: values equal numpy's
     # (exact: float32 adds, relu and doubling), and the memory held is the tensors held.
-    monkeypatch.setattr(_queue, "INLINE_SECONDS", -1.0)
     anyio.run(_run_actions, actions, backend=backend)

@@ -262,8 +262,7 @@ async def _raises_closed(tensor: tt.Tensor, device: tt.Device) -> None:
 
 
 @pytest.mark.parametrize("exit", ["normal", "error", "cancelled"])
-async def test_closing_with_queued_work(exit: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_queue, "INLINE_SECONDS", -1.0)  # every command's run on a worker
+async def test_closing_with_queued_work(exit: str) -> None:
     # Work still queued on both queues when the block exits (held by `hold_worker_threads`
     # until then): a normal exit runs all of it; an error or a cancellation fails what did not
     # start with DeviceClosedError. Either way nothing hangs, every tensor is done, the device
@@ -271,7 +270,8 @@ async def test_closing_with_queued_work(exit: str, monkeypatch: pytest.MonkeyPat
     with anyio.fail_after(30):
         with anyio.CancelScope() as scope:
             try:
-                async with tt.open_device(SPEC) as device:
+                # inline_seconds=-1: every command's run on a worker (held until the exit)
+                async with tt.open_device(SPEC, inline_seconds=-1) as device:
                     async with hold_worker_threads():
                         handles, nbytes = _queue_work(device)
                         await anyio.sleep(0.01)

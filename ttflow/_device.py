@@ -15,6 +15,7 @@ import anyio
 import attrs
 
 from ._blas import limit_blas_threads
+from ._commands import INLINE_SECONDS
 from ._errors import DeviceClosedError
 from ._memory import MemorySpaceState, MemoryView
 from ._queue import Command, CommandQueue
@@ -76,17 +77,32 @@ class Device:
     scheduler, the one writer of that state.
     """
 
-    def __init__(self, spec: DeviceSpec, eviction: str = "lookahead") -> None:
+    def __init__(self, spec: DeviceSpec, eviction: str = "lookahead",
+                 inline_seconds: float = INLINE_SECONDS) -> None:
         self.spec = spec
         self.closed = False
         self._spaces = {space: MemorySpaceState(spec, space) for space in MemorySpace}
         self._banks = {space: state.banks for space, state in self._spaces.items()}
         scheduler_complete = self._complete
-        self._cq0 = CommandQueue("CQ0", self._banks, scheduler_complete)
-        self._cq1 = CommandQueue("CQ1", self._banks, scheduler_complete)
+        # Room is made in CQ0's order only (`CommandQueue.makes_room`): CQ1's writes never
+        # allocate (a tensor's home is made at `to_device`, or on CQ0 when it must wait for room).
+        self._cq0 = CommandQueue("CQ0", self._banks, scheduler_complete, makes_room=True,
+                                 inline_seconds=inline_seconds)
+        self._cq1 = CommandQueue("CQ1", self._banks, scheduler_complete, inline_seconds=inline_seconds)
         self._scheduler = Scheduler(self._spaces, self._cq0, self._cq1, spec, eviction)
         # The queues report straight to the scheduler (one call less per command).
         self._cq0.on_complete = self._cq1.on_complete = self._scheduler.complete
+        self._cq0.in_flight = self._cq1.in_flight = self._scheduler.flight
+
+    @property
+    def inline_seconds(self) -> float:
+        """Records estimated to run at most this long run inline on the event loop's thread,
+        longer ones on their queue's worker thread (`open_device(inline_seconds=...)`)."""
+        return self._cq0.inline_seconds
+
+    @inline_seconds.setter
+    def inline_seconds(self, seconds: float) -> None:
+        self._cq0.inline_seconds = self._cq1.inline_seconds = float(seconds)
 
     def _complete(self, command: Command, error: BaseException | None) -> None:
         self._scheduler.complete(command, error)
@@ -165,7 +181,8 @@ class Device:
 
 @asynccontextmanager
 async def open_device(
-    spec: DeviceSpec | None = None, *, blas_threads: int | None = 1, eviction: str = "lookahead"
+    spec: DeviceSpec | None = None, *, blas_threads: int | None = 1, eviction: str = "lookahead",
+    inline_seconds: float | None = None,
 ) -> AsyncIterator[Device]:
     """Opens an emulated device (default: a Wormhole n150) and its two command queues.
 
@@ -188,11 +205,18 @@ async def open_device(
     The limit is process-wide (threadpoolctl) and reference-counted: devices open at once,
     nested or on different threads, run with the smallest limit among them, and the setting
     from before the first one comes back when the last one closes.
+
+    `inline_seconds`: a command whose run is estimated at most this long runs inline on the
+    event loop's thread (a thread hand-off costs more), a longer one on its queue's worker
+    thread. The default (100 us) suits production; tests set -1 to send every command to a
+    thread (so that a held thread stops it mid-flight) or a large value to run all inline.
+    A setting of this device alone (`device.inline_seconds` changes it while it is open).
     """
     if eviction not in EVICTION_POLICIES:
         raise ValueError(f"eviction must be one of {', '.join(map(repr, EVICTION_POLICIES))}, got {eviction!r}")
     blas = nullcontext() if blas_threads is None else limit_blas_threads(blas_threads)
-    device = Device(spec if spec is not None else DeviceSpec(), eviction)
+    device = Device(spec if spec is not None else DeviceSpec(), eviction,
+                    INLINE_SECONDS if inline_seconds is None else float(inline_seconds))
     body_error: Exception | None = None
     with blas:
         try:

@@ -4,8 +4,9 @@ A command goes through three phases. `decide` (on the event loop thread, by the 
 the command: allocation, residency, conversions) returns a `Record`; `run(record, banks)` moves the
 bytes (kernels and numpy, which release the GIL) and touches no scheduling state; `commit` gives
 the result back to the scheduler. Small records run inline in the queue's task: a thread
-hand-off costs 85-180 us here, more than a tiny program. Records estimated above
-`INLINE_SECONDS` go to the queue's own worker thread (`_worker.py`), so the event loop is never
+hand-off costs 85-180 us here, more than a tiny program. Records estimated above the queue's
+`inline_seconds` (the device's setting, `INLINE_SECONDS` by default) go to the queue's own
+worker thread (`_worker.py`), so the event loop is never
 blocked by a large kernel and a CQ1 write overlaps a CQ0 program. Consecutive ready host writes
 travel together: one hand-off carries up to 32 of them, and no more than about a millisecond of
 work (none completes before the whole batch has run, so a larger batch would only delay the
@@ -14,6 +15,12 @@ While a large record runs on the worker, the next program is decided and queued 
 its decision cannot depend on the running one (`Command.decidable_ahead`), and a command
 blocked by another queue may do host-side work meanwhile (`Command.work_ahead`: a write
 converting its array to device pages).
+
+A record handed to a worker is *in flight* from its decision until it lands (its run is over,
+before its commit): the queue tells the scheduler both moments (`in_flight`), so that nothing
+frees or moves a storage the record names meanwhile. Room is made only by the queue that
+`makes_room` (CQ0): an out-of-memory decision on CQ1 fails its command, so that two queues never
+move buffers at once.
 
 Completion is a flag plus an `anyio.Event` made only when somebody waits: most commands are
 never awaited directly, and an event per command would cost more than the command.
@@ -43,6 +50,10 @@ how it allocates: its L1 allocations spill to DRAM)."""
 _ROOM_ATTEMPTS = 16
 """Times a command that ran out of memory has room made and decides again before it fails."""
 
+_ROOM_DEPTH = 2
+"""How deep room-making nests: a command's room (an eviction to DRAM) may need room of its own
+(DRAM compacted first), which needs none."""
+
 NO_DEPS: list[Any] = []
 """The shared empty list of a command with no dependencies (saves a list per command): never
 mutate it; code that adds one makes a list of its own first."""
@@ -67,6 +78,9 @@ class Command(CommandCore):
     that dispatch's fast path reads them at C speed."""
 
     name = "command"
+    spillable = False
+    """Whether the command's own L1 allocations may go to DRAM when L1 has no room (a
+    scheduler command's may; a move's targets are where it moves them)."""
     batchable = False
     """Whether consecutive ready commands of this kind may share one worker-thread hand-off:
     true when `decide` does not depend on an earlier command's `commit` (host writes)."""
@@ -114,6 +128,11 @@ class Command(CommandCore):
     def preamble(self) -> Command | None:
         """Work that must complete before this command is decided (a program's evictions)."""
         return None
+
+    def takes_fast_path(self, inline_seconds: float) -> bool:
+        """Whether the C fast path (`_core._dispatch.run_program`) must take this command now,
+        by the Python twin of its rule (a program's; see `CommandQueue.check_twin`)."""
+        return False
 
     def make_room(self, error: OutOfMemoryError) -> Command | object | None:
         """After `decide` ran out of memory: a command that makes room (evictions, relocations)
@@ -167,13 +186,33 @@ class Command(CommandCore):
         return {"name": self.name, "bytes": record.nbytes if record is not None else 0}
 
 
+def _no_flight(command: Command, record: Record, start: bool) -> None:
+    pass
+
+
 class CommandQueue:
-    """An in-order queue served by one task; `close` makes it exit once empty."""
+    """An in-order queue served by one task; `close` makes it exit once empty.
+
+    `makes_room`: whether an out-of-memory decision has room made (CQ0) or fails (CQ1).
+    `inline_seconds`: records estimated at most this long run inline in the queue's task,
+    longer ones on its worker thread (the device's setting: tests lower it to stop every
+    command mid-flight, or raise it to run everything inline)."""
 
     def __init__(
-        self, name: str, banks: Banks, on_complete: Callable[[Command, BaseException | None], None]
+        self, name: str, banks: Banks, on_complete: Callable[[Command, BaseException | None], None],
+        *, makes_room: bool = False, inline_seconds: float = INLINE_SECONDS,
     ) -> None:
         self.name = name
+        self.makes_room = makes_room
+        self.inline_seconds = inline_seconds
+        # Told when a record is handed to the worker (start) and when it lands (the scheduler's
+        # `flight`): what it names stays put meanwhile.
+        self.in_flight: Callable[[Command, Record, bool], None] = _no_flight
+        # Tests set `check_twin`: each command the C fast path refused is asked whether its
+        # Python twin would have taken it; `fast_path_missed` counts those it would have.
+        self.check_twin = False
+        self.fast_path_missed = 0
+        self.room_requests = 0  # times a command of this queue asked for room (CQ0's only)
         self._banks = banks
         self._pending: collections.deque[Command] = collections.deque()
         self._wakeup: anyio.Event | None = None
@@ -251,13 +290,15 @@ class CommandQueue:
                 pending.popleft()
                 on_complete(command, self._aborted)
                 continue
-            if run_program(command, banks, INLINE_SECONDS):  # a tiny program, all in C
+            if run_program(command, banks, self.inline_seconds):  # a tiny program, all in C
                 pending.popleft()
                 del command
                 if perf_counter() > deadline:
                     await anyio.lowlevel.checkpoint()
                     deadline = perf_counter() + _YIELD_EVERY
                 continue
+            if self.check_twin and command.takes_fast_path(self.inline_seconds):
+                self.fast_path_missed += 1
             blocker = command.blocker()
             if blocker is not None:
                 ahead = command.work_ahead()
@@ -299,8 +340,11 @@ class CommandQueue:
                 record = None
                 try:
                     record = command.decide()
-                except OutOfMemoryError as exc:  # room is made in queue order, then decided again
-                    record, error = await self._decide_with_room(command, exc)
+                except OutOfMemoryError as exc:  # room is made in CQ0's order, then decided again
+                    if self.makes_room:
+                        record, error = await self._decide_with_room(command, exc)
+                    else:
+                        error = command.out_of_memory(exc)
                     deadline = perf_counter() + _YIELD_EVERY
                 except Exception as exc:
                     error = exc
@@ -313,7 +357,7 @@ class CommandQueue:
                             command.rollback(record)
                             error = exc
                 if error is None and record is not None:
-                    if estimate(record.nbytes, record.kernel_bytes, record.macs) > INLINE_SECONDS:
+                    if estimate(record.nbytes, record.kernel_bytes, record.macs) > self.inline_seconds:
                         error = await self._run_on_worker(command, record)
                         # The loop was free while the worker ran: go straight on to the next
                         # command, whose hand-off would otherwise wait for every task the
@@ -332,10 +376,11 @@ class CommandQueue:
                 await anyio.lowlevel.checkpoint()
                 deadline = perf_counter() + _YIELD_EVERY
 
-    async def _decide_with_room(self, command: Command,
-                                error: OutOfMemoryError) -> tuple[Record | None, BaseException | None]:
+    async def _decide_with_room(self, command: Command, error: OutOfMemoryError,
+                                depth: int = 0) -> tuple[Record | None, BaseException | None]:
         """Has room made for `command` (see `Command.make_room`) and decides it again, a few
-        times; the record, or the error to fail it with."""
+        times; the record, or the error to fail it with. Only on the queue that makes room."""
+        self.room_requests += 1
         for _ in range(_ROOM_ATTEMPTS):
             room = command.make_room(error)
             if room is None:
@@ -343,10 +388,10 @@ class CommandQueue:
             if isinstance(room, Command):
                 room.queue = self
                 blocker = room.blocker()
-                while blocker is not None:  # a write running into a buffer that must move
+                while blocker is not None:  # a write in flight into a buffer that must move
                     await blocker.wait()
                     blocker = room.blocker()
-                failed = await self._phases(room)
+                failed = await self._phases(room, depth + 1)
                 self.on_complete(room, failed)
                 if failed is not None:
                     return None, failed
@@ -386,8 +431,15 @@ class CommandQueue:
             except Exception as exc:
                 errors[i] = exc
         records = [record for i in decided if (record := batch[i].record) is not None]
-        if seconds > INLINE_SECONDS:
-            ran = await self._worker.run(run_all, records, self._banks)
+        if seconds > self.inline_seconds:
+            flying = [batch[i] for i in decided]
+            for command, record in zip(flying, records):
+                self.in_flight(command, record, True)
+            try:
+                ran = await self._worker.run(run_all, records, self._banks)
+            finally:
+                for command, record in zip(flying, records):
+                    self.in_flight(command, record, False)
         else:
             ran = run_all(records, self._banks)
         for i, error in zip(decided, ran):
@@ -410,15 +462,27 @@ class CommandQueue:
             result = None
         command.worked_ahead(result)
 
-    async def _phases(self, command: Command) -> BaseException | None:
+    async def _phases(self, command: Command, depth: int = 0) -> BaseException | None:
+        """Decides, runs and commits a command that makes room (`depth`: how deep in room-making
+        it is); its own room, if it runs out of memory, is made first (an eviction needs DRAM)."""
         command.started = time.perf_counter()
         try:
-            record = command.record = command.decide()
+            try:
+                record = command.decide()
+            except OutOfMemoryError as exc:
+                if depth >= _ROOM_DEPTH:
+                    raise
+                decided, error = await self._decide_with_room(command, exc, depth)
+                if error is not None:
+                    return error
+                assert decided is not None
+                record = decided
+            command.record = record
             if command.capture is not None:
                 command.capture.decided(command, record)  # before a commit can free anything
         except Exception as exc:
             return exc
-        if record.seconds > INLINE_SECONDS:
+        if record.seconds > self.inline_seconds:
             return await self._run_on_worker(command, record)
         try:
             command.commit(record, run(record, self._banks))
@@ -428,17 +492,27 @@ class CommandQueue:
         return None
 
     async def _run_on_worker(self, command: Command, record: Record) -> BaseException | None:
-        """Runs a large record on the worker thread (shielded: it runs to the end), then commits."""
-        return await self._finish(command, record, await self._worker.send_when_free(run, record, self._banks))
+        """Runs a large record on the worker thread (shielded: it runs to the end), then commits.
+        In flight from now (it may wait for a thread) until it lands."""
+        self.in_flight(command, record, True)
+        try:
+            ticket = await self._worker.send_when_free(run, record, self._banks)
+        except BaseException:
+            self.in_flight(command, record, False)
+            raise
+        return await self._finish(command, record, ticket)
 
     async def _finish(self, command: Command, record: Record, ticket: Ticket) -> BaseException | None:
-        """Waits for a record sent to the worker, then commits it (or rolls it back). Meanwhile
-        the next command is decided and sent behind it when it may be, so that the worker goes
-        from one record to the next without waiting for the event loop, as a device's queue
-        runs its commands back to back."""
+        """Waits for a record sent to the worker (in flight), then commits it (or rolls it
+        back). Meanwhile the next command is decided and sent behind it when it may be, so that
+        the worker goes from one record to the next without waiting for the event loop, as a
+        device's queue runs its commands back to back."""
         self._decide_ahead(command)
         try:
-            result = await self._worker.wait(ticket)
+            try:
+                result = await self._worker.wait(ticket)
+            finally:
+                self.in_flight(command, record, False)
             command.commit(record, result)
         except Exception as exc:
             command.rollback(record)
@@ -464,10 +538,11 @@ class CommandQueue:
             return
         steps = record.steps
         compute = steps[0]
-        ahead = len(steps) == 1 and type(compute) is Compute and record.seconds > INLINE_SECONDS
+        ahead = len(steps) == 1 and type(compute) is Compute and record.seconds > self.inline_seconds
         ticket = self._worker.send(run, record, self._banks) if ahead else None
         if ticket is None:  # a conversion, a small record or no free token: undo
             command.rollback(record)
             return
+        self.in_flight(command, record, True)  # lands in `_finish`, in its turn
         command.record = record
         command.sent = ticket

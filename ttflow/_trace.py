@@ -45,6 +45,17 @@ class Trace:
         trace._capture = capture
         return trace
 
+    def __del__(self) -> None:
+        # May run on any thread (garbage collection): the scheduler releases the trace on the
+        # loop thread, as it frees a dropped tensor. A trace kept alive is released by
+        # `release_trace` or when its device closes.
+        capture = getattr(self, "_capture", None)
+        if capture is not None and not capture.released:
+            try:
+                self.device._scheduler.drop_trace(capture)
+            except Exception:  # noqa: BLE001 - interpreter shutdown
+                pass
+
     @property
     def programs(self) -> tuple[str, ...]:
         """Names of the programs recorded so far, in order (complete once the capture ran)."""
@@ -99,7 +110,8 @@ def execute_trace(trace: Trace) -> None:
 
 
 def release_trace(trace: Trace) -> None:
-    """Gives back the memory the trace pins (once queued replays are done); idempotent."""
+    """Gives back the memory the trace pins (once queued replays are done); idempotent. A trace
+    whose handle is dropped is released as well (as a dropped tensor is freed)."""
     if not isinstance(trace, Trace):
         raise TypeError(f"expected a tt.Trace, got {type(trace).__name__}")
     if not trace.device.closed:  # a closed device freed everything already

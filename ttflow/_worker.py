@@ -59,6 +59,10 @@ class QueueWorker:
         self._call_soon: Callable[[Callable[[], None]], Any] | None = None
         self._limiter: Any = None
         self._outstanding: set[Ticket] = set()  # sent, not yet awaited: each holds a token
+        # Cleared by `pause` (tests): the thread then takes no job until `resume`.
+        self._running = threading.Event()
+        self._running.set()
+        self.busy = False  # a job is running (read by tests to tell a settled queue)
 
     def start(self) -> None:
         """Starts the thread; call on the event loop thread, from the owning task."""
@@ -67,9 +71,22 @@ class QueueWorker:
         self._thread = threading.Thread(target=self._serve, name=f"ttflow-{self._name}", daemon=True)
         self._thread.start()
 
+    def pause(self) -> None:
+        """Holds every job sent from now on (and the next one, if one runs) until `resume`:
+        a test's way to keep one queue's records in flight while the other queue goes on."""
+        self._running.clear()
+
+    def resume(self) -> None:
+        self._running.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
+
     def stop(self) -> None:
         """Lets the thread finish what it was sent (all of it awaited, unless the queue's task
         was cancelled) and joins it; tokens of calls nobody awaited go back to the limiter."""
+        self._running.set()
         thread, self._thread = self._thread, None
         if thread is not None:
             self._jobs.put(None)
@@ -134,11 +151,14 @@ class QueueWorker:
             job = jobs.get()
             if job is None:
                 return
+            self._running.wait()
             ticket, function, args = job
+            self.busy = True
             try:
                 ticket.outcome = (function(*args), None)
             except BaseException as exc:  # noqa: BLE001 - carried back to the awaiting task
                 ticket.outcome = (None, exc)
+            self.busy = False
             del function, args, job
             call_soon(ticket.done.set)
             del ticket

@@ -13,6 +13,7 @@ class StorageCore:
     nbytes: int
     pages: Any
     _buffer: Any
+    flights: list[Any] | None
     def __init__(self, layout: Any, address: int, page_size: int, aligned_page_size: int,
                  num_pages: int, dims3: tuple[int, int, int]) -> None: ...
 
@@ -77,6 +78,7 @@ class SchedulerCore:
     l1_allocator: Any
     evict_eagerly: bool
     cb_depth: int
+    _free_on_landing: set[Any]
     def allocate_geometry(self, geometry: tuple[Any, ...], owner: Any) -> Any: ...
     def add_storage(self, state: Any, storage: Any) -> None: ...
     def free(self, storage: Any) -> None: ...

@@ -64,6 +64,7 @@ cdef class StorageCore:
     cdef public Py_ssize_t nbytes
     cdef public object pages
     cdef public object _buffer
+    cdef public list flights  # commands in flight whose records name it (None when none)
     cdef object __weakref__
 
     def __init__(self, layout, Py_ssize_t address, Py_ssize_t page_size,
@@ -80,6 +81,9 @@ cdef class StorageCore:
         # place, dropped when the storage is freed, so no view outlives its allocation).
         self.pages = None
         self._buffer = None
+        # Commands decided and handed to a worker, whose records read or write this storage:
+        # nothing frees or moves it until they land (`Scheduler.take_off` / `land`).
+        self.flights = None
 
 
 @cython.no_gc
@@ -178,6 +182,7 @@ cdef class SchedulerCore:
     cdef public object l1_allocator
     cdef public bint evict_eagerly  # the "eager" policy: evictions are due before every program
     cdef public Py_ssize_t cb_depth  # the circular-buffer region at the bottom of L1 (`_sched.state`)
+    cdef public set _free_on_landing  # storages freed while a command in flight names them
     cdef object __weakref__
 
     cpdef StorageCore allocate_geometry(self, tuple geometry, object owner):
@@ -194,6 +199,7 @@ cdef class SchedulerCore:
         storage.num_pages = num_pages
         storage.dims3 = dims3
         storage.nbytes = storage.page_size * storage.num_pages
+        storage.flights = None
         self._owned[storage] = owner
         if owner is not None and layout.memory is _l1:
             self._l1[storage] = owner
@@ -210,6 +216,9 @@ cdef class SchedulerCore:
             if storage in self._pins:
                 self._orphans[storage] = None  # a trace replays into it: kept until released
                 return
+            if storage.flights is not None:  # a command in flight still moves its bytes
+                self._free_on_landing.add(storage)
+                return
             del self._owned[storage]
             storage.pages = None
             self._spaces[storage.layout.memory].allocator.free(storage.address)
@@ -222,10 +231,16 @@ cdef class SchedulerCore:
             state.storages.clear()
 
     cpdef collect_garbage(self):
+        """Frees what dropped handles held: tensor states, and traces (anything else in the
+        queue is dropped by its own `dropped()`)."""
         cdef StateCore state
         dropped = self._dropped
         while dropped:
-            state = dropped.popleft()
+            item = dropped.popleft()
+            if not isinstance(item, StateCore):
+                item.dropped()
+                continue
+            state = item
             state.deallocated = True
             if not state.pending:
                 self.release(state)
@@ -404,7 +419,9 @@ def run_program(CommandCore command, banks, double inline_seconds):
     cdef StorageCore storage
     for state, layout in zip(command.reads, plan.input_layouts):
         for storage in state.storages:
-            if storage.layout is layout:
+            # Layouts are interned where storages are made; equality is the rule all the same
+            # (`ProgramCommand.decide`), so that the two paths cannot drift apart.
+            if storage.layout is layout or storage.layout == layout:
                 addresses.append(storage.address)
                 break
         else:
@@ -431,6 +448,7 @@ def run_program(CommandCore command, banks, double inline_seconds):
     counters = s.counters
     counters["programs_run"] += 1
     counters["commands_run"] += 1
+    counters["fast_path_programs"] += 1
     # complete
     s.settle_all(command, None)
     command.reads = ()

@@ -149,6 +149,15 @@ class Capture:
                           if pagewise else None)
                 self.steps[index] = step._replace(pagewise=pagewise, kernel=kernel)
 
+    def writes(self, state: TensorState) -> bool:
+        """Whether its replays write `state` (one of its outputs) while it lives."""
+        return not self.released and state in self.outputs
+
+    def dropped(self) -> None:
+        """Its `Trace` handle was garbage-collected (`collect_garbage`, on the loop thread):
+        released, as a dropped tensor is freed."""
+        release(self)
+
     def unpin_if_idle(self) -> None:
         if self.released and self.replays_pending == 0 and self.pinned:
             for storage in self.pinned:
@@ -184,7 +193,7 @@ class ReplayCommand(_Scheduled):
                  outputs: tuple[TensorState, ...]) -> None:
         super().__init__(scheduler, inputs, outputs)
         self.target = capture
-        self.refilled: list[tuple[TensorState, Storage]] = []
+        self.refilled: list[tuple[TensorState, Storage, Storage]] = []  # (state, source, refilled)
         self.spans: list[tuple[float, float]] = []  # each program's run, for the timeline
 
     def decide(self) -> Record:
@@ -197,15 +206,15 @@ class ReplayCommand(_Scheduled):
         for state, storage in capture.external:
             if storage in state.storages:
                 continue
-            if state.deallocated or not state.storages:
+            if not state.storages:  # a deallocated input keeps them while this replay is queued
                 raise TraceError(
                     f"an input {state.shape} {state.dtype.name} of the trace has no value on the "
-                    "device (deallocated, or its producer failed)"
+                    "device (its producer failed)"
                 )
             source = state.conversion_source(storage.layout)
             steps.append(Copy(source, storage, state.shape))
             nbytes += source.nbytes + storage.nbytes
-            self.refilled.append((state, storage))
+            self.refilled.append((state, source, storage))
         steps.extend(capture.steps)
         if capture.footprint:  # its programs' circular buffers, for the whole replay
             s = self.scheduler
@@ -232,8 +241,9 @@ class ReplayCommand(_Scheduled):
         if self.footprint:
             s.release_footprint(self)
         self.spans = result if record.timed else []
-        for state, storage in self.refilled:
-            if state.find(storage.layout) is None:
+        for state, source, storage in self.refilled:
+            s.count_copy(source, storage)  # a conversion (or residency copy) like any other
+            if not state.deallocated and state.find(storage.layout) is None:
                 s.adopt(state, storage)
         for state, storages in self.target.snapshot:
             if state.deallocated:

@@ -17,7 +17,6 @@ import numpy as np
 from .._commands import Compute, Copy, Load, PageCode, Record, Store, estimate, page_kernel, pagewise_storages
 from .._errors import OutOfMemoryError, ProgramError
 from .._memory import Storage
-from .. import _queue  # its INLINE_SECONDS, read at each use (ttflow.testing's machine lowers it)
 from .. import _storage_io as io
 from .._queue import NO_DEPS as _NO_DEPS, Command
 from .._storage_io import row_bytes
@@ -31,6 +30,7 @@ __all__ = ["WriteCommand", "ReadCommand", "ConvertCommand", "AllocateCommand", "
 class _Scheduled(Command):
     """A command of this scheduler: it reads and writes tensor states."""
 
+    spillable = True  # its own L1 allocations may go to DRAM (`room.make_room`)
     __slots__ = ()
 
     def __init__(self, scheduler: SchedulerState, reads: tuple[TensorState, ...],
@@ -52,7 +52,7 @@ class _Scheduled(Command):
         return room.make_room(self.scheduler, self, error, self.circular_buffer_bytes())
 
     def out_of_memory(self, error: OutOfMemoryError) -> OutOfMemoryError:
-        return room.out_of_memory(self.scheduler, error)
+        return self.scheduler.out_of_memory(error)
 
     def circular_buffer_bytes(self) -> int:
         """The per-core L1 bytes of circular buffers the command runs with (a program's, a
@@ -89,7 +89,9 @@ class WriteCommand(_Scheduled):
         if self.tried_ahead or array is None or not state.storages:
             return None
         home = state.storages[0]
-        if home.layout.tensor_layout is not TensorLayout.TILE or estimate(home.nbytes, 0, 0) <= _queue.INLINE_SECONDS:
+        queue = self.queue
+        inline = queue.inline_seconds if queue is not None else 0.0
+        if home.layout.tensor_layout is not TensorLayout.TILE or estimate(home.nbytes, 0, 0) <= inline:
             return None
         self.tried_ahead = True
         return functools.partial(io.stage_array, state.dtype, array)
@@ -230,6 +232,39 @@ class ProgramCommand(_Scheduled):
     def circular_buffer_bytes(self) -> int:
         return int(self.plan.footprint)
 
+    def takes_fast_path(self, inline_seconds: float) -> bool:
+        """The Python twin of `_core._dispatch.run_program`'s test: whether the C fast path
+        must take this program now (its dependencies done, nothing unusual due, every input
+        held in its declared layout, room for its outputs). A queue that checks its twin
+        (`CommandQueue.check_twin`) counts each program the C path refused although this says
+        it must take it: the two implementations of one rule drifted apart."""
+        if self.capture is not None or any(not dep.done for dep in self.deps):
+            return False
+        s = self.scheduler
+        if (s.evict_eagerly and s.holds_l1()) or s.listeners:
+            return False
+        if any(state.error is not None for state in self.reads):
+            return False
+        plan = self.plan
+        bound = plan.bound
+        if bound is None or bound.kernel is None or not plan.pagewise or bound.seconds > inline_seconds:
+            return False
+        if bound.kernel[0] is MemorySpace.L1 or plan.footprint > s.cb_depth:
+            return False
+        if any(state.find(layout) is None for state, layout in zip(self.reads, plan.input_layouts)):
+            return False
+        taken: list[tuple[Any, int]] = []  # its outputs must fit (tried on the allocator, undone)
+        try:
+            for _, space, _, _, _, depth, _ in bound.outputs:
+                address = space.allocator.allocate(depth)
+                if address is None:
+                    return False
+                taken.append((space.allocator, address))
+        finally:
+            for allocator, address in taken:
+                allocator.free(address)
+        return True
+
     def decidable_ahead(self) -> bool:
         """(Asked once its cross-queue dependencies are done.) A program whose inputs are committed and already in the layouts it reads (no
         conversion), with no eviction due, no donation, no capture or timeline: then its
@@ -240,7 +275,9 @@ class ProgramCommand(_Scheduled):
         if plan.donated or (s.evict_eagerly and s.holds_l1()) or s.listeners or self.capture is not None:
             return False
         bound = plan.bound
-        if bound is not None and bound.seconds <= _queue.INLINE_SECONDS:
+        queue = self.queue
+        assert queue is not None  # asked by the queue it waits in
+        if bound is not None and bound.seconds <= queue.inline_seconds:
             return False
         for state, spec in zip(self.reads, self.program.inputs):
             writer = state.last_writer

@@ -8,10 +8,11 @@ They change scheduling state only through `SchedulerState`'s methods.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .._commands import Copy, Record, Slide
+from .._errors import OutOfMemoryError
 from .._memory import Storage
 from .._queue import Command
 from .._types import Layout, MemorySpace
@@ -21,13 +22,17 @@ from .state import SchedulerState, TensorState
 __all__ = ["EvictCommand", "RelocateCommand", "SlideCommand"]
 
 
-def _running_writer(states: Iterable[TensorState | None]) -> Command | None:
-    """A write running into one of these tensors (a queued write decides its target after
-    the move: it waits on `state.moving`)."""
-    for state in states:
-        writer = state.last_writer if state is not None else None
-        if writer is not None and not writer.done and writer.record is not None:
-            return writer
+def in_flight(storages: Iterable[Storage]) -> Command | None:
+    """A command in flight (decided, its record handed to a worker and not landed) that names
+    one of these storages: a move waits for it. A queued write decides its target after the
+    move (it waits on `state.moving`); one already in flight must land first, however many
+    writes are queued behind it."""
+    for storage in storages:
+        flights = storage.flights
+        if flights:
+            for command in flights:
+                if not command.done:
+                    return command
     return None
 
 
@@ -44,21 +49,30 @@ class EvictCommand(Command):
     held, so that no target lands in it."""
 
     name = "evict"
-    __slots__ = ("victims", "moves", "guards", "relocated")
+    __slots__ = ("victims", "moves", "guards", "relocated", "room")
 
     def __init__(self, scheduler: SchedulerState, victims: Sequence[tuple[TensorState | None, Storage]],
                  relocate: dict[Storage, MemorySpace] | None = None,
-                 guards: tuple[MemorySpace, list[tuple[int, int]]] | None = None) -> None:
+                 guards: tuple[MemorySpace, list[tuple[int, int]]] | None = None,
+                 room: Callable[[Command, OutOfMemoryError], Command | object | None] | None = None) -> None:
         super().__init__()
         self.scheduler = scheduler
         self.victims = list(victims)
         self.relocated = relocate if relocate is not None else {}
         self.guards = guards
         self.moves: list[tuple[TensorState | None, Storage, Storage | None]] = []
+        self.room = room  # room's policy (above this module), for the targets' own room
 
     def blocker(self) -> Command | None:
-        """A write that is running into a victim (a queued write decides its target later)."""
-        return _running_writer(state for state, _ in self.victims)
+        """A command in flight on a victim (a write the other queue is running into it)."""
+        return in_flight(storage for _, storage in self.victims)
+
+    def make_room(self, error: OutOfMemoryError) -> Command | object | None:
+        """Its DRAM targets did not fit: DRAM is relocated or compacted first (`room`)."""
+        return self.room(self, error) if self.room is not None else None
+
+    def out_of_memory(self, error: OutOfMemoryError) -> OutOfMemoryError:
+        return self.scheduler.out_of_memory(error)
 
     def decide(self) -> Record:
         s = self.scheduler
@@ -94,6 +108,12 @@ class EvictCommand(Command):
                         nbytes += storage.nbytes + target.nbytes
                 self.moves.append((state, storage, target))
                 s.begin_move(state, storage, self, in_place=where is not None)
+        except OutOfMemoryError as error:
+            self._undo()
+            # What the whole move needs there, so that room is made for all of its targets
+            # at once (one target's block at a time, each relocation would undo the last).
+            error.needed = max(error.requested, self._needed(error.space))  # type: ignore[attr-defined]
+            raise
         except BaseException:
             self._undo()
             raise
@@ -101,6 +121,21 @@ class EvictCommand(Command):
             for start in held:
                 allocator.free(start)
         return Record(tuple(steps), nbytes=nbytes)
+
+    def _needed(self, space: Any) -> int:
+        """Bytes per bank the targets in `space` take together (the victims still to move)."""
+        s = self.scheduler
+        total = 0
+        for state, storage in self.victims:
+            where = self.relocated.get(storage)
+            if where is not None:
+                if where is space:
+                    total += s.geometry_of(storage, where)[5]
+            elif state is not None and space is MemorySpace.DRAM and storage in state.storages:
+                layout = Layout(MemorySpace.DRAM, storage.layout.tensor_layout, storage.layout.dtype)
+                if state.find(layout) is None:
+                    total += s.geometry(layout, state.shape)[5]
+        return total
 
     def commit(self, record: Record, result: Any) -> None:
         s = self.scheduler
@@ -115,6 +150,8 @@ class EvictCommand(Command):
                     moved += 1
                 else:  # evicted in place (a buffer a trace replays into)
                     copied += target.nbytes
+                    if state is not None:
+                        s.drop_duplicate(state, storage)
                 s.end_move(state, storage)
                 continue
             assert state is not None
@@ -186,8 +223,8 @@ class SlideCommand(Command):
         self.held: list[int] = []
 
     def blocker(self) -> Command | None:
-        """A write that is running into a buffer to slide."""
-        return _running_writer(state for state, _, _ in self.plan)
+        """A command in flight on a buffer to slide (a write the other queue is running)."""
+        return in_flight(storage for _, storage, _ in self.plan)
 
     def decide(self) -> Record:
         s = self.scheduler

@@ -17,6 +17,7 @@ as spilling (`Command.spill`). Every move is a command it returns.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from .._errors import OutOfMemoryError
@@ -30,7 +31,7 @@ from .state import FootprintClash, SchedulerState, TensorState
 if TYPE_CHECKING:
     from collections.abc import Collection
 
-__all__ = ["make_room", "eviction_for", "note_needed", "out_of_memory", "FootprintClash"]
+__all__ = ["make_room", "eviction_for", "note_needed", "FootprintClash"]
 
 
 def eviction_for(s: SchedulerState, program: Command) -> EvictCommand | None:
@@ -46,22 +47,31 @@ def eviction_for(s: SchedulerState, program: Command) -> EvictCommand | None:
     ]
     if not victims:
         return None
-    command = EvictCommand(s, victims)
+    command = EvictCommand(s, victims, room=_room_of(s))
     command.capture = program.capture  # a captured program's evictions are part of its trace
     return command
 
 
+def _room_of(s: SchedulerState) -> functools.partial[Command | object | None]:
+    """What a move that runs out of memory itself asks for room (an eviction's DRAM targets:
+    DRAM is relocated or compacted first)."""
+    return functools.partial(_room_for_move, s)
+
+
+def _room_for_move(s: SchedulerState, command: Command, error: OutOfMemoryError) -> Command | object | None:
+    return make_room(s, command, error, 0)
+
+
 def _movable(state: TensorState | None, storage: Storage, wait: bool = False) -> bool:
     """Whether a tensor's storage may be moved now, in CQ0's order: not being moved, not a
-    committed command's output yet, and not being written (a write still queued decides
-    its target when it runs, after the move). With `wait`, a write running into it is no
-    obstacle: the move waits for it (`EvictCommand.blocker`)."""
+    committed command's output yet, and named by no record in flight (a write the other queue
+    runs into it: a write still queued decides its target when it runs, after the move). With
+    `wait`, a record in flight is no obstacle: the move waits for it (`EvictCommand.blocker`)."""
     if state is None or state.moving is not None:
         return False
     if storage not in state.storages:
         return False  # the output or move target of a command not yet committed
-    writer = state.last_writer
-    return wait or writer is None or writer.done or writer.record is None
+    return wait or not storage.flights
 
 
 def _relocatable(s: SchedulerState, owner: TensorState | None,
@@ -126,7 +136,7 @@ def make_room(s: SchedulerState, command: Command, error: OutOfMemoryError,
         victims = (planning.choose_victims(candidates, allocator.free_blocks(), depth, needed)
                    if candidates else None)
         if victims:
-            return EvictCommand(s, victims)
+            return EvictCommand(s, victims, room=_room_of(s))
     movable: dict[int, tuple[TensorState | None, Storage]] = {}
     for storage, owner in s.buffers():
         if storage.layout.memory is space:
@@ -152,8 +162,8 @@ def make_room(s: SchedulerState, command: Command, error: OutOfMemoryError,
         moves = planning.compaction(allocator.allocations(), set(movable), allocator.size, needed)
         if moves:
             return SlideCommand(s, space, [(*movable[old], new) for old, new in moves])
-    if space is MemorySpace.L1 and not command.spill and command.name != "evict":
-        command.spill = True
+    if space is MemorySpace.L1 and not command.spill and command.spillable:
+        command.spill = True  # a move is not spilled: its targets are where it moves them
         return RETRY
     return None
 
@@ -181,7 +191,7 @@ def _clear_block(s: SchedulerState, space: MemorySpace, start: int, depth: int, 
         elif state is None or s.is_pinned(storage):
             relocate[storage] = MemorySpace.DRAM  # evicted in place: a trace replays into it
     kind = RelocateCommand if space in relocate.values() else EvictCommand
-    return kind(s, victims, relocate, (space, planning.gaps(allocator, start, depth)))
+    return kind(s, victims, relocate, (space, planning.gaps(allocator, start, depth)), room=_room_of(s))
 
 
 def note_needed(s: SchedulerState, error: BaseException, allocated: list[Storage]) -> None:
@@ -195,10 +205,3 @@ def note_needed(s: SchedulerState, error: BaseException, allocated: list[Storage
                    if storage.layout.memory is error.space)
         error.needed = error.requested + held  # type: ignore[attr-defined]
 
-
-def out_of_memory(s: SchedulerState, error: OutOfMemoryError) -> OutOfMemoryError:
-    """`error` as the runtime gives up: with the space's memory view in its message."""
-    if error.view is not None or not isinstance(error.space, MemorySpace):
-        return error
-    return OutOfMemoryError(error.space, error.requested, error.largest_free,
-                            s.memory_view(error.space), error.reason)

@@ -119,6 +119,7 @@ class Scheduler(SchedulerState):
         assert layout.dtype is not None
         if self.capturing is not None:
             self.capturing.admit_transfer()
+        layout = self.intern(layout)
         state = TensorState(shape, layout.dtype, layout)
         try:
             self.add_storage(state, self.allocate(layout, shape, state))
@@ -135,7 +136,7 @@ class Scheduler(SchedulerState):
         depth = -(-error.requested // allocator.alignment) * allocator.alignment
         if depth > allocator.size or (space is MemorySpace.DRAM
                                       and allocator.size - allocator.used_bytes < depth):
-            raise room.out_of_memory(self, error) from None  # larger than the space, or than DRAM's free bytes
+            raise self.out_of_memory(error) from None  # larger than the space, or than DRAM's free bytes
         self.enqueue(AllocateCommand(self, state), self.cq0)
 
     def write(self, state: TensorState, array: np.ndarray[Any, Any]) -> None:
@@ -148,6 +149,7 @@ class Scheduler(SchedulerState):
 
     def to_layout(self, state: TensorState, layout: Layout) -> TensorState:
         assert layout.dtype is not None
+        layout = self.intern(layout)
         target = TensorState(state.shape, layout.dtype, layout)
         self.enqueue(ConvertCommand(self, state, target, layout), self.cq0)
         return target
@@ -168,6 +170,13 @@ class Scheduler(SchedulerState):
                 f"program {program!r} donates an input; a donating submit cannot be captured "
                 "(a replay would write into a buffer its input no longer owns)"
             )
+        for i in command.plan.donated.values():
+            if self.traced_writer(command.reads[i]) is not None:
+                # Every later replay would write into the buffer the donation hands over.
+                raise TraceError(
+                    f"program {program!r} donates a tensor that a trace writes on every replay; "
+                    "release the trace first (tt.release_trace), or donate a copy (tt.to_layout)"
+                )
         for i in command.plan.donated.values():
             state = command.reads[i]
             reader = state.last_reader

@@ -33,6 +33,7 @@ import weakref
 from collections.abc import ItemsView, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, final
 
+from .._commands import Compute, Copy, Load, Record, Store
 from .._core._dispatch import SchedulerCore, StateCore
 from .._errors import OutOfMemoryError, ProgramError
 from .._memory import BufferView, MemorySpaceState, MemoryView, Storage
@@ -105,10 +106,27 @@ Geometry = tuple[Layout, MemorySpaceState, int, int, int, int, tuple[int, int, i
 """(layout, space, page_size, aligned_page_size, num_pages, depth, dims3) of a storage to be."""
 
 
+def _named(step: Any) -> tuple[Storage, ...]:
+    """The storages a record's step reads or writes (a slide names addresses: its own blocks)."""
+    kind = type(step)
+    if kind is Store:
+        return (step.dst,)
+    if kind is Load:
+        return (step.src,)
+    if kind is Copy:
+        return (step.src, step.dst)
+    if kind is Compute:
+        return (*step.sources, *step.outputs, *step.scratch.values())
+    return ()
+
+
 class _Rebindable(Protocol):
-    """A trace capture, as the state sees it: what to tell when a buffer it pins moves."""
+    """A trace capture, as the state sees it: what to tell when a buffer it pins moves, and
+    whether a live one writes a tensor (which may then not be donated)."""
 
     def rebind(self) -> None: ...
+
+    def writes(self, state: TensorState) -> bool: ...
 
 
 class SchedulerState(SchedulerCore):
@@ -143,9 +161,12 @@ class SchedulerState(SchedulerCore):
         # meanwhile (orphans): freed when the move ends (`end_move`), not under it.
         self.in_motion: set[Storage] = set()
         self.free_after_move: set[Storage] = set()
+        # Storages freed while a record in flight names them: freed when it lands (`flight`).
+        self._free_on_landing = set()
         self._captures: weakref.WeakSet[_Rebindable] = weakref.WeakSet()  # to rebind after a move
         # States whose handle was garbage-collected, appended from any thread, freed on the loop.
-        self._dropped: collections.deque[TensorState] = collections.deque()
+        # (A dropped trace's capture is queued here too: `collect_garbage` releases it.)
+        self._dropped: collections.deque[Any] = collections.deque()
         self._layouts: dict[Layout, Layout] = {}
 
     # -- reading the tables -----------------------------------------------------------------
@@ -186,6 +207,13 @@ class SchedulerState(SchedulerCore):
     def is_footprint_block(self, address: int) -> bool:
         """Whether the L1 allocation at `address` is a block of the circular-buffer region."""
         return address in self._cb_blocks
+
+    def out_of_memory(self, error: OutOfMemoryError) -> OutOfMemoryError:
+        """`error` as the runtime gives up: with the space's memory view in its message."""
+        if error.view is not None or not isinstance(error.space, MemorySpace):
+            return error
+        return OutOfMemoryError(error.space, error.requested, error.largest_free,
+                                self.memory_view(error.space), error.reason)
 
     def memory_view(self, space: MemorySpace) -> MemoryView:
         """Every live allocation of `space`, with what it is (see `MemoryView`)."""
@@ -239,13 +267,15 @@ class SchedulerState(SchedulerCore):
     # -- geometry and allocation ------------------------------------------------------------
 
     def intern(self, layout: Layout) -> Layout:
-        """The one object this device uses for layouts equal to `layout` (so that the fast
-        decision finds a storage by identity)."""
+        """The one object this device uses for layouts equal to `layout`: every storage, declared
+        layout and plan holds interned layouts, so that the C fast path finds a storage by
+        identity (it falls back to equality all the same, the general path's rule)."""
         return self._layouts.setdefault(layout, layout)
 
     def geometry(self, layout: Layout, shape: tuple[int, ...]) -> Geometry:
         """Where a value of `shape` in `layout` goes: its pages and their depth in each bank."""
         assert layout.dtype is not None
+        layout = self._layouts.setdefault(layout, layout)
         page_size, num_pages = storage_geometry(shape, layout.dtype, layout.tensor_layout)
         space = self._spaces[layout.memory]
         aligned = space.aligned(page_size)
@@ -307,6 +337,20 @@ class SchedulerState(SchedulerCore):
             storages.remove(copy)
             storages.insert(0, copy)
 
+    def drop_duplicate(self, state: TensorState, storage: Storage) -> None:
+        """`storage` was evicted in place to DRAM (a trace replays into it) where its tensor
+        already kept a copy in the same layout: the tensor keeps one (the earlier: its home
+        first), the other is freed (a pinned one stays the trace's, refilled when replayed)."""
+        storages = state.storages
+        if storage not in storages:
+            return
+        for other in storages:
+            if other is not storage and other.layout == storage.layout:
+                victim = storage if storages.index(storage) > storages.index(other) else other
+                storages.remove(victim)
+                self.free(victim)
+                return
+
     def drop_conversions(self, state: TensorState) -> None:
         """A write of a new value: every storage but the home is stale, and freed."""
         for stale in state.storages[1:]:
@@ -321,13 +365,22 @@ class SchedulerState(SchedulerCore):
 
     def set_storages(self, state: TensorState, storages: Sequence[Storage]) -> None:
         """The state holds exactly `storages` (what a trace replay leaves in its outputs: the
-        capture's snapshot); the others (a conversion of the old value, an evicted home) are
-        freed."""
-        for storage in state.storages:
-            if storage not in storages:
-                self.free(storage)
-        state.storages[:] = storages
+        capture's snapshot), one per layout; the others (a conversion of the old value, an
+        evicted home) are freed. Two of the snapshot's may share a layout since: a pinned home
+        evicted in place to DRAM beside a DRAM copy. The first is kept, the other stays the
+        trace's alone (pinned: the replay still writes it)."""
+        kept: list[Storage] = []
         for storage in storages:
+            if all(other.layout != storage.layout for other in kept):
+                kept.append(storage)
+        for storage in state.storages:
+            if storage not in kept:
+                self.free(storage)
+        for storage in storages:
+            if storage not in kept and storage not in state.storages:
+                self.free(storage)  # pinned: an orphan of the trace
+        state.storages[:] = kept
+        for storage in kept:
             self._own(state, storage)
 
     def _own(self, state: TensorState, storage: Storage) -> None:
@@ -372,6 +425,13 @@ class SchedulerState(SchedulerCore):
 
     def close_capture(self) -> None:
         self.capturing = None
+
+    def traced_writer(self, state: TensorState) -> _Rebindable | None:
+        """A live trace whose replays write `state` (one of its outputs), if any."""
+        for capture in self._captures:
+            if capture.writes(state):
+                return capture
+        return None
 
     def rebind_captures(self) -> None:
         """A pinned buffer moved in place: every live capture binds its records to addresses again."""
@@ -461,6 +521,34 @@ class SchedulerState(SchedulerCore):
     def drop(self, state: TensorState) -> None:
         """A handle was garbage-collected (any thread): free its state on the loop thread."""
         self._dropped.append(state)
+
+    def drop_trace(self, capture: Any) -> None:
+        """A `Trace` handle was garbage-collected (any thread): its capture is released on the
+        loop thread (`collect_garbage` calls its `dropped`)."""
+        self._dropped.append(capture)
+
+    # -- records in flight ------------------------------------------------------------------
+
+    def flight(self, command: Command, record: Record, start: bool) -> None:
+        """A queue handed `record` to its worker (`start`) or it landed: each storage it names
+        knows the commands in flight on it, so that nothing frees or moves it meanwhile (a move
+        waits: `moves.in_flight`; a free waits for the landing)."""
+        for step in record.steps:
+            for storage in _named(step):
+                flights = storage.flights
+                if start:
+                    if flights is None:
+                        storage.flights = [command]
+                    else:
+                        flights.append(command)
+                    continue
+                assert flights is not None, "a landing without a take-off"
+                flights.remove(command)
+                if not flights:
+                    storage.flights = None
+                    if storage in self._free_on_landing:
+                        self._free_on_landing.discard(storage)
+                        self.free(storage)
 
     # -- the circular-buffer region -------------------------------------------------------------
 
