@@ -89,10 +89,25 @@ def _programs(shape: tuple[int, int]) -> list[ModelProgram]:
 PROGRAMS = _programs(SMALL) + _programs(BIG)
 
 
+def _fast_programs(shape: tuple[int, int]) -> list[ModelProgram]:
+    """Pagewise programs on DRAM tiles alike, without intermediates: the C fast path's."""
+    tile = tt.Layout(DRAM, TILE, F32)
+    b = tt.ProgramBuilder("fast_inc")
+    b.output(b.add(b.input(shape, tile), 1.0), tile)
+    inc = b.build()
+    b = tt.ProgramBuilder("fast_add")
+    b.output(b.add(b.input(shape, tile), b.input(shape, tile)), tile)
+    add = b.build()
+    binary = tt.Binary([inc, add])
+    return [ModelProgram(binary, lambda x: [x.map(lambda a: a + np.float32(1))], 0),
+            ModelProgram(binary, lambda x, y: [x.map(np.add, y)], 1)]
+
+
 class RuntimeMachine(RuntimeStateMachine):
     spec = tt.DeviceSpec.small()
     shapes = (SMALL, BIG)
     programs = PROGRAMS
+    fast_programs = tuple(_fast_programs(SMALL) + _fast_programs(BIG))
     fragment_dram = True  # every rule here checks room()
 
 

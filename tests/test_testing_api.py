@@ -23,7 +23,7 @@ PUBLIC = {
     "StorageGeometry", "buffer_footprint", "space_capacity",
     # the state machine and its tools
     "RuntimeStateMachine", "ModelProgram", "DeviceModel", "ModelTensor", "drain",
-    "WorkerThreadHold", "hold_worker_threads",
+    "WorkerThreadHold", "QueueHold", "hold_worker_threads",
 }
 F32, BF16, BF8, I32, U32 = (tt.DataType.FLOAT32, tt.DataType.BFLOAT16, tt.DataType.BFLOAT8_B,
                             tt.DataType.INT32, tt.DataType.UINT32)

@@ -28,6 +28,7 @@ from ._machine import ModelProgram as ModelProgram
 from ._machine import RuntimeStateMachine as RuntimeStateMachine
 from ._model import DeviceModel as DeviceModel
 from ._model import ModelTensor as ModelTensor
+from ._model import QueueHold as QueueHold
 from ._model import WorkerThreadHold as WorkerThreadHold
 from ._model import drain as drain
 from ._model import hold_worker_threads as hold_worker_threads
@@ -53,7 +54,7 @@ from ._strategies import programs as programs
 from ._strategies import shapes as shapes
 
 __all__ = [
-    "RuntimeStateMachine", "ModelProgram", "DeviceModel", "ModelTensor", "WorkerThreadHold",
+    "RuntimeStateMachine", "ModelProgram", "DeviceModel", "ModelTensor", "QueueHold", "WorkerThreadHold",
     "drain", "hold_worker_threads",
     "ExpectedValue", "StorageGeometry", "bfloat8_b_error_bound", "buffer_footprint", "round_as",
     "space_capacity", "storage_geometry", "stored",

@@ -29,7 +29,7 @@ from .._tensor import Tensor
 from .._types import DataType, DeviceSpec, Layout, MemorySpace
 from ._reference import ExpectedValue, buffer_footprint, space_capacity, storage_geometry
 
-__all__ = ["DeviceModel", "ModelTensor", "WorkerThreadHold", "drain", "hold_worker_threads"]
+__all__ = ["DeviceModel", "ModelTensor", "QueueHold", "WorkerThreadHold", "drain", "hold_worker_threads"]
 
 ErrorType = type[BaseException]
 
@@ -232,12 +232,13 @@ class DeviceModel:
             assert e.tensor.shape == e.shape and e.tensor.dtype is e.dtype, f"{e!r} changed"
             assert e.tensor.is_deallocated == e.deallocated, f"{e!r}: is_deallocated is wrong"
 
-    def check_drained(self, device: Device) -> None:
+    def check_drained(self, device: Device, pinned: dict[MemorySpace, int] | None = None) -> None:
         """What holds once every queued command has completed and every outcome is known.
 
-        `memory_used(space)` equals the footprints of the storages the live tensors list, to the
-        byte; deallocated and failed tensors list none; a live tensor lists at most one storage
-        per layout, each with SPEC's geometry, its home first, in the format it was made in.
+        `memory_used(space)` equals the footprints of the storages the live tensors list, plus
+        `pinned` bytes (buffers only a live trace keeps), to the byte; deallocated and failed
+        tensors list none; a live tensor lists at most one storage per layout, each with SPEC's
+        geometry, its home first, in the format it was made in.
         """
         for e in self.tensors:
             t = e.tensor
@@ -269,10 +270,12 @@ class DeviceModel:
         for space in MemorySpace:
             listed = self._listed(space, include_deallocated=False)
             expected = sum(buffer_footprint(b, self.spec) for _, b in listed)
+            kept = (pinned or {}).get(space, 0)
             used = device.memory_used(space)
-            assert used == expected, (
+            assert used == expected + kept, (
                 f"{space.name}: {used} bytes used after a drain, the live tensors hold "
-                f"{expected} ({used - expected:+d}); live: {self.live()}"
+                f"{expected} and live traces alone {kept} ({used - expected - kept:+d}); "
+                f"live: {self.live()}"
             )
 
     def _listed(self, space: MemorySpace, include_deallocated: bool) -> list[tuple[ModelTensor, Any]]:
@@ -354,6 +357,57 @@ class WorkerThreadHold:
         borrowers, self._borrowers = self._borrowers, []
         for borrower in borrowers:
             self._limiter.release_on_behalf_of(borrower)
+
+
+@final
+class QueueHold:
+    """Pauses the worker threads of one device's two queues (what `RuntimeStateMachine` holds
+    between its rules).
+
+    A paused worker takes no job: every record a queue hands it stays *in flight* (decided, its
+    allocations made, its bytes not moved), and its queue waits behind it. Unlike
+    `WorkerThreadHold` (which holds anyio's thread tokens, so nothing is ever handed over), the
+    records are handed over, so a command decided ahead and one held mid-flight are reached
+    too, and `run_alone` lets one queue go on while the other's records stay in flight: CQ0
+    making room while CQ1 holds writes, say. Call on the event loop thread.
+    """
+
+    def __init__(self, device: Device) -> None:
+        self._device = device
+        self.held = False
+
+    def _queues(self) -> dict[str, Any]:
+        return {"CQ0": self._device._cq0, "CQ1": self._device._cq1}
+
+    async def acquire(self) -> None:
+        for queue in self._queues().values():
+            queue._worker.pause()
+        self.held = True
+
+    def release(self) -> None:
+        for queue in self._queues().values():
+            queue._worker.resume()
+        self.held = False
+
+    async def run_alone(self, name: str, seconds: float) -> None:
+        """Lets queue `name` run until it is idle or waits for the other queue (no progress
+        and its worker idle for a few milliseconds), at most `seconds`; then holds it again."""
+        queue = self._queues()[name]
+        worker = queue._worker
+        counters = self._device._scheduler.counters
+        worker.resume()
+        try:
+            with anyio.move_on_after(seconds):
+                last: tuple[int, int] | None = None
+                quiet = 0
+                while quiet < 5:
+                    await anyio.sleep(0.001)
+                    now = (len(queue), counters["commands_run"])
+                    quiet = quiet + 1 if now == last and not worker.busy else 0
+                    last = now
+        finally:
+            if self.held:
+                worker.pause()
 
 
 @asynccontextmanager
