@@ -7,6 +7,11 @@ same rounds: PyTorch eager's `x = x + 1` on a 32x32 float32 tensor (when torch i
 numpy's, and an `anyio.to_thread.run_sync` round trip (what a design that hops threads per
 program pays). Five rounds of each, interleaved: the figures are the best of their rounds and the
 ratios the median of the rounds' ratios, so a slow spell of a shared machine does not decide them.
+
+Also, per round: the same program submitted again and again on one resident input (as a front-end
+runs a step on its weights), made once with `tt.get_layout` and once with a hand-written
+`tt.Layout(...)` equal to it. The two must cost the same: a layout is matched by value (the C fast
+path once matched it by identity, and a hand-made one paid 2.5x).
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ import numpy as np
 from .._device import open_device
 from .._binary import Binary
 from .._program import ProgramBuilder
-from .._runtime import submit, to_device, to_host
+from .._runtime import submit, to_device, to_host, wait
+from .._binary import get_layout
 from .._trace import capture_trace, execute_trace, release_trace
 from .._types import DataType, DeviceSpec, Layout, MemorySpace, TensorLayout
 
@@ -55,6 +61,18 @@ def _peer_us(kind: str, count: int) -> float:
     return (time.perf_counter() - begin) / count * 1e6
 
 
+async def _resident_us(device: Any, binary: Binary, x: Any, count: int) -> float:
+    """us per program of `count` submits reading the same resident input `x`."""
+    gc.collect()
+    begin = time.perf_counter()
+    y = None
+    for _ in range(count):
+        (y,) = submit(device, binary, 0, [x])
+    assert y is not None
+    await wait(y)
+    return (time.perf_counter() - begin) / count * 1e6
+
+
 def _peer_kinds() -> list[str]:
     return ["numpy"] + (["torch"] if importlib.util.find_spec("torch") is not None else [])
 
@@ -66,7 +84,8 @@ async def _measure(count: int, backend_name: str, chain: int, rounds: int) -> di
     ratios (the same round's ttflow over the same round's peer)."""
     binary = _chain_binary()
     tile = Layout(MemorySpace.DRAM, TensorLayout.TILE)
-    samples: dict[str, list[float]] = {"program": [], "submit": [], "replayed": []}
+    samples: dict[str, list[float]] = {"program": [], "submit": [], "replayed": [],
+                                       "get_layout": [], "hand_layout": []}
     peers: dict[str, list[float]] = {kind: [] for kind in _peer_kinds()}
     async with open_device(DeviceSpec.small()) as device:
         start = to_device(np.zeros((32, 32), np.float32), device, tile)
@@ -78,6 +97,10 @@ async def _measure(count: int, backend_name: str, chain: int, rounds: int) -> di
             for _ in range(chain):
                 (t,) = submit(device, binary, 0, [t])
         await t
+        declared = get_layout(binary, 0, 0)
+        by_get_layout = to_device(np.zeros((32, 32), np.float32), device, declared)
+        by_hand = to_device(np.zeros((32, 32), np.float32), device,
+                            Layout(MemorySpace.DRAM, TensorLayout.TILE, DataType.FLOAT32))
         replays = max(1, count // chain)
         for _ in range(rounds):
             # Each measurement starts from the same collector state: the objects an earlier run
@@ -108,6 +131,8 @@ async def _measure(count: int, backend_name: str, chain: int, rounds: int) -> di
             value = float((await to_host(t))[0, 0])
             if value != chain:
                 raise AssertionError(f"replayed chain computed {value}, expected {chain}")
+            samples["get_layout"].append(await _resident_us(device, binary, by_get_layout, count))
+            samples["hand_layout"].append(await _resident_us(device, binary, by_hand, count))
             for kind in peers:
                 peers[kind].append(_peer_us(kind, count))
         release_trace(trace)
@@ -125,6 +150,10 @@ async def _measure(count: int, backend_name: str, chain: int, rounds: int) -> di
         "us_per_thread_round_trip": hop / count * 1e6,
         "rounds_us_per_program": samples["program"],
         "rounds_us_per_submit": samples["submit"],
+        "us_per_program_get_layout": min(samples["get_layout"]),
+        "us_per_program_hand_layout": min(samples["hand_layout"]),
+        "hand_layout_vs_get_layout": statistics.median(
+            p / q for p, q in zip(samples["hand_layout"], samples["get_layout"])),
     }
     for kind, times in peers.items():
         result[f"{kind}_us_per_op"] = min(times)
@@ -133,6 +162,9 @@ async def _measure(count: int, backend_name: str, chain: int, rounds: int) -> di
             p / q for p, q in zip(samples["program"], times))
         result[f"replayed_vs_{kind}"] = statistics.median(
             p / q for p, q in zip(samples["replayed"], times))
+        for layout in ("get_layout", "hand_layout"):
+            result[f"{layout}_vs_{kind}"] = statistics.median(
+                p / q for p, q in zip(samples[layout], times))
     return result
 
 
@@ -182,6 +214,11 @@ def format_table(result: dict[str, Any]) -> str:
         )
     for r in result.get("skipped", []):
         lines.append(f"{r['backend']:<8} skipped: {r['reason']}")
+    for r in result["results"]:
+        vs = f", vs torch {r['hand_layout_vs_torch']:.2f}x / {r['get_layout_vs_torch']:.2f}x" if torch_us else ""
+        lines.append(
+            f"{r['backend']:<8} one resident input: hand-written layout {r['us_per_program_hand_layout']:.1f} us, "
+            f"tt.get_layout {r['us_per_program_get_layout']:.1f} us ({r['hand_layout_vs_get_layout']:.2f}x){vs}")
     lines.append(f"(times: the best of {rounds} interleaved rounds; ratios: the median of the rounds' "
                  "ratios; JSON has every round)")
     lines.append(
