@@ -13,7 +13,7 @@ batches, so the two loss curves can be laid side by side; the held-out accuracy 
 both (on tt, an inference program that returns only the predicted class per image).
 
 The images are drawn here, no download: a hand-made 8x8 bitmap per digit, shifted by up to a
-pixel, dimmed and sprinkled with noise. Needs `pip install ".[torch]"` from a ttflow checkout
+pixel, dimmed and sprinkled with noise. Needs `pip install ".[torch]" --extra-index-url https://download.pytorch.org/whl/cpu` from a ttflow checkout
 (torch==2.13.0) and a C++ compiler once.
 """
 

@@ -4,7 +4,7 @@ The loss and the data stay on the CPU; the forward and the backward run as ttflo
 the emulated device, torch's own SGD updates the tt parameters in place, and the weights stay
 there until training ends. The
 data are synthetic (a fixed random teacher labels random "images"), so the example needs no
-download. Needs `pip install ".[torch]"` from a ttflow checkout (torch==2.13.0) and a C++ compiler once.
+download. Needs `pip install ".[torch]" --extra-index-url https://download.pytorch.org/whl/cpu` from a ttflow checkout (torch==2.13.0) and a C++ compiler once.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ training on CPU torch from the same initial weights over the same batches gives 
 curve up to float32 rounding; both curves are returned, with the next-token accuracy on
 held-out sequences (on tt, an inference program that returns the predicted ids).
 
-The sequences are generated here, no download. Needs `pip install ".[torch]"` from a ttflow
+The sequences are generated here, no download. Needs `pip install ".[torch]" --extra-index-url https://download.pytorch.org/whl/cpu` from a ttflow
 checkout (torch==2.13.0) and a C++ compiler once.
 """
 

@@ -250,3 +250,13 @@ def test_model_tensor_outcomes_follow_their_inputs() -> None:
         c.record(None)
     with pytest.raises(AssertionError, match="DeallocatedTensorError"):
         model.track(Fake(), layout, value).record(tt.DeallocatedTensorError("x"))  # type: ignore[arg-type]
+
+
+def test_the_missing_hypothesis_message_names_no_other_project() -> None:
+    # "ttflow" on PyPI is an unrelated project: no install line may name it.
+    code = (
+        "import sys; sys.modules['hypothesis'] = None\n"
+        "try:\n    import ttflow.testing\nexcept ImportError as e:\n    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "ttflow[" not in out.stdout and "pip install hypothesis" in out.stdout

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 torch = pytest.importorskip(
-    "torch", reason="the PyTorch front-end is optional: pip install torch==2.13.0 (CPU wheel) to test it"
+    "torch", reason="the PyTorch front-end is optional: pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu to test it"
 )
 
 import torch.nn.functional as F

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 torch = pytest.importorskip(
-    "torch", reason="the PyTorch front-end is optional: pip install torch==2.13.0 (CPU wheel) to test it"
+    "torch", reason="the PyTorch front-end is optional: pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu to test it"
 )
 ttt = pytest.importorskip("ttflow.torch")
 

@@ -1,5 +1,19 @@
 """ttflow: device-resident tensors on an emulated tile-based AI accelerator."""
 
+try:  # the C extensions: absent from a source tree that was never built in place
+    from ._core._allocator import Allocator as _Allocator  # noqa: F401
+except ModuleNotFoundError as _missing:  # pragma: no cover - exercised in a subprocess
+    if not (_missing.name or "").startswith("ttflow."):
+        raise
+    import os as _os
+
+    raise ImportError(
+        f"ttflow was imported from its source tree ({_os.path.dirname(_os.path.abspath(__file__))}), "
+        "whose C extensions are not built, and which shadows any installed ttflow. Build them in "
+        "place with `pip install -e .` in the checkout, or run Python from another folder to use "
+        "the installed ttflow (as numpy asks of its own source tree)."
+    ) from None
+
 from ._errors import BinaryFormatError as BinaryFormatError
 from ._errors import DeallocatedTensorError as DeallocatedTensorError
 from ._errors import DeviceClosedError as DeviceClosedError

@@ -21,7 +21,7 @@ try:
 except ImportError:  # pragma: no cover - exercised in a subprocess by the tests
     raise ImportError(
         "ttflow.testing needs hypothesis, which ttflow installs only with its test extra: "
-        'pip install -e ".[test]" (from a ttflow checkout) or pip install "ttflow[test]"'
+        'pip install -e ".[test]" in the ttflow checkout, or pip install hypothesis'
     ) from None
 
 from ._machine import ModelProgram as ModelProgram

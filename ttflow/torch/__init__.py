@@ -15,7 +15,8 @@ try:
     import torch as _torch
 except ImportError as exc:  # pragma: no cover - exercised without torch
     raise ImportError(
-        "ttflow.torch needs PyTorch: pip install '.[torch]' in a ttflow checkout (it pins the tested CPU release torch==2.13.0)"
+        "ttflow.torch needs PyTorch: pip install '.[torch]' --extra-index-url https://download.pytorch.org/whl/cpu in the ttflow "
+        "checkout (torch==2.13.0, the tested release, as PyTorch's CPU build)"
     ) from exc
 
 import ttflow as _tt
