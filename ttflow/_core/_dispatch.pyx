@@ -82,7 +82,7 @@ cdef class StorageCore:
         self.pages = None
         self._buffer = None
         # Commands decided and handed to a worker, whose records read or write this storage:
-        # nothing frees or moves it until they land (`Scheduler.take_off` / `land`).
+        # nothing frees or moves it until they land (`_sched.state.SchedulerState.flight`).
         self.flights = None
 
 
@@ -199,7 +199,6 @@ cdef class SchedulerCore:
         storage.num_pages = num_pages
         storage.dims3 = dims3
         storage.nbytes = storage.page_size * storage.num_pages
-        storage.flights = None
         self._owned[storage] = owner
         if owner is not None and layout.memory is _l1:
             self._l1[storage] = owner

@@ -151,7 +151,7 @@ class EvictCommand(Command):
                 else:  # evicted in place (a buffer a trace replays into)
                     copied += target.nbytes
                     if state is not None:
-                        s.drop_duplicate(state, storage)
+                        s.drop_duplicates(state)
                 s.end_move(state, storage)
                 continue
             assert state is not None

@@ -9,7 +9,7 @@ the Python side calls too: `allocate_geometry`, `free`, `add_storage`, `release`
 `collect_garbage`, `settle_all`). So the answer to "who writes X" is this file (or its C twin):
 
 - a tensor's storages: `add_storage` (C), `replace_storage`, `drop_storage`, `drop_conversions`,
-  `adopt`, `set_storages`, `hand_over`, `release` (C);
+  `drop_duplicates`, `adopt`, `set_storages`, `hand_over`, `release` (C);
 - its last writer and reader, and pending count: `mark_queued`, `begin_move`, `settle`,
   `settle_all` (C); its error: `settle_all` (C); `deallocated` and `donated_to`: `deallocate`,
   `consume`, `collect_garbage` (C); `moving`: `begin_move`, `end_move`;
@@ -19,7 +19,9 @@ the Python side calls too: `allocate_geometry`, `free`, `add_storage`, `release`
 - the circular-buffer region (`cb_depth`, `_cb_blocks`, `_cb_holders`, and a command's
   `footprint`): `hold_footprint`, `release_footprint`, `give_back_footprint`;
 - counters: `count`, `count_copy`; the layout intern table: `intern`; the open capture and the
-  captures to rebind: `open_capture`, `close_capture`; handles dropped on any thread: `drop`.
+  captures to rebind: `open_capture`, `close_capture`; handles (tensors, traces) dropped on any
+  thread: `drop`, `drop_trace`; the records in flight on a storage (`flights`) and the frees
+  deferred to their landing (`_free_on_landing`): `flight`, `free` (C).
 
 The reads that other modules need (which buffers live in L1, whether one is pinned...) are
 methods too, so that no module outside this one names a table.
@@ -337,19 +339,11 @@ class SchedulerState(SchedulerCore):
             storages.remove(copy)
             storages.insert(0, copy)
 
-    def drop_duplicate(self, state: TensorState, storage: Storage) -> None:
-        """`storage` was evicted in place to DRAM (a trace replays into it) where its tensor
-        already kept a copy in the same layout: the tensor keeps one (the earlier: its home
-        first), the other is freed (a pinned one stays the trace's, refilled when replayed)."""
-        storages = state.storages
-        if storage not in storages:
-            return
-        for other in storages:
-            if other is not storage and other.layout == storage.layout:
-                victim = storage if storages.index(storage) > storages.index(other) else other
-                storages.remove(victim)
-                self.free(victim)
-                return
+    def drop_duplicates(self, state: TensorState) -> None:
+        """One storage per layout again, after a pinned one was evicted in place to DRAM where
+        its tensor already kept a copy in that layout (`set_storages`' rule: the earlier stays,
+        the other is freed; a pinned one stays the trace's, refilled when replayed)."""
+        self.set_storages(state, list(state.storages))
 
     def drop_conversions(self, state: TensorState) -> None:
         """A write of a new value: every storage but the home is stale, and freed."""
