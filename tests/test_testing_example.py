@@ -6,9 +6,7 @@ shows code that runs.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -129,6 +127,9 @@ TestFrontendMachine.settings = settings(max_examples=15, stateful_step_count=20,
 
 
 def test_docs_testing_page_shows_this_file() -> None:
+    import re
+    from pathlib import Path
+
     page = Path(__file__).parent.parent / "docs" / "testing.md"
     blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
     assert blocks, "docs/testing.md has no python blocks"

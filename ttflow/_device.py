@@ -35,12 +35,12 @@ class DeviceStatistics:
     move a value between memory spaces (an evicted L1 copy brought back); `evictions` /
     `eviction_bytes` count L1 storages moved to DRAM and the bytes copied (an eviction whose
     value DRAM already holds copies nothing). `programs_run` includes programs run by trace
-    replays; `trace_replays` counts the replays. `donations` / `donated_bytes` count output buffers
-taken over from donated inputs (no allocation, no copy); `cache_update_bytes` the bytes that
-donated `update_cache` steps wrote in place (the row's band of tiles, not the whole cache).
-`relocations` / `relocation_bytes` count buffers moved within their memory space to make a free
-block (an allocation that would otherwise have failed with memory free, or a program's circular
-buffers where L1 buffers were).
+    replays; `trace_replays` counts the replays. `donations` / `donated_bytes` count output
+    buffers taken over from donated inputs (no allocation, no copy); `cache_update_bytes` the
+    bytes that donated `update_cache` steps wrote in place (the row's band of tiles, not the
+    whole cache). `relocations` / `relocation_bytes` count buffers moved within their memory
+    space to make a free block (an allocation that would otherwise have failed with memory free,
+    or a program's circular buffers where L1 buffers were).
     """
 
     host_to_device_bytes: int = 0

@@ -1,4 +1,4 @@
-"""The `ttflow` command: `ttflow demo`, `ttflow memory`, `ttflow bench {kernels,dispatch,pipeline,decode,torch}`, `ttflow --version`."""
+"""The `ttflow` command: `ttflow demo`, `ttflow memory`, `ttflow bench SUITE`, `ttflow --version`."""
 
 from __future__ import annotations
 
@@ -11,13 +11,34 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ._sched import EVICTION_POLICIES
+
+# suite -> (module, what it measures): `ttflow bench --help` lists these words.
 BENCHMARKS = {
-    "kernels": "ttflow._bench.kernels",
-    "dispatch": "ttflow._bench.dispatch",
-    "pipeline": "ttflow._bench.pipeline",
-    "decode": "ttflow._bench.decode",
-    "torch": "ttflow._bench.torch_step",
-    "memory": "ttflow._bench.memory",
+    "kernels": ("ttflow._bench.kernels",
+                "tilize, untilize, page scatter/gather and BFLOAT8_B packing, GB/s against np.copyto"),
+    "dispatch": ("ttflow._bench.dispatch",
+                 "per-program cost of a chain of tiny programs, untraced and replayed, against "
+                 "PyTorch eager and numpy"),
+    "pipeline": ("ttflow._bench.pipeline",
+                 "double buffering's overlap of writes and programs, stitching against a host "
+                 "round trip, resident weights against pushed each time"),
+    "decode": ("ttflow._bench.decode",
+               "greedy decoding of examples/gpt_decode.py's model on the device against numpy"),
+    "torch": ("ttflow._bench.torch_step",
+              "a PyTorch training step and eager ops on tt against CPU torch (needs torch)"),
+    "memory": ("ttflow._bench.memory",
+               "the L1 eviction policies' bytes moved against each other and the offline optimum"),
+}
+
+TORCH_INSTALL = ('pip install ".[torch]" --extra-index-url https://download.pytorch.org/whl/cpu '
+                 "from the ttflow checkout")
+
+# What each policy does, in the words `ttflow demo --help` prints (docs/memory.md has the whole
+# rule); a test checks these name exactly the policies the device takes.
+EVICTION_POLICY_SUMMARIES = {
+    "lookahead": "only when an allocation needs the room, the tensor used farthest ahead first",
+    "eager": "before each program, every L1 tensor it does not read (the first ttflow's rule)",
 }
 
 
@@ -54,16 +75,23 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"ttflow {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
-    bench = commands.add_parser("bench", help="run a benchmark and print its figures")
-    bench.add_argument("suite", choices=sorted(BENCHMARKS), help="which benchmark to run")
+    bench = commands.add_parser(
+        "bench", help="run a benchmark and print its figures",
+        description="Runs one benchmark and prints its figures, each beside a peer measured in\n"
+        "the same run (docs/performance.md says what each figure means).",
+        epilog="suites:\n" + "\n".join(f"  {name:<9} {about}" for name, (_, about) in BENCHMARKS.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    bench.add_argument("suite", choices=list(BENCHMARKS), help="which benchmark to run (below)")
     bench.add_argument("--json", action="store_true", help="print the result as JSON")
     bench.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke test")
     demo = commands.add_parser(
         "demo",
         help="run a small pipeline on the emulated n150 and summarise what the runtime did",
         description="Runs a small MLP pipeline on an emulated Wormhole n150: weights pushed once "
-        "and kept resident, two stitched programs, double-buffered inputs, at least one "
-        "eviction and one layout conversion. Prints a summary table.",
+        "and kept resident, two programs stitched on the device, double-buffered inputs, weights "
+        "converted to the programs' layouts once. Prints a summary table (evictions, "
+        "conversions, bytes moved, queue overlap, the error against numpy) and the memory views.",
     )
     demo.add_argument("--batches", type=_positive_int, default=64, metavar="N",
                       help="input batches to run, at least 1 (default 64)")
@@ -80,10 +108,11 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--blas-threads", type=_blas_threads, default=1, metavar="N",
                       help="threads numpy's BLAS may use while the device is open, or 'default' "
                       "for the library's own setting (default 1; see docs/performance.md)")
-    demo.add_argument("--eviction", choices=["lookahead", "eager"], default="lookahead",
-                      help="when L1 tensors move to DRAM: only when room is needed, farthest next "
-                      "use first (lookahead, the default), or every L1 tensor a starting program "
-                      "does not read (eager, the first ttflow's rule); see docs/performance.md")
+    demo.add_argument("--eviction", choices=EVICTION_POLICIES, default=EVICTION_POLICIES[0],
+                      help="when L1 tensors move to DRAM: " + "; ".join(
+                          f"{name}{' (the default)' if name == EVICTION_POLICIES[0] else ''}: {about}"
+                          for name, about in EVICTION_POLICY_SUMMARIES.items())
+                      + " (docs/memory.md)")
     memory = commands.add_parser(
         "memory",
         help="run a few batches of the demo pipeline and print what L1 and DRAM hold",
@@ -95,6 +124,7 @@ def _parser() -> argparse.ArgumentParser:
     memory.add_argument("--json", action="store_true", help="print the views as JSON")
     parser.set_defaults(subparser=None)
     demo.set_defaults(subparser=demo)
+    bench.set_defaults(subparser=bench)
     memory.set_defaults(subparser=memory)
     return parser
 
@@ -128,8 +158,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "bench":
-        module = importlib.import_module(BENCHMARKS[args.suite])
-        result = module.run(**({"quick": True} if args.quick else {})) if _takes_quick(module) else module.run()
+        if args.suite == "torch" and importlib.util.find_spec("torch") is None:
+            args.subparser.error("bench torch needs PyTorch: " + TORCH_INSTALL)
+        module = importlib.import_module(BENCHMARKS[args.suite][0])
+        result = module.run(quick=args.quick)
         print(json.dumps(result, indent=2) if args.json else module.format_table(result))
         return 0
     if args.command == "memory":
@@ -146,11 +178,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                     progress=not args.no_progress, blas_threads=args.blas_threads,
                     memory_map=args.memory_map, eviction=args.eviction)
 
-
-def _takes_quick(module: object) -> bool:
-    import inspect
-
-    return "quick" in inspect.signature(module.run).parameters  # type: ignore[attr-defined]
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ Conventions (the caller's contract, `InputSpec` and `OutputSpec` restate them pe
 
 - every program input and output is `DRAM TILE` in `device_dtype(torch dtype)` with shape
   `device_shape(torch shape)`: rank 0 becomes (1, 1), rank 1 (n,) becomes (1, n); integers
-  and bools are INT32 (a bool is 1 or 0, int64 values wrap to 32 bits);
+  and bools are INT32 (a bool is 1 or 0; int64 values past int32's range are refused on the
+  way in and every int64 result is range-checked, never wrapped);
 - inside the program a value has its torch shape (rank 0 as (1,)), so each ATen op maps onto
   ttflow's numpy-like op with the same axes; inputs and outputs are reshaped at the edges;
 - after each node the value is checked against the node's `meta["val"]`: its shape must be the
@@ -64,7 +65,7 @@ _DTYPES = {
 
 def device_dtype(dtype: torch.dtype) -> tt.DataType:
     """The device dtype a torch dtype lives in: float32 and bfloat16 as themselves, every
-    integer type and bool as INT32 (bool as 1/0; int64 wraps to 32 bits)."""
+    integer type and bool as INT32 (bool as 1/0; int64 results are range-checked, not wrapped)."""
     try:
         return _DTYPES[dtype]
     except (KeyError, TypeError):
