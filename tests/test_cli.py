@@ -297,11 +297,12 @@ def test_memory_json_lists_every_buffer(capsys: pytest.CaptureFixture[str]) -> N
         assert view["used"] == sum(b["nbytes"] for b in view["buffers"])
         assert 0 <= view["fragmentation"] < 1
         for b in view["buffers"]:
-            assert set(b) == {"address", "depth", "nbytes", "kind", "shape", "dtype", "layout"}
+            assert set(b) == {"address", "depth", "nbytes", "kind", "shape", "dtype", "layout", "tensor"}
             assert b["nbytes"] == b["depth"] * view["num_banks"]
     logits = [b for b in views["L1"]["buffers"] if b["shape"] == [32, 32]]
     assert len(logits) == _demo.MEMORY_BATCHES
     assert all(b["kind"] == "home" and b["dtype"] == "FLOAT32" and b["layout"] == "TILE" for b in logits)
+    assert sorted(b["tensor"] for b in logits) == sorted(f"logits {i}" for i in range(len(logits)))
     # One 32x32 float32 tile on 4 banks: one tile deep, in the top half of L1 (it fills top-down).
     assert all(b["depth"] == 32 * 32 * 4 and b["address"] >= spec.l1_bank_bytes // 2 for b in logits)
     weights = {(tuple(b["shape"]), b["layout"], b["kind"]) for b in views["DRAM"]["buffers"]}

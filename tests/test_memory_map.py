@@ -13,6 +13,7 @@ from ttflow._memory_map import (
     INSTALL_HINT,
     MemoryMapRecorder,
     draw_memory_map,
+    memory_map_figure,
     record_memory_map,
     view_as_dict,
 )
@@ -54,7 +55,7 @@ async def test_a_pushed_l1_tensor_is_a_home_block_at_the_top_of_l1() -> None:
         first, *rest = recorder.snapshots[L1]
         assert first == (0, ())  # a fresh device holds nothing
         assert [index for index, _ in rest] == [1] and recorder.commands == 1
-        assert rest[-1][1] == ((line - depth, depth, "home"),)  # L1 fills top-down
+        assert rest[-1][1] == ((line - depth, depth, "home", "(64, 96) FLOAT32 TILE"),)  # L1 fills top-down
         assert recorder.snapshots[DRAM] == [(0, ()), (1, ())]
         del t
 
@@ -69,8 +70,8 @@ async def test_dram_blocks_are_bottom_up_and_set_the_high_water_mark() -> None:
         db = _tile_depth(SMALL, (40, 40), DRAM)
         assert (da, db) == (10 * 160, 4096)
         final = recorder.snapshots[DRAM][-1][1]
-        kinds = {kind for _, _, kind in final}
-        assert final[0] == (0, da, "home")
+        kinds = {kind for _, _, kind, _ in final}
+        assert final[0] == (0, da, "home", "(40, 40) FLOAT32 ROW_MAJOR")
         assert final[1][:2] == (da, db) and kinds <= {"home", "conversion", "pending"}
         assert recorder.high_water[DRAM] == da + db
         del a, b
@@ -101,9 +102,10 @@ async def test_a_freed_buffer_ends_its_span_at_the_next_snapshot() -> None:
             u = tt.to_device(np.ones((64, 96), np.float32), device, layout)
             await u
         line, dt, du = SMALL.l1_bank_bytes, _tile_depth(SMALL, (32, 32), L1), _tile_depth(SMALL, (64, 96), L1)
-        assert dt != du  # (a block is its address, depth and kind: an equal one would continue t's span)
+        assert dt != du  # (a block is its address, depth, kind and tensor: an equal one would continue t's span)
         # t lived from the first command until the second; u, in t's old room, to the end.
-        assert recorder.spans(L1) == [(1, 2, (line - dt, dt, "home")), (2, 3, (line - du, du, "home"))]
+        assert recorder.spans(L1) == [(1, 2, (line - dt, dt, "home", "(32, 32) FLOAT32 TILE")),
+                                      (2, 3, (line - du, du, "home", "(64, 96) FLOAT32 TILE"))]
         del u
 
 
@@ -117,7 +119,8 @@ async def test_the_last_snapshot_matches_the_memory_view() -> None:
                 await t
         for space in (L1, DRAM):
             view = device.memory_view(space)
-            assert recorder.snapshots[space][-1][1] == tuple((b.address, b.depth, b.kind) for b in view.buffers)
+            assert recorder.snapshots[space][-1][1] == tuple(
+                (b.address, b.depth, b.kind, b.describe()) for b in view.buffers)
             data = view_as_dict(view)
             assert data["used"] == sum(b["nbytes"] for b in data["buffers"]) == view.used
             assert {tuple(b["shape"]) for b in data["buffers"]} == {t.shape for t in kept if t.layout.memory is space}
@@ -145,3 +148,42 @@ def test_drawing_without_matplotlib_says_how_to_install_it(monkeypatch: pytest.M
         draw_memory_map(recorder, tmp_path / "map.png")
     assert INSTALL_HINT in str(error.value) and "[plot]" in INSTALL_HINT
     assert not (tmp_path / "map.png").exists()
+
+
+async def test_a_named_tensor_is_named_in_the_views_and_the_map() -> None:
+    """The name follows the value (its conversion too) into the view, the table, JSON and map."""
+    pytest.importorskip("matplotlib")
+    async with tt.open_device(SMALL) as device:
+        with record_memory_map(device) as recorder:
+            big = tt.to_device(np.ones((256, 256), np.float32), device)
+            big.name = "weights"
+            b = tt.ProgramBuilder("reads_tiles")  # converts big to TILE, kept beside it
+            b.output(b.relu(b.input((256, 256), tt.Layout(DRAM, tt.TensorLayout.TILE))))
+            (converted,) = tt.submit(device, tt.Binary([b.build()]), 0, [big])
+            small = tt.to_device(np.ones((32, 32), np.float32), device)
+            await converted, await small
+        view = device.memory_view(DRAM)
+        assert sorted((b.kind, str(b.tensor)) for b in view.buffers) == [
+            ("conversion", "weights"), ("home", "None"), ("home", "None"), ("home", "weights")]
+        assert "weights: (256, 256) FLOAT32 ROW_MAJOR" in str(view)
+        assert [b["tensor"] for b in view_as_dict(view)["buffers"]].count("weights") == 2
+        figure = memory_map_figure(recorder, title="a run")
+        assert figure._suptitle.get_text() == "a run"
+        dram_key = figure.axes[1].texts[-1].get_text().splitlines()
+        assert dram_key[0] == "largest buffers:"
+        assert "1  weights: (256, 256) FLOAT32 ROW_MAJOR" in dram_key
+        default = memory_map_figure(recorder)._suptitle.get_text()
+        assert default == f"{SMALL.name}: {recorder.commands} commands, eviction policy 'lookahead'"
+        with pytest.raises(TypeError, match="str or None"):
+            big.name = 3  # type: ignore[assignment]
+        del big, converted, small
+
+
+def test_a_map_labels_its_largest_buffers() -> None:
+    from ttflow._memory_map import LABELLED, labelled
+
+    large = [(0, 100, (i * 60, 50 + i, "home", f"t{i}")) for i in range(LABELLED + 2)]
+    unnamed = (0, 100, (0, 500, "circular_buffers", ""))     # holds no tensor
+    brief = (90, 100, (900, 300, "pending", "brief"))         # tall, but for 10 commands only
+    chosen = labelled([brief, *large, unnamed])
+    assert [span[2][3] for span in chosen] == [f"t{i}" for i in range(2, LABELLED + 2)]

@@ -14,6 +14,7 @@ EXPECTED = {
     "Trace", "capture_trace", "execute_trace", "release_trace",
     "Device", "DeviceStatistics", "open_device", "BufferInfo",
     "MemoryView", "BufferView", "MemoryMapRecorder", "record_memory_map", "draw_memory_map",
+    "memory_map_figure",
     "Binary", "Program", "ProgramBuilder", "simplify", "get_layout",
     "deallocate", "empty", "submit", "to_device", "to_host", "to_layout", "wait", "write",
     "Tensor", "TimelineRecorder", "record_timeline", "record_trace", "TraceRecorder",

@@ -35,6 +35,7 @@ from ._memory import BufferView as BufferView
 from ._memory import MemoryView as MemoryView
 from ._memory_map import MemoryMapRecorder as MemoryMapRecorder
 from ._memory_map import draw_memory_map as draw_memory_map
+from ._memory_map import memory_map_figure as memory_map_figure
 from ._memory_map import record_memory_map as record_memory_map
 from ._binary import Binary as Binary
 from ._program import Program as Program
@@ -81,6 +82,7 @@ __all__ = [
     "Trace", "capture_trace", "execute_trace", "release_trace",
     "Device", "DeviceStatistics", "open_device", "BufferInfo",
     "MemoryView", "BufferView", "MemoryMapRecorder", "record_memory_map", "draw_memory_map",
+    "memory_map_figure",
     "Binary", "Program", "ProgramBuilder", "simplify", "get_layout",
     "deallocate", "empty", "submit", "to_device", "to_host", "to_layout", "wait", "write",
     "Tensor", "TimelineRecorder", "record_timeline", "record_trace", "TraceRecorder",

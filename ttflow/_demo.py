@@ -100,13 +100,17 @@ async def _pipeline(device: Device, sizes: tuple[int, int, int, int], w1: np.nda
     batch, d_in, hidden, classes = sizes
     binary = build_binary(batch, d_in, hidden, classes)
     tw1, tw2 = to_device(w1, device), to_device(w2, device)  # pushed once, row-major
+    tw1.name, tw2.name = "w1", "w2"  # the memory views and the memory map show the names
     slots = [empty((batch, d_in), F32, device, DRAM_TILE) for _ in range(2)]
+    for i, slot in enumerate(slots):
+        slot.name = f"input slot {i}"
     outputs: list[Tensor] = []
     for i in range(batches):
         slot = slots[i % 2]
         write(slot, inputs[i % len(inputs)])  # CQ1, overlaps the other slot's programs
         (h,) = submit(device, binary, 0, [slot, tw1])
         (logits,) = submit(device, binary, 1, [h, tw2])  # stitched through L1
+        h.name, logits.name = f"hidden {i}", f"logits {i}"
         outputs.append(logits)
         if i >= 2:  # keep two batches in flight
             await outputs[i - 2]
@@ -151,7 +155,8 @@ async def demo(batches: int = 64, trace: str | None = None, small: bool = False,
         l1_capacity = spec.l1_banks * spec.l1_bank_bytes
         del outputs, resident  # alive until the views were taken
     if mapper is not None and memory_map:
-        draw_memory_map(mapper, memory_map)
+        draw_memory_map(mapper, memory_map, title=f"ttflow demo: {batches} batches on {spec.name}, "
+                        f"eviction {eviction!r}")
     return {
         "device": spec.name,
         "batches": batches,

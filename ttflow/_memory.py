@@ -52,7 +52,8 @@ class BufferView:
     "home" (a tensor's own copy), "conversion" (a copy of a tensor in another layout, kept for
     reuse), "pending" (an output or move target of a command that is running), "scratch" (a
     running program's intermediate), "circular_buffers" (the L1 footprint of the running
-    program, at the bottom of L1), "trace" (kept for a captured trace's replays).
+    program, at the bottom of L1), "trace" (kept for a captured trace's replays). `tensor` is
+    the name its tensor was given (`Tensor.name`), if any.
     """
 
     address: int
@@ -62,6 +63,15 @@ class BufferView:
     shape: tuple[int, ...] | None = None
     dtype: DataType | None = None
     layout: Layout | None = None
+    tensor: str | None = None
+
+    def describe(self) -> str:
+        """What the buffer holds, for a table or a map: the tensor's name (if it has one), then
+        its shape, dtype and layout; "" for circular buffers."""
+        what = f"{self.tensor}: " if self.tensor is not None else ""
+        if self.shape is not None and self.layout is not None and self.dtype is not None:
+            what += f"{self.shape} {self.dtype.name} {self.layout.tensor_layout.name}"
+        return what.rstrip(": ")
 
 
 @final
@@ -100,10 +110,7 @@ class MemoryView:
             lines[0] += f" (used includes {_mib(circular)} of circular buffers)"
         shown = sorted(self.buffers, key=lambda b: -b.nbytes)[:_SHOWN]
         for b in sorted(shown, key=lambda b: b.address):
-            what = ""
-            if b.shape is not None and b.layout is not None and b.dtype is not None:
-                what = f"{b.shape} {b.dtype.name} {b.layout.tensor_layout.name}"
-            lines.append(f"  0x{b.address:08x}  {_mib(b.nbytes):>11}  {b.kind:<16} {what}".rstrip())
+            lines.append(f"  0x{b.address:08x}  {_mib(b.nbytes):>11}  {b.kind:<16} {b.describe()}".rstrip())
         if len(self.buffers) > _SHOWN:
             lines.append(f"  ... and {len(self.buffers) - _SHOWN} smaller buffers")
         return "\n".join(lines)

@@ -24,10 +24,15 @@ if TYPE_CHECKING:
     from ._memory import MemoryView
     from ._queue import Command
 
-__all__ = ["Block", "MemoryMapRecorder", "draw_memory_map", "record_memory_map", "view_as_dict"]
+__all__ = ["Block", "MemoryMapRecorder", "draw_memory_map", "memory_map_figure", "record_memory_map",
+           "view_as_dict"]
 
-Block = tuple[int, int, str]
-"""(address, depth, kind) of one buffer: `depth` bytes from `address` in every bank."""
+Block = tuple[int, int, str, str]
+"""(address, depth, kind, what) of one buffer: `depth` bytes from `address` in every bank;
+`what` is `BufferView.describe()` (the tensor's name, shape, dtype and layout)."""
+
+LABELLED = 8
+"""Buffers per panel a map numbers and names in its key: the largest rectangles."""
 
 SPACES = (MemorySpace.L1, MemorySpace.DRAM)
 
@@ -72,12 +77,12 @@ class MemoryMapRecorder:
             view = self.device.memory_view(space)
             self.num_banks[space] = view.num_banks
             self.line_bytes[space] = view.total // view.num_banks
-            blocks = tuple([(b.address, b.depth, b.kind) for b in view.buffers])
+            blocks = tuple([(b.address, b.depth, b.kind, b.describe()) for b in view.buffers])
             taken = self.snapshots[space]
             if taken and taken[-1][1] == blocks:
                 blocks = taken[-1][1]
             elif blocks:
-                top = max(address + depth for address, depth, _ in blocks)
+                top = max(address + depth for address, depth, _, _ in blocks)
                 self.high_water[space] = max(self.high_water[space], top)
             taken.append((self.commands, blocks))
 
@@ -118,6 +123,7 @@ def view_as_dict(view: MemoryView) -> dict[str, Any]:
                 "shape": list(b.shape) if b.shape is not None else None,
                 "dtype": b.dtype.name if b.dtype is not None else None,
                 "layout": b.layout.tensor_layout.name if b.layout is not None else None,
+                "tensor": b.tensor,
             }
             for b in view.buffers
         ],
@@ -132,12 +138,21 @@ def record_memory_map(device: Device) -> Iterator[MemoryMapRecorder]:
         yield recorder
 
 
-def draw_memory_map(recorder: MemoryMapRecorder, path: str | os.PathLike[str]) -> None:
+def draw_memory_map(recorder: MemoryMapRecorder, path: str | os.PathLike[str],
+                    title: str | None = None) -> None:
     """Writes the map as a PNG: one panel per space, time across, bank addresses up.
 
-    DRAM's panel shows only the addresses ever used (its banks are a GiB each). RuntimeError
-    when matplotlib is missing; the hint says how to install it.
+    `title` names the run (by default the device, the commands recorded and the eviction
+    policy). The largest buffers of each panel are numbered, and a key beside the panel says
+    what each holds (its tensor's `name`, shape, dtype and layout). DRAM's panel shows only the addresses ever used (its banks
+    are a GiB each). RuntimeError when matplotlib is missing; the hint says how to install it.
     """
+    memory_map_figure(recorder, title).savefig(path, format="png")
+
+
+def memory_map_figure(recorder: MemoryMapRecorder, title: str | None = None) -> Any:
+    """The map as a matplotlib Figure (`draw_memory_map` saves it), for a caller that adds to
+    it or checks what it shows."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -149,6 +164,7 @@ def draw_memory_map(recorder: MemoryMapRecorder, path: str | os.PathLike[str]) -
     # A bare Figure on the Agg canvas: no pyplot state, no display, safe off the main thread.
     figure = Figure(figsize=(11, 7.5), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
+    figure.suptitle(title if title is not None else _run_title(recorder), fontsize=12)
     axes = figure.subplots(len(SPACES), 1, sharex=True)
     end = recorder.commands + 1
     shown: set[str] = set()
@@ -156,12 +172,23 @@ def draw_memory_map(recorder: MemoryMapRecorder, path: str | os.PathLike[str]) -
         line = recorder.line_bytes.get(space, 0)
         top = line if space is MemorySpace.L1 else recorder.high_water[space]
         top = max(top, 1)
-        for first, stop, (address, depth, kind) in recorder.spans(space):
+        spans = recorder.spans(space)
+        for first, stop, (address, depth, kind, _) in spans:
             shown.add(kind)
             # A white outline separates neighbours, but would wash out a buffer a pixel high.
             ax.add_patch(Rectangle((first, address), stop - first, depth,
                                    linewidth=0.3 if depth * 100 >= top else 0, edgecolor="white",
                                    facecolor=KIND_COLORS.get(kind, _OTHER_COLOR)))
+        # The largest buffers get a number inside and a line in the key beside the panel.
+        chosen = labelled(spans)
+        for number, (first, stop, (address, depth, _, _)) in enumerate(chosen, 1):
+            ax.text((first + stop) / 2, address + depth / 2, str(number), ha="center",
+                    va="center", fontsize=7, clip_on=True,
+                    bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "alpha": 0.85, "linewidth": 0})
+        if chosen:
+            ax.text(1.01, 1.0, "largest buffers:\n" + "\n".join(
+                f"{number}  {what}" for number, (_, _, (_, _, _, what)) in enumerate(chosen, 1)),
+                transform=ax.transAxes, va="top", ha="left", fontsize=7, family="monospace")
         ax.set_xlim(0, end)
         ax.set_ylim(0, top)
         # Ticks a power of two apart, so that they read as round sizes (256 KiB, not 195.3).
@@ -175,8 +202,22 @@ def draw_memory_map(recorder: MemoryMapRecorder, path: str | os.PathLike[str]) -
     kinds = [k for k in KIND_COLORS if k in shown] + sorted(shown - KIND_COLORS.keys())
     handles: list[Any] = [Patch(facecolor=KIND_COLORS.get(k, _OTHER_COLOR), label=k) for k in kinds]
     if handles:
-        figure.legend(handles=handles, loc="outside upper center", ncols=len(handles), frameon=False)
-    figure.savefig(path, format="png")
+        figure.legend(handles=handles, loc="outside lower center", ncols=len(handles), frameon=False)
+    return figure
+
+
+def labelled(spans: list[tuple[int, int, Block]]) -> list[tuple[int, int, Block]]:
+    """The spans a panel names: the `LABELLED` largest (bytes times commands) that hold a
+    tensor, in address order (top of the key = bottom of the panel)."""
+    named = [s for s in spans if s[2][3]]
+    named.sort(key=lambda s: -(s[1] - s[0]) * s[2][1])
+    return sorted(named[:LABELLED], key=lambda s: (s[2][0], s[0]))
+
+
+def _run_title(recorder: MemoryMapRecorder) -> str:
+    device = recorder.device
+    return (f"{device.spec.name}: {recorder.commands} commands, "
+            f"eviction policy {device.eviction!r}")
 
 
 def _title(recorder: MemoryMapRecorder, space: MemorySpace, top: int) -> str:

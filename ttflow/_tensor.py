@@ -58,6 +58,19 @@ class Tensor(TensorCore):
         return self._state.layout
 
     @property
+    def name(self) -> str | None:
+        """A label of your choosing (None until set): `device.memory_view`, `ttflow memory` and
+        the memory map show it beside the tensor's buffers. It names the value, not the
+        handle: a conversion or an eviction keeps it."""
+        return self._state.name
+
+    @name.setter
+    def name(self, name: str | None) -> None:
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"a tensor's name is a str or None, got {type(name).__name__}")
+        self.device._scheduler.label(self._state, name)
+
+    @property
     def buffer(self) -> BufferInfo | None:
         """The home storage's buffer once the tensor is ready; None before."""
         state = self._state

@@ -48,6 +48,7 @@ class StateCore:
     deallocated: bool
     moving: Any
     donated_to: str | None
+    name: str | None
     def __init__(self, shape: tuple[int, ...], dtype: Any, layout: Any) -> None: ...
 
 class TensorCore:

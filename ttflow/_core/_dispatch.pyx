@@ -126,6 +126,7 @@ cdef class StateCore:
     cdef public bint deallocated
     cdef public object moving
     cdef public object donated_to
+    cdef public object name
     cdef object __weakref__
 
     def __init__(self, shape, dtype, layout):
@@ -140,6 +141,7 @@ cdef class StateCore:
         self.deallocated = False  # by `deallocate`, or its handle was dropped
         self.moving = None
         self.donated_to = None  # the program a donation consumed it in
+        self.name = None  # the user's label (`Tensor.name`): memory views and maps show it
 
 
 @cython.no_gc

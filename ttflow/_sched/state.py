@@ -242,8 +242,9 @@ class SchedulerState(SchedulerCore):
             else:
                 kind = "pending"
             shape = owner.shape if owner is not None else None
+            name = owner.name if owner is not None else None
             buffers.append(BufferView(storage.address, depth, depth * banks, kind, shape,
-                                      storage.layout.dtype, storage.layout))
+                                      storage.layout.dtype, storage.layout, name))
         for address, depth in sizes.items():
             if address not in seen:  # the circular buffers of the running program
                 buffers.append(BufferView(address, depth, depth * banks, "circular_buffers"))
@@ -505,6 +506,10 @@ class SchedulerState(SchedulerCore):
         if not state.deallocated:
             state.deallocated = True
             self.release(state)
+
+    def label(self, state: TensorState, name: str | None) -> None:
+        """The user's name for the tensor (`Tensor.name`), shown by memory views and maps."""
+        state.name = name
 
     def consume(self, state: TensorState, program: str) -> None:
         """A donated input is consumed by `program`: its handle refuses new work, and its buffer
