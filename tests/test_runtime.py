@@ -361,6 +361,28 @@ async def test_cq1_write_overlaps_a_cq0_program() -> None:
         assert overlapped > 0, "no CQ1 write ran while a CQ0 program ran"
 
 
+async def test_a_queues_slices_follow_one_another_even_when_writes_ran_as_a_batch() -> None:
+    # Small writes queued together run as one batch on CQ1's worker and share a start time: each
+    # still gets its own slice, after the one before, never nested in it or partly over it.
+    arrays = [np.full((32, 32), i, np.float32) for i in range(16)]
+    async with tt.open_device(tt.DeviceSpec.small(), inline_seconds=-1) as device:
+        b = tt.ProgramBuilder("inc")
+        b.output(b.add(b.input((32, 32)), 1.0))
+        binary = tt.Binary([b.build()])
+        with tt.record_timeline(device) as recorder:
+            tensors = [tt.to_device(a, device) for a in arrays]
+            outs = [tt.submit(device, binary, 0, [t])[0] for t in tensors]
+            for out, a in zip(outs, arrays):
+                np.testing.assert_array_equal(await tt.to_host(out), a + 1)
+        slices = [e for e in recorder.events if e["ph"] == "X"]
+        assert any(e["args"].get("ran_with_previous") for e in slices if e["tid"] == 1)  # a batch ran
+        for track in (0, 1):
+            mine = [e for e in slices if e["tid"] == track]
+            assert mine
+            for before, after in zip(mine, mine[1:]):
+                assert after["ts"] >= before["ts"] + before["dur"] - 1e-3, (before, after)
+
+
 async def test_large_ready_writes_do_not_wait_for_each_other() -> None:
     # Ready writes share a worker-thread hand-off only up to about a millisecond of work: four
     # 4 MiB writes go one by one, so a program reading the first need not wait for the fourth.
@@ -370,8 +392,9 @@ async def test_large_ready_writes_do_not_wait_for_each_other() -> None:
             tensors = [tt.to_device(a, device, DRAM_TILE) for a in arrays]
             for t in tensors:
                 await t
-        starts = [e["ts"] for e in recorder.events if e["ph"] == "X" and e["name"] == "write"]
-        assert len(starts) == 4 and len(set(starts)) == 4  # four hand-offs, not one batch
+        writes = [e for e in recorder.events if e["ph"] == "X" and e["name"] == "write"]
+        assert len(writes) == 4
+        assert not any(e["args"].get("ran_with_previous") for e in writes)  # four hand-offs, not one batch
         for t, a in zip(tensors, arrays):
             np.testing.assert_array_equal(await tt.to_host(t), a)
 

@@ -5,7 +5,12 @@ names `record_trace` and `TraceRecorder` remain for one release, deprecated.)
 
 One track per command queue (each command a complete event with its name, duration and, in
 `args`, what the command's `describe()` reports: `bytes` is the bytes it moved, other keys are
-passed through as they are) and a counter track of L1 and DRAM occupancy. Recording costs
+passed through as they are) and a counter track of L1 and DRAM occupancy. A queue's slices
+follow one another: a command's slice starts when it started or when the one before it on its
+queue ended, whichever is later, so commands that ran together (a batch of host writes, which
+all start at once) show as consecutive slices sharing the batch's time, never as slices nested
+in one another; such a slice has `args["ran_with_previous"]`. Only a command's own parts (a
+replay's programs) nest inside it. Recording costs
 nothing when no recorder is attached: the device calls its listeners only if there are any.
 """
 
@@ -40,6 +45,7 @@ class TimelineRecorder:
         self.origin = time.perf_counter()
         self.events: list[dict[str, Any]] = []
         self.commands = 0
+        self._track_end: dict[int, float] = {}  # where each track's last slice ended
 
     def _us(self, t: float) -> float:
         return round((t - self.origin) * 1e6, 3)
@@ -52,7 +58,13 @@ class TimelineRecorder:
         args = {k: v for k, v in info.items() if k != "name"}
         if error is not None:
             args["error"] = f"{type(error).__name__}: {error}"
-        start = command.started or end
+        track = _TRACKS.get(queue, 0)
+        started = command.started or end
+        start = self._slice_start(track, started, end)
+        if start > started:
+            # It began before the previous command of its queue ended: the two ran together
+            # (one hand-off to the worker thread, as batched host writes are).
+            args["ran_with_previous"] = True
         self.commands += 1
         self.events.append(
             {
@@ -62,11 +74,12 @@ class TimelineRecorder:
                 "ts": self._us(start),
                 "dur": max(self._us(end) - self._us(start), 0.0),
                 "pid": 1,
-                "tid": _TRACKS.get(queue, 0),
+                "tid": track,
                 "args": args,
             }
         )
         for name, (child_start, child_end) in children:  # e.g. a replay's programs, inside it
+            child_start, child_end = min(max(child_start, start), end), min(max(child_end, start), end)
             self.events.append(
                 {
                     "name": name,
@@ -75,7 +88,7 @@ class TimelineRecorder:
                     "ts": self._us(child_start),
                     "dur": max(self._us(child_end) - self._us(child_start), 0.0),
                     "pid": 1,
-                    "tid": _TRACKS.get(queue, 0),
+                    "tid": track,
                     "args": {},
                 }
             )
@@ -89,6 +102,13 @@ class TimelineRecorder:
                 "args": {space.name: spaces[space].used_bytes() for space in MemorySpace},
             }
         )
+
+    def _slice_start(self, track: int, started: float, end: float) -> float:
+        """Where a slice of `track` begins: not before the track's last slice ended (commands
+        of one queue complete in order, so `end` never goes back)."""
+        start = min(max(started, self._track_end.get(track, started)), end)
+        self._track_end[track] = end
+        return start
 
     def queue_summary(self) -> dict[str, Any]:
         """What each queue did: `{"CQ0": {...}, "CQ1": {...}, "both_busy_seconds": s}`.
