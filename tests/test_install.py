@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -22,3 +23,35 @@ def test_an_unbuilt_source_tree_says_how_to_build_it(tmp_path: Path) -> None:
     assert last.startswith("ImportError: ttflow was imported from its source tree"), result.stderr
     assert "pip install -e ." in last and "another folder" in last
     assert "_allocator" not in result.stderr  # not the module that happened to be missing
+
+
+def _install_lines() -> list[tuple[str, str]]:
+    """Every `pip install ...` a user can read (docs, messages, docstrings, skip reasons): each
+    with the 200 characters from it, lines joined (Python's adjacent strings too)."""
+    root = PACKAGE.parent
+    files = [root / "README.md", *(root / "docs").glob("*.md"), *root.glob("ttflow/**/*.py"),
+             *(root / "examples").glob("*.py"), *(root / "tests").glob("*.py"),
+             *(root / "benchmarks").glob("*.py"), root / "pyproject.toml", root / ".ci" / "run"]
+    found = []
+    for path in files:
+        text = re.sub(r"[\"']\s*\n\s*[\"']", "", path.read_text())  # "a "\n "b" -> "a b"
+        text = re.sub(r"\s*\n\s*#?\s*", " ", text)
+        for match in re.finditer(r"pip install", text):
+            found.append((path.name, text[match.start():match.start() + 200]))
+    return found
+
+
+def test_every_torch_install_line_names_the_cpu_index() -> None:
+    lines = _install_lines()
+    torch_lines = [(name, line) for name, line in lines if "torch" in line[:40]]
+    assert len(torch_lines) >= 6
+    for name, line in torch_lines:
+        assert "download.pytorch.org/whl/cpu" in line, f"{name}: {line}"
+
+
+def test_no_install_line_fetches_the_unrelated_ttflow_from_pypi() -> None:
+    for name, line in _install_lines():
+        head = line[:40]
+        if re.match(r"pip install [\"']?ttflow\b", head):
+            assert "unrelated" in line, f"{name}: {line}"  # only README's warning names it
+        assert "ttflow[" not in head and "ttflow-runtime[" not in head, f"{name}: {line}"

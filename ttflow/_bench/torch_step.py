@@ -19,7 +19,7 @@
   `torch.compile(model, backend="aot_eager")` (dynamo and AOTAutograd, no device), to show what
   the wrappers a compiled model runs through cost before any device does anything.
 
-Needs torch (`pip install ".[torch]"`).
+Needs torch (`pip install ".[torch]" --extra-index-url https://download.pytorch.org/whl/cpu`).
 """
 
 from __future__ import annotations

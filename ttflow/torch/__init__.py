@@ -6,7 +6,8 @@
     loss(out.to("cpu"), y).backward()   # .to("cpu") waits; the gradient goes back to the device
 
 Importing this module names torch's PrivateUse1 backend "tt" and builds (once, cached) the small
-C++ device guard torch needs for it. Install with `pip install ".[torch]"` from a ttflow checkout.
+C++ device guard torch needs for it. Install with `pip install ".[torch]" --extra-index-url
+https://download.pytorch.org/whl/cpu` from a ttflow checkout (the CPU build of torch).
 """
 
 from __future__ import annotations
