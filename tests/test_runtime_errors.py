@@ -375,8 +375,9 @@ async def test_batched_writes_fail_one_by_one() -> None:
             for i, t in enumerate(tensors):
                 if i != 3:
                     np.testing.assert_array_equal(await tt.to_host(t), arrays[i])
-        starts = {e["ts"] for e in recorder.events if e["ph"] == "X" and e["name"] == "write"}
-        assert len(starts) == 1  # one batch
+        writes = [e for e in recorder.events if e["ph"] == "X" and e["name"] == "write"]
+        assert len(writes) == 6  # one batch: each but the first ran with the one before
+        assert [bool(e["args"].get("ran_with_previous")) for e in writes] == [False] + [True] * 5
         assert device.stats.host_to_device_bytes == 5 * arrays[0].nbytes
 
 
