@@ -502,9 +502,12 @@ def test_bad_inputs_fail_clearly() -> None:
     gm64 = trace(lambda x: x * 2, torch.randn(2, 3, dtype=torch.float64))
     with pytest.raises(_lower.UnsupportedOpError, match="torch.float64"):
         _lower.lower(gm64, [torch.randn(2, 3, dtype=torch.float64)], "f64")
-    gm_empty = trace(lambda x: x * 2, torch.randn(0, 3))
-    with pytest.raises(tt.ShapeError, match="empty"):
-        _lower.lower(gm_empty, [torch.randn(0, 3)], "empty")
+    gm_empty = trace(lambda x: x * 2, torch.randn(0, 3))  # fine: no input, an empty output
+    empty = _lower.lower(gm_empty, [torch.randn(0, 3)], "empty")
+    assert empty.inputs[0].empty and [o.kind for o in empty.outputs] == ["empty"]
+    gm_reads_empty = trace(lambda b, x: torch.addmm(b, x.T, x), torch.randn(3, 3), torch.randn(0, 3))
+    with pytest.raises(_lower.UnsupportedOpError, match=r"addmm.default: reads the zero-element tensor"):
+        _lower.lower(gm_reads_empty, [torch.randn(3, 3), torch.randn(0, 3)], "reads_empty")
 
 
 def test_a_device_op_error_names_the_node() -> None:

@@ -54,6 +54,8 @@ def _program_runner(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], nam
         device = session.device(index)
         cells: list[Pending] = []
         for t, tt_, input_spec in zip(tensors, on_tt, specs):
+            if input_spec.empty:  # no elements: not a program input
+                continue
             if not tt_:  # a CPU scalar (a step count, a Python float): moved for this call
                 t = t.to(torch.device("tt", index), input_spec.dtype)
             cells.append(_storage.read(t))
@@ -67,6 +69,9 @@ def _program_runner(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], nam
                 results.append(_storage.new_tensor(spec.shape, spec.dtype, index, outs[spec.index], drain=False))
             elif spec.kind == "input":
                 results.append(args[spec.index])
+            elif spec.kind == "empty":
+                assert spec.dtype is not None
+                results.append(_storage.new_tensor(spec.shape, spec.dtype, index, None, drain=False))
             else:
                 results.append(None)
         args.clear()

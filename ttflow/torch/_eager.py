@@ -273,11 +273,13 @@ def _run_bound(info: _OpInfo, bound: dict[str, Any], out_index: int | None = Non
             break
     device_index = device_index or 0
     device = _storage.session.device(device_index)
+    # One cell per tensor argument; an empty one has none (it is no program input).
     cells = [_storage.read(t if d.type == "tt" else t.to(torch.device("tt", device_index)))
-             for t, d in zip(tensors, devices)]
+             if t.numel() else None for t, d in zip(tensors, devices)]
     cells += [_storage.constant((v,), _scalar_dtype(v), device) for v in lifted]
     cells += _storage.seeds(entry.seeds, device)
-    produced = _storage.post_program(device, entry.binary, 0, cells, entry.n_outputs)
+    produced = _storage.post_program(device, entry.binary, 0, [c for c in cells if c is not None],
+                                     entry.n_outputs)
     values: list[Any] = []
     for k, out in enumerate(entry.outputs):
         if out.kind == "program":
@@ -290,10 +292,18 @@ def _run_bound(info: _OpInfo, bound: dict[str, Any], out_index: int | None = Non
             values.append(_storage.new_tensor(out.shape, out.dtype, device_index, produced[out.index]))
         elif out.kind == "input":  # a functional op's result is a new tensor, sharing the value
             values.append(_storage.new_tensor(out.shape, out.dtype, device_index, cells[out.index]))
+        elif out.kind == "empty":  # no elements: nothing to compute or to write
+            target = into[k] if k < len(into) else None
+            if target is not None and tuple(target.shape) == tuple(out.shape) and target.dtype == out.dtype:
+                values.append(target)
+            else:
+                values.append(_storage.new_tensor(out.shape, out.dtype, device_index, None))
         else:
             values.append(None)
     for position, result in entry.mutations:
         target = tensors[position]
+        if entry.outputs[result].kind == "empty":
+            continue
         _storage.write(target, produced[entry.outputs[result].index], _storage.device_shape(target.shape))
     n_returns = info.n_returns
     returned = values[:n_returns]

@@ -137,18 +137,26 @@ class InputSpec:
     def layout(self) -> tt.Layout:
         return _layout(self.device_dtype)
 
+    @property
+    def empty(self) -> bool:
+        """A zero-element input: it has no elements to pass, so it is not a program input
+        (callers skip it), and the program sees only its shape."""
+        return 0 in self.shape
+
 
 @attrs.frozen
 class OutputSpec:
     """One graph output. `kind` "program": the program's output `index`; "input": the graph
-    returns its input `index` unchanged (nothing is emitted); "none": the graph returns None
-    (`index` is -1). `shape` and `dtype` are torch's (for "none": () and None).
+    returns its input `index` unchanged (nothing is emitted); "empty": a zero-element tensor
+    (no program output: the caller makes an empty tensor of `shape`, `index` is -1); "none":
+    the graph returns None (`index` is -1). `shape` and `dtype` are torch's (for "none": ()
+    and None).
 
     `placeholder`: the program gives a stand-in, not torch's value: max-pool indices are -1
     everywhere, because the lowered backward reads the pooled input instead of them. Such an
     output may be handed to the backward program, never to the user."""
 
-    kind: str = attrs.field(validator=attrs.validators.in_(("program", "input", "none")))
+    kind: str = attrs.field(validator=attrs.validators.in_(("program", "input", "empty", "none")))
     index: int
     shape: tuple[int, ...]
     dtype: torch.dtype | None
@@ -162,8 +170,8 @@ class OutputSpec:
 @attrs.frozen
 class Lowered:
     """A lowered graph: one program (index 0 of `binary`), its inputs (one per placeholder, in
-    order, then `seeds` trailing (1, 1) INT32 seeds the caller draws per call, one per random
-    op), and what each graph output is."""
+    order, the empty ones not passed (`InputSpec.empty`), then `seeds` trailing (1, 1) INT32
+    seeds the caller draws per call, one per random op), and what each graph output is."""
 
     binary: tt.Binary
     inputs: tuple[InputSpec, ...]
@@ -324,7 +332,9 @@ more, and the math form of CPU SDPA's backward (see docs/torch-lowering.md)."""
 
 @attrs.define
 class _T:
-    """A lowered torch value: the program value (shape `_ishape(shape)`) and torch's view of it."""
+    """A lowered torch value: the program value (shape `_ishape(shape)`) and torch's view of it.
+    A zero-element value has no program value (`v` is None): the device holds no empty
+    tensors, and an op either gives an empty result too or reads only its shape (`_EMPTY`)."""
 
     v: Any
     shape: tuple[int, ...]
@@ -435,14 +445,22 @@ class _Lowering:
         raise self.unsupported(f"operand {x!r:.40} is neither a tensor nor a number")
 
     def full(self, shape: Sequence[int], value: float | bool, dtype: torch.dtype) -> Any:
-        if isinstance(value, float) and math.isnan(value):
-            raise self.unsupported("a NaN constant cannot be made on the device")
         ddtype = _value_dtype(dtype, shape)
+        if isinstance(value, float) and math.isnan(value):
+            if not ddtype.is_float:
+                raise self.unsupported(f"a NaN constant of the integer type {dtype}")
+            # The builder takes no NaN scalar (it would make every element NaN by mistake).
+            # float("nan") is the positive quiet NaN: -sqrt(-1) (sqrt(-1) is x86's negative one).
+            return self.b.neg(self.zero_by_zero(shape, ddtype))
         number = int(value) if (isinstance(value, bool) or not ddtype.is_float) else float(value)
         v = self.b.full(_ishape(shape), number, ddtype)
         if number == 0:
             self.zeros.add(v.id)
         return v
+
+    def zero_by_zero(self, shape: Sequence[int], ddtype: tt.DataType) -> Any:
+        """0/0 as x86 computes it, the NaN torch's mean over nothing gives (sign bit set)."""
+        return self.b.sqrt(self.b.full(_ishape(shape), -1.0, ddtype))
 
     def seed(self) -> Any:
         s = self.seeds[self.next_seed]
@@ -495,15 +513,12 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor], name
                 f"{name}: example input {index} is {shape} {example.dtype}, the graph's placeholder "
                 f"{node.name} is {tuple(meta.shape)} {meta.dtype}"
             )
-        if 0 in shape:
-            raise tt.ShapeError(f"{name}: input {index} ({node.name}) of shape {shape} is empty; "
-                                "the device holds no empty tensors")
         # A Python float that changes between calls reaches the graph as a 0-d float64 tensor: it
         # is taken in float32, as torch computes `float32_tensor * python_float` in float32.
         dtype = torch.float32 if example.dtype == torch.float64 and not shape else example.dtype
         spec = InputSpec(shape, dtype, device_shape(shape), device_dtype(dtype))
         specs.append(spec)
-        env[node] = L.b.input(spec.device_shape, spec.layout)
+        env[node] = None if spec.empty else L.b.input(spec.device_shape, spec.layout)
     output_node = next(n for n in graph.nodes if n.op == "output")
     results = output_node.args[0]
     flat = list(results) if isinstance(results, (tuple, list)) else [results]
@@ -511,7 +526,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor], name
     seeds = sum(1 for n in live if n.op == "call_function" and n.target in _SEEDED and _SEEDED[n.target](n))
     L.seeds = [L.b.input((1, 1), _layout(_I32)) for _ in range(seeds)]
     for node, spec in zip(placeholders, specs):
-        env[node] = _T(L.fit(env[node], spec.shape), spec.shape, spec.dtype)
+        env[node] = _T(None if spec.empty else L.fit(env[node], spec.shape), spec.shape, spec.dtype)
 
     for node in graph.nodes:
         if node.op in ("placeholder", "output") or node not in live:
@@ -534,6 +549,9 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor], name
         t = env[out]
         if not isinstance(t, _T):
             raise UnsupportedOpError(f"{name}: output {index} ({out.name}) is not a tensor")
+        if t.v is None:
+            outputs.append(OutputSpec("empty", -1, t.shape, t.dtype))
+            continue
         L.b.output(L.b.reshape(t.v, device_shape(t.shape)) if t.v.shape != device_shape(t.shape) else t.v,
                    _layout(device_dtype(t.dtype)))
         outputs.append(OutputSpec("program", emitted, t.shape, t.dtype, t.v.id in L.placeholders))
@@ -575,6 +593,21 @@ def _lower_node(L: _Lowering, node: torch.fx.Node, env: dict[torch.fx.Node, Any]
         raise UnsupportedOpError(f"{_op_name(node.target)} has no tt lowering{_user_line(node)}")
     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n])
     meta = node.meta.get("val")
+    if _all_empty(meta):  # a zero-element result (a slice to nothing, an op on empties): no op
+        return _wrap(L, node, meta, None)
+    empty = _empty_inputs(args, kwargs)
+    if empty:
+        rule = _EMPTY.get(node.target)
+        if rule is None:
+            raise L.unsupported(f"reads the zero-element tensor {empty[0].shape} and gives a "
+                                "non-empty one; the device lowering has no rule for that")
+        if rule != "drop" and not isinstance(meta, torch.Tensor):
+            raise L.unsupported(f"reads the zero-element tensor {empty[0].shape} and gives {meta!r:.40}")
+        shape = _static(meta.shape, node.name) if isinstance(meta, torch.Tensor) else ()
+        if rule == "0/0":
+            return _wrap(L, node, meta, L.zero_by_zero(shape, _value_dtype(meta.dtype, shape)))
+        if rule != "drop":  # the value a reduction over nothing gives: its identity
+            return _wrap(L, node, meta, L.full(shape, rule, meta.dtype))
     with _checked(L, node, meta):
         try:
             result = fn(L, node, *args, **kwargs)
@@ -588,6 +621,39 @@ def _lower_node(L: _Lowering, node: torch.fx.Node, env: dict[torch.fx.Node, Any]
             exc.add_note(f"while lowering {node.name} = {_op_name(node.target)}{_user_line(node)}")
             raise
         return _wrap(L, node, meta, result)
+
+
+def _all_empty(meta: Any) -> bool:
+    metas = meta if isinstance(meta, (tuple, list)) else (meta,)
+    tensors = [m for m in metas if isinstance(m, torch.Tensor)]
+    return bool(tensors) and len(tensors) == len(metas) and all(m.numel() == 0 for m in tensors)
+
+
+def _empty_inputs(args: Any, kwargs: Any) -> list[_T]:
+    found: list[_T] = []
+    stack = [*args, *kwargs.values()]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, _T) and item.v is None:
+            found.append(item)
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return found
+
+
+_EMPTY: dict[Any, Any] = {
+    # The op's lowering leaves zero-element inputs out (torch's cat skips them too).
+    aten.cat.default: "drop",
+    # A reduction over nothing gives its identity, as torch does.
+    aten.sum.default: 0, aten.sum.dim_IntList: 0, aten.prod.default: 1, aten.prod.dim_int: 1,
+    aten.any.default: False, aten.any.dim: False, aten.any.dims: False,
+    aten.all.default: True, aten.all.dim: True, aten.all.dims: True,
+    # A product over an empty inner dimension is zeros; a mean over nothing is NaN.
+    aten.mm.default: 0, aten.bmm.default: 0, aten.mean.default: "0/0", aten.mean.dim: "0/0",
+}
+"""Ops that read a zero-element input and give a non-empty result, and how: "drop" (the
+lowering skips empty inputs), "0/0" (the NaN of a division by zero) or the constant every
+element of the result is."""
 
 
 _INTEGER_DIVISIONS = frozenset({
@@ -623,12 +689,14 @@ def _wrap(L: _Lowering, node: torch.fx.Node, meta: Any, result: Any) -> Any:
     """Checks a lowering's result against the node's fake value and gives it the torch dtype's
     device dtype; tuples element by element (None where an output is not used)."""
     if isinstance(meta, (tuple, list)):
+        if result is None:  # every part empty (`_all_empty`)
+            return tuple(_wrap(L, node, m, None) for m in meta)
         return tuple(None if r is None else _wrap(L, node, m, r) for m, r in zip(meta, result))
     if not isinstance(meta, torch.Tensor):
         raise L.unsupported(f"gives {type(meta).__name__}, not a tensor")
     shape = _static(meta.shape, node.name)
     if 0 in shape:
-        raise L.unsupported(f"gives an empty tensor {shape}; the device holds no empty tensors")
+        return _T(None, shape, meta.dtype)
     v = result.v if isinstance(result, _T) else result
     if v.shape != _ishape(shape):
         raise tt.ProgramError(
@@ -647,7 +715,12 @@ def _constant(L: _Lowering, node: torch.fx.Node, value: Any) -> _T:
     L.node = node
     if not isinstance(value, torch.Tensor):
         raise L.unsupported(f"get_attr {node.target} is not a tensor")
-    t = value.detach().to("cpu")
+    if value.numel() == 0:
+        return _T(None, _static(value.shape, node.name), value.dtype)
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():  # AOTAutograd may call the compiler inside its fake mode
+        t = value.detach().to("cpu")
     if t.numel() > 1024:
         raise L.unsupported(f"a constant tensor of {t.numel()} elements; pass it as an input")
     flat = t.reshape(-1).tolist()
