@@ -601,12 +601,13 @@ def _lower_node(L: _Lowering, node: torch.fx.Node, env: dict[torch.fx.Node, Any]
         if rule is None:
             raise L.unsupported(f"reads the zero-element tensor {empty[0].shape} and gives a "
                                 "non-empty one; the device lowering has no rule for that")
-        if rule != "drop" and not isinstance(meta, torch.Tensor):
-            raise L.unsupported(f"reads the zero-element tensor {empty[0].shape} and gives {meta!r:.40}")
-        shape = _static(meta.shape, node.name) if isinstance(meta, torch.Tensor) else ()
-        if rule == "0/0":
-            return _wrap(L, node, meta, L.zero_by_zero(shape, _value_dtype(meta.dtype, shape)))
-        if rule != "drop":  # the value a reduction over nothing gives: its identity
+        if rule != "drop":
+            if not isinstance(meta, torch.Tensor):
+                raise L.unsupported(f"reads the zero-element tensor {empty[0].shape} and gives {meta!r:.40}")
+            shape = _static(meta.shape, node.name)
+            if rule == "0/0":
+                return _wrap(L, node, meta, L.zero_by_zero(shape, _value_dtype(meta.dtype, shape)))
+            # The value a reduction over nothing gives: its identity.
             return _wrap(L, node, meta, L.full(shape, rule, meta.dtype))
     with _checked(L, node, meta):
         try:
