@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import threading
 import types
 from collections.abc import Callable, Iterator
@@ -161,7 +162,8 @@ def _copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> 
     if src.device == dst.device and src.dtype == dst.dtype and src.shape == dst.shape:
         _storage.write(dst, _storage.read(src), _storage.device_shape(dst.shape))
         return dst
-    return _cpu_fallback(aten.copy_.default, (dst, src), {})
+    # A cast or a broadcast between tt tensors: a device program (or the CPU, with its warning).
+    return _on_device(aten.copy_.default, (dst, src), {})
 
 
 def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
@@ -427,6 +429,10 @@ def untraced(kernel: Callable[..., Any]) -> Callable[..., Any]:
     return torch.compiler.disable(kernel, recursive=True)
 
 
+_TENSOR_FROM_DATA = ("copy_",)
+"""Ops given a per-op kernel as well as the fallback (see `install`)."""
+
+
 def install() -> None:
     """Names PrivateUse1 "tt", loads the guard (allocator and metadata kernels), registers the
     Python fallback that runs every other op (once)."""
@@ -451,6 +457,13 @@ def install() -> None:
         _aten_library.impl(op, untraced(kernel), "PrivateUse1")
     for name, cell in _recurrent.CELLS.items():
         _aten_library.impl(name, untraced(cell), "AutogradPrivateUse1")
+    # The ops `torch.tensor(data, device="tt")` runs: it runs them for real even under a fake
+    # mode (dynamo's, while it traces transformers' cache layers), through the Python
+    # dispatcher, which finds only per-op kernels (it asserts on an op that reaches the
+    # fallback). Each gets the fallback's own kernel, registered for that op.
+    for name in _TENSOR_FROM_DATA:
+        op = getattr(aten, name).default
+        _aten_library.impl(name, untraced(functools.partial(_kernel, None, op)), "PrivateUse1")
     # torch's convolution reaches a backend through these two hooks, not the fallback.
     _aten_library.impl("convolution_overrideable", untraced(_convolution), "PrivateUse1")
     _aten_library.impl("convolution_backward_overrideable", untraced(_convolution_backward), "PrivateUse1")

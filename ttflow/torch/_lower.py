@@ -674,6 +674,8 @@ def _checked(L: _Lowering, node: torch.fx.Node, meta: Any) -> contextlib.Abstrac
     device gives 0, where CPU torch raises ZeroDivisionError; and so are the indices an indexing
     op reads, which the device clamps where torch raises IndexError."""
     metas = [m for m in (meta if isinstance(meta, (tuple, list)) else (meta,)) if isinstance(m, torch.Tensor)]
+    if _float_to_integer_cast(node, metas):
+        return contextlib.nullcontext()  # it saturates, as silicon's typecast does (docs/torch.md)
     if any(m.dtype == torch.int64 for m in metas):
         return L.b.checking_range(
             f"{_op_name(node.target)} gives an int64 tensor, which the tt device holds as INT32"
@@ -684,6 +686,22 @@ def _checked(L: _Lowering, node: torch.fx.Node, meta: Any) -> contextlib.Abstrac
     if node.target in _INDEXING:  # torch raises IndexError; the device would clamp
         return L.b.checking_range(f"{_op_name(node.target)} indexes{_user_line(node)}")
     return contextlib.nullcontext()
+
+
+_CASTS: dict[Any, int] = {aten._to_copy.default: 0, torch.ops.prims.convert_element_type.default: 0, aten.copy.default: 1}
+"""Cast ops, with the position of the value they cast."""
+
+
+def _float_to_integer_cast(node: torch.fx.Node, metas: Sequence[torch.Tensor]) -> bool:
+    """A cast from a float to an integer type: the device's typecast truncates and saturates
+    (NaN to 0). It is not range-checked: a float outside the integer range (T5's log(0) = -inf
+    made a bucket index, then discarded by a `where`) is a value in torch, never an error."""
+    position = _CASTS.get(node.target)
+    if position is None or len(metas) != 1 or metas[0].dtype.is_floating_point or metas[0].dtype == torch.bool:
+        return False
+    source = node.args[position] if position < len(node.args) else None
+    value = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+    return isinstance(value, torch.Tensor) and value.dtype.is_floating_point
 
 
 def _wrap(L: _Lowering, node: torch.fx.Node, meta: Any, result: Any) -> Any:
@@ -720,11 +738,11 @@ def _constant(L: _Lowering, node: torch.fx.Node, value: Any) -> _T:
         return _T(None, _static(value.shape, node.name), value.dtype)
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+    if value.numel() > 1024:
+        raise L.unsupported(f"a constant tensor of {value.numel()} elements; pass it as an input")
     with unset_fake_temporarily():  # AOTAutograd may call the compiler inside its fake mode
         t = value.detach().to("cpu")
-    if t.numel() > 1024:
-        raise L.unsupported(f"a constant tensor of {t.numel()} elements; pass it as an input")
-    flat = t.reshape(-1).tolist()
+        flat = t.reshape(-1).tolist()
     if len(set(flat)) == 1:
         v = L.full(t.shape, flat[0], t.dtype)
     else:
@@ -764,7 +782,24 @@ def _identity(L: _Lowering, node: torch.fx.Node, x: _T, *args: Any, **kwargs: An
 
 @_register(aten._to_copy.default)
 def _to_copy(L: _Lowering, node: torch.fx.Node, x: _T, **kwargs: Any) -> Any:
-    return L.cast(x, _out(node).dtype)
+    return _cast_node(L, node, x, _out(node).dtype)
+
+
+def _cast_node(L: _Lowering, node: torch.fx.Node, x: _T, dtype: torch.dtype) -> Any:
+    """A cast op. From a float to an integer type it saturates as silicon's typecast does:
+    infinities go to the ends of INT32, NaN to 0, where CPU torch's x86 conversion gives the
+    integer-indefinite value (the most negative one). A finite value past INT32 cast to int64
+    is still an error naming the op: CPU torch holds it exactly, the device could not."""
+    if not (x.dtype.is_floating_point and not dtype.is_floating_point and dtype != torch.bool):
+        return L.cast(x, dtype)
+    target = _value_dtype(dtype, x.shape)
+    if dtype != torch.int64:
+        return L.b.typecast(x.v, target)
+    finite = L.b.eq(L.b.sub(x.v, x.v), 0)
+    with L.b.checking_range(f"{_op_name(node.target)} casts a float to int64, which the tt device "
+                            f"holds as INT32{_user_line(node)}"):
+        checked = L.b.typecast(L.b.where(finite, x.v, 0.0), target)
+    return L.b.where(finite, checked, L.b.typecast(x.v, target))
 
 
 def _value_dtype(dtype: torch.dtype, shape: Sequence[int]) -> tt.DataType:
@@ -778,12 +813,12 @@ def _value_dtype(dtype: torch.dtype, shape: Sequence[int]) -> tt.DataType:
 @_register(torch.ops.prims.convert_element_type.default)
 def _convert_element_type(L: _Lowering, node: torch.fx.Node, x: _T, dtype: torch.dtype) -> Any:
     """What a decomposition casts with (a float argument of a compiled function, into float32)."""
-    return L.cast(x, _out(node).dtype)
+    return _cast_node(L, node, x, _out(node).dtype)
 
 
 @_register(aten.copy.default)
 def _copy(L: _Lowering, node: torch.fx.Node, dst: _T, src: _T, non_blocking: bool = False) -> Any:
-    v = L.cast(src, dst.dtype)
+    v = _cast_node(L, node, src, dst.dtype)
     return v if v.shape == _ishape(dst.shape) else L.b.broadcast_to(v, _ishape(dst.shape))
 
 
