@@ -247,9 +247,9 @@ def _run_bound(info: _OpInfo, bound: dict[str, Any], out_index: int | None = Non
         if isinstance(value, torch.Tensor):
             signature.append((value.shape, value.dtype, value.device))
             tensors.append(value)
-        elif isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
-            signature.append(tuple((t.shape, t.dtype, t.device) for t in value))
-            tensors.extend(value)
+        elif _is_tensor_list(value):  # Tensor[] or Tensor?[] (an index's `[None, ids]`)
+            signature.append(tuple(None if t is None else (t.shape, t.dtype, t.device) for t in value))
+            tensors.extend(t for t in value if t is not None)
         elif _is_lifted(name, value, lift):
             signature.append("int" if isinstance(value, int) else "float")
             lifted.append(value)
@@ -314,6 +314,13 @@ def _run_bound(info: _OpInfo, bound: dict[str, Any], out_index: int | None = Non
     return tuple(returned)
 
 
+def _is_tensor_list(value: Any) -> bool:
+    """A Tensor[] or Tensor?[] argument: its tensors are program inputs, never constants (a
+    traced-in index would bake its values into the program, and key the cache by them)."""
+    return (isinstance(value, (list, tuple)) and any(isinstance(t, torch.Tensor) for t in value)
+            and all(t is None or isinstance(t, torch.Tensor) for t in value))
+
+
 def _hashable(value: Any) -> Hashable:
     if isinstance(value, list):
         return tuple(_hashable(v) for v in value)
@@ -329,8 +336,13 @@ def _analyse(info: _OpInfo, bound: dict[str, Any], tensors: Sequence[torch.Tenso
     """Checks a new call signature and traces and lowers it."""
     if not into_tt and not any(t.device.type == "tt" for t in tensors):
         raise UnsupportedOpError(f"{info.op}: no tt tensor argument")
+    # Index tensors may stay on the CPU, as torch allows for any device (`x[cpu_mask] = 0`):
+    # they are copied over with the call.
+    indices = bound.get("indices")
+    host_indices = ({id(t) for t in indices if isinstance(t, torch.Tensor)}
+                    if isinstance(indices, (list, tuple)) else set())
     for t in tensors:
-        if t.device.type != "tt" and t.dim() != 0:
+        if t.device.type != "tt" and t.dim() != 0 and id(t) not in host_indices:
             raise RuntimeError(f"{info.op}: expected all tensors to be on the same device, but found "
                                f"{t.device} and a tt device")
         if not _storage.on_device(t.dtype):
@@ -352,8 +364,8 @@ def _trace(info: _OpInfo, bound: dict[str, Any], metas: Sequence[tuple[tuple[int
             value = constants.get(argument.name, _MISSING)
             if isinstance(value, torch.Tensor):
                 value = next(tensors)
-            elif isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
-                value = [next(tensors) for _ in value]
+            elif _is_tensor_list(value):
+                value = [None if t is None else next(tensors) for t in value]
             elif _is_lifted(argument.name, value, lift):
                 value = next(scalars)
             if value is not _MISSING:

@@ -1576,16 +1576,75 @@ def _index_select(L: _Lowering, node: torch.fx.Node, x: _T, dim: int, index: _T)
     return v
 
 
+def _linear_index(L: _Lowering, shape: tuple[int, ...], indices: Sequence[_T | None]
+                  ) -> tuple[Any, list[int], tuple[int, ...]]:
+    """Advanced indexing's integer index tensors as one flat row index into x seen as
+    [prod(indexed dims), prod(other dims)]: (the INT32 row index, broadcast to the indices'
+    common shape; the indexed dims; that shape). A negative index counts from the end, as in
+    Python; each index is checked against its own dim (an embedding into a zero table of that
+    many rows, whose result is added in: 0, and the run fails where torch raises IndexError),
+    since the flat index alone could land in range with a bad part."""
+    b = L.b
+    dims = [d for d, t in enumerate(indices) if t is not None]
+    for d in dims:
+        t = indices[d]
+        assert t is not None
+        if t.dtype == torch.bool:
+            raise L.unsupported("a boolean mask index (the result's shape depends on the values)")
+    common = tuple(torch.broadcast_shapes(*(indices[d].shape for d in dims)))  # type: ignore[union-attr]
+    flat, stride = None, 1
+    for d in reversed(dims):
+        t = indices[d]
+        assert t is not None
+        size = shape[d]
+        v = L.cast(t, torch.int32)
+        v = b.add(v, b.mul(b.lt(v, 0), size))
+        checked = b.embedding(v, b.full((size, 1), 0, _I32))
+        v = b.add(v, b.reshape(checked, v.shape))
+        if v.shape != _ishape(common):
+            v = b.broadcast_to(L.fit(v, (1,) * (len(common) - len(t.shape)) + t.shape), _ishape(common))
+        term = v if stride == 1 else b.mul(v, stride)
+        flat = term if flat is None else b.add(flat, term)
+        stride *= size
+    return flat, dims, common
+
+
+def _indexed_table(L: _Lowering, x: _T, dims: Sequence[int]) -> tuple[Any, list[int], list[int]]:
+    """x with `dims` first, as [prod(dims), prod(rest)]; (the table, the permutation, rest)."""
+    rank = len(x.shape)
+    rest = [d for d in range(rank) if d not in dims]
+    perm = [*dims, *rest]
+    v = x.v if perm == list(range(rank)) else L.b.permute(x.v, perm)
+    rows = math.prod(x.shape[d] for d in dims)
+    return L.b.reshape(v, (rows, math.prod(x.shape[d] for d in rest))), perm, rest
+
+
+def _index_placement(dims: Sequence[int], n_common: int, n_rest: int) -> list[int] | None:
+    """Where torch puts the indexed result's dims: in place of the indexed dims when those are
+    adjacent, else first. The permutation from (common..., rest...) to torch's order, or None."""
+    first = dims[0]
+    if list(dims) != list(range(first, first + len(dims))) or first == 0:
+        return None
+    common, rest = list(range(n_common)), list(range(n_common, n_common + n_rest))
+    return rest[:first] + common + rest[first:]
+
+
 @_register(aten.index.Tensor)
 def _index(L: _Lowering, node: torch.fx.Node, x: _T, indices: Sequence[_T | None]) -> Any:
-    if len(indices) != 1 or indices[0] is None or indices[0].dtype == torch.bool:
-        raise L.unsupported("only x[int_tensor] (one integer index tensor, on dim 0) lowers")
-    ids, b = indices[0], L.b
-    table, _, _ = _gather_table(L, x, 0)
-    # x[-1] is the last row, as in Python (embedding's ids are never negative).
-    wrapped = b.add(ids.v, b.mul(b.lt(ids.v, 0), x.shape[0]))
-    rows = b.embedding(wrapped, table)
-    return L.fit(rows, _out(node).shape)
+    """`x[i, j]`, `x[:, i]`, `x[i, :, j]`: integer index tensors on any dims (broadcast
+    together), as one embedding of x seen as [indexed rows, the rest]."""
+    b = L.b
+    if not x.shape:
+        raise L.unsupported("indexing a 0-d tensor with a tensor")
+    flat, dims, common = _linear_index(L, x.shape, indices)
+    table, _, rest = _indexed_table(L, x, dims)
+    rows = b.embedding(flat, table)
+    full = (*common, *(x.shape[d] for d in rest))
+    v = b.reshape(rows, _ishape(full))
+    order = _index_placement(dims, len(common), len(rest))
+    if order is not None:
+        v = b.permute(v, order)
+    return L.fit(v, _out(node).shape)
 
 
 def _sorted(L: _Lowering, x: _T, dim: int, descending: bool) -> tuple[Any, Any, int]:
@@ -1665,35 +1724,62 @@ def _scatter(L: _Lowering, node: torch.fx.Node, x: _T, dim: int, index: _T, src:
     return v
 
 
-@_register(aten.index_put.default)
+@_register(aten.index_put.default, aten._index_put_impl.default)
 def _index_put(L: _Lowering, node: torch.fx.Node, x: _T, indices: Sequence[_T | None], values: _T,
-               accumulate: bool = False) -> Any:
-    """`x.index_put_([None, ..., ids], values, accumulate=True)`: one integer index tensor on
-    one dim (the backward of embedding, of x[ids], of index_select) as `embedding_grad` on x
-    seen as [rows, rest], added to x unless x is a constant zero."""
+               accumulate: bool = False, unsafe: bool = False) -> Any:
+    """Two forms. `x[mask] = value` (one bool mask over x's leading dims, a single value, no
+    accumulate: PyTorch passes such masks on purpose) as a `where`. And
+    `x.index_put_(indices, values, accumulate=True)` with integer index tensors on any dims (the
+    backward of embedding, of `x[i, j]`, of index_select) as `embedding_grad` on x seen as
+    [indexed rows, the rest], added to x unless x is a constant zero."""
     given = [i for i, t in enumerate(indices) if t is not None]
-    if not accumulate or len(given) != 1 or indices[given[0]].dtype == torch.bool or not x.shape:  # type: ignore[union-attr]
-        raise L.unsupported("only index_put(x, [None, ..., int ids], values, accumulate=True) lowers "
-                            "(the backward of embedding and indexing)")
-    b, d = L.b, given[0]
-    ids = indices[d]
-    assert ids is not None
-    r, rank = len(ids.shape), len(x.shape)
-    others = x.shape[:d] + x.shape[d + 1:]
-    target = x.shape[:d] + ids.shape + x.shape[d + 1:]
+    if not x.shape or not given:
+        raise L.unsupported("index_put on a 0-d tensor or without an index")
+    if any(indices[d].dtype == torch.bool for d in given):  # type: ignore[union-attr]
+        return _masked_put(L, x, indices, values, accumulate)
+    if not accumulate:
+        raise L.unsupported("index_put with integer indices and accumulate=False (duplicate indices "
+                            "make the written value depend on the order; accumulate=True lowers)")
+    b = L.b
+    flat, dims, common = _linear_index(L, x.shape, indices)
+    rest = [d for d in range(len(x.shape)) if d not in dims]
+    # The values as torch lays out x[indices]: then as (common..., rest...), the table's rows.
+    indexed = (*common, *(x.shape[d] for d in rest))
+    order = _index_placement(dims, len(common), len(rest))
+    laid_out = tuple(indexed[i] for i in order) if order is not None else indexed
     grad = L.cast(values, x.dtype)
-    if grad.shape != _ishape(target):
-        grad = b.broadcast_to(grad, _ishape(target))
-    perm = list(range(d, d + r)) + list(range(d)) + list(range(d + r, len(target)))
-    if perm != list(range(len(target))):
-        grad = b.permute(grad, perm)
-    rest = math.prod(others)
-    g = b.embedding_grad(L.fit(ids.v, (math.prod(ids.shape),)), b.reshape(grad, (math.prod(ids.shape), rest)),
-                         x.shape[d])
-    g = b.reshape(g, (x.shape[d], *others))
-    if d != 0:
-        g = b.permute(g, list(range(1, d + 1)) + [0] + list(range(d + 1, rank)))
+    if grad.shape != _ishape(laid_out):
+        grad = b.broadcast_to(L.fit(grad, (1,) * (len(laid_out) - len(values.shape)) + values.shape),
+                              _ishape(laid_out))
+    if order is not None:
+        grad = b.permute(grad, [order.index(i) for i in range(len(order))])
+    rows = math.prod(x.shape[d] for d in dims)
+    width = math.prod(x.shape[d] for d in rest)
+    g = b.embedding_grad(L.fit(flat, (math.prod(common),)), b.reshape(grad, (math.prod(common), width)), rows)
+    g = b.reshape(g, _ishape((*(x.shape[d] for d in dims), *(x.shape[d] for d in rest))))
+    perm = [*dims, *rest]
+    if perm != list(range(len(perm))):
+        g = b.permute(g, [perm.index(i) for i in range(len(perm))])
     return g if x.v.id in L.zeros else b.add(x.v, g)
+
+
+def _masked_put(L: _Lowering, x: _T, indices: Sequence[_T | None], values: _T, accumulate: bool) -> Any:
+    """`x[mask] = value`: where the mask (over the dims it indexes, broadcast over the rest) is
+    true, the value. Only a single value (how many elements a mask selects is known at run
+    time only, so a tensor of values has no static layout)."""
+    given = [i for i, t in enumerate(indices) if t is not None]
+    mask = indices[given[0]]
+    assert mask is not None
+    first = given[0]
+    if len(given) != 1 or accumulate or math.prod(values.shape) != 1:
+        raise L.unsupported("index_put with a bool mask lowers as `x[mask] = one value` only")
+    if tuple(x.shape[first:first + len(mask.shape)]) != tuple(mask.shape):
+        raise L.unsupported(f"a bool mask of shape {mask.shape} for dims {first}.. of {x.shape}")
+    b = L.b
+    full = (1,) * first + tuple(mask.shape) + (1,) * (len(x.shape) - first - len(mask.shape))
+    cond = b.broadcast_to(L.fit(L.bool01(mask), full), _ishape(x.shape))
+    value = b.broadcast_to(L.fit(L.cast(values, x.dtype), (1,) * len(x.shape)), _ishape(x.shape))
+    return b.where(cond, value, x.v)
 
 
 # -- convolution and pooling (NCHW in torch, NHWC on the device) --------------------------------------
