@@ -43,7 +43,9 @@ def test_the_op_table() -> None:
           "conv2d_input_grad", "conv2d_weight_grad", "max_pool2d_backward", "avg_pool2d_backward"}
     v4 = {"sin", "cos", "floor", "ceil", "round", "trunc"}
     v5 = {"remainder", "floor_divide", "fmod", "cumsum", "argsort", "atan2"}
-    assert set(OPS) == v1 | v2 | v3 | v4 | v5
+    v6 = {"bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift", "prod"}
+    assert set(OPS) == v1 | v2 | v3 | v4 | v5 | v6
+    assert {n for n, op in OPS.items() if op.int_only} == v6 - {"prod"}
     assert {n for n, op in OPS.items() if op.float_only} == {
         "gelu", "exp", "sqrt", "reciprocal", "softmax", "layer_norm", "rms_norm", "conv2d", "mean",
         "rsqrt", "tanh", "sigmoid", "silu", "pow", "avg_pool2d", "div", "log", "erf", "embedding_grad",
@@ -52,7 +54,8 @@ def test_the_op_table() -> None:
     assert [n for n, op in OPS.items() if op.arity == 2] == [
         "add", "sub", "mul", "gt", "matmul", "eq", "ne", "lt", "le", "ge", "maximum", "minimum",
         "embedding", "rms_norm", "div", "gather", "embedding_grad", "conv2d_input_grad",
-        "conv2d_weight_grad", "max_pool2d_backward", "remainder", "floor_divide", "fmod", "atan2"]
+        "conv2d_weight_grad", "max_pool2d_backward", "remainder", "floor_divide", "fmod", "atan2",
+        "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"]
     assert {n for n, op in OPS.items() if op.arity == 3} == {"update_cache", "where", "layer_norm", "conv2d"}
     assert {n: op.arity for n, op in OPS.items() if op.arity < 1} == {"concat": -1, "arange": 0, "full": 0}
 

@@ -457,7 +457,15 @@ async def test_tensor_ops_forward_and_backward(name: str, dtype: torch.dtype) ->
 def test_device_shape_and_dtype() -> None:
     assert _lower.device_shape(()) == (1, 1)
     assert _lower.device_shape((5,)) == (1, 5)
-    assert _lower.device_shape(torch.Size([2, 3, 4])) == (2, 3, 4)
+    assert _lower.device_shape(torch.Size([2, 40, 64])) == (2, 40, 64)  # pads under 2x: kept
+    # A conv weight's 3x3 kernel would take a 32x32 tile (113x): it lives as [512, 512 * 9].
+    assert _lower.device_shape((512, 512, 3, 3)) == (512, 4608)
+    assert _lower.device_shape((512, 256, 1, 1)) == (512, 256)
+    assert _lower.device_shape(torch.Size([2, 3, 4])) == (2, 12)  # one 32x32 tile, not two
+    for shape in [(3, 5, 11), (1, 1, 1, 1), (4, 64, 16, 16), (2, 4, 8, 8), (7, 33, 65)]:
+        flat = _lower.device_shape(shape)
+        assert math.prod(flat) == math.prod(shape)
+        assert _lower._tiled_bytes(flat) <= _lower._tiled_bytes(shape)
     assert _lower.device_dtype(torch.float32) is tt.DataType.FLOAT32
     assert _lower.device_dtype(torch.bfloat16) is tt.DataType.BFLOAT16
     for dtype in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool):

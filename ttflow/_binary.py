@@ -21,6 +21,9 @@ Version 5 adds each program's range checks (`"range_checks"`: [value id, note] p
 `ProgramBuilder.checking_range`; versions 1 to 4 still load, with none) and the ops remainder,
 floor_divide, fmod, cumsum, argsort and atan2 (a version-4 file that names one of them is
 malformed).
+Version 6 adds bitwise_and, bitwise_or, bitwise_xor, left_shift, right_shift and prod, with no
+other change; versions 1 to 5 still load, and a version-5 file that names one of them is
+malformed. `save` always writes the newest version, whatever ops the programs use.
 """
 
 from __future__ import annotations
@@ -42,8 +45,8 @@ from ._types import DataType, Layout, MemorySpace, TensorLayout, check_shape
 __all__ = ["Binary", "get_layout"]
 
 _MAGIC = b"TTFLOWB\0"
-_VERSION = 5
-_READS = (1, 2, 3, 4, 5)  # the versions `load` reads
+_VERSION = 6
+_READS = (1, 2, 3, 4, 5, 6)  # the versions `load` reads
 _V1_OPS = frozenset({"add", "sub", "mul", "gt", "matmul", "relu", "neg", "gelu", "exp", "sqrt",
                      "reciprocal", "softmax", "sum", "max", "transpose", "reshape", "typecast"})
 _V2_OPS = _V1_OPS | {
@@ -54,7 +57,9 @@ _V3_OPS = _V2_OPS | {
     "div", "log", "erf", "abs", "full", "broadcast_to", "rand", "gather", "embedding_grad",
     "conv2d_input_grad", "conv2d_weight_grad", "max_pool2d_backward", "avg_pool2d_backward"}
 _V4_OPS = _V3_OPS | {"sin", "cos", "floor", "ceil", "round", "trunc"}
-_OPS_OF_VERSION = {1: _V1_OPS, 2: _V2_OPS, 3: _V3_OPS, 4: _V4_OPS}  # the older versions' ops; the newest holds every op
+_V5_OPS = _V4_OPS | {"remainder", "floor_divide", "fmod", "cumsum", "argsort", "atan2"}
+# The older versions' ops; the newest holds every op.
+_OPS_OF_VERSION = {1: _V1_OPS, 2: _V2_OPS, 3: _V3_OPS, 4: _V4_OPS, 5: _V5_OPS}
 _HEADER = struct.Struct("<8sIQI")  # magic, version, payload length, crc32 of payload
 
 

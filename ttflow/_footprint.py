@@ -51,7 +51,7 @@ __all__ = ["program_footprint"]
 _ELTWISE_TILES = 2  # double-buffered, per input and output
 _ROW_OPS = {"softmax"}
 _NORM_OPS = {"layer_norm", "rms_norm"}
-_REDUCE_OPS = {"sum", "max", "mean", "argmax", "cumsum", "argsort"}
+_REDUCE_OPS = {"sum", "prod", "max", "mean", "argmax", "cumsum", "argsort"}
 _MATMUL_OPS = {"matmul", "conv2d", "conv2d_input_grad", "conv2d_weight_grad"}
 
 

@@ -37,6 +37,14 @@ The ops of format version 5 are numpy's on the compute dtypes: `remainder` and `
 floored, `fmod` truncated (an integer divided by 0 gives 0), `cumsum`, whose float running
 sums are float64 rounded once each, as PyTorch's CPU kernel, `argsort`, stable, NaN as the
 largest value (PyTorch's order), and `atan2`, float32 numpy (within 1 ulp, as torch's kernel).
+
+The ops of format version 6 take integers only (`OpDef.int_only`), except `prod`. `bitwise_and`,
+`bitwise_or` and `bitwise_xor` are numpy's on int64; on two's complement values that fit 32 bits
+their results fit too. The shifts are torch's int64 ones (a count outside [0, 63] gives 0 to the
+left, the sign fill to the right; `>>` is arithmetic on int64, so logical on UINT32's
+non-negative values), which stored wrapped to 32 bits are torch's int32 ones (a count outside
+[0, 31] gives 0 to the left, the sign fill to the right). `prod` multiplies in the compute dtype
+in numpy's order (float32 left to right along the axis; int64 wrapping, as torch's int64 prod).
 """
 
 from __future__ import annotations
@@ -61,16 +69,23 @@ Array = np.ndarray[Any, Any]
 @final
 @attrs.frozen
 class OpDef:
-    """An op's arity, whether it needs float operands, and what it computes.
+    """An op's arity, whether it needs float (or integer) operands, and what it computes.
 
     `arity` is the most tensor operands a step of the op reads: fewer when optional operands are
     left out (a `where` with a scalar branch, a `layer_norm` without weight), -1 for any number
-    (`concat`), 0 for none (`arange`)."""
+    (`concat`), 0 for none (`arange`). The builder refuses a float_only op on integers and an
+    int_only one (bitwise logic, shifts) on floats, with a LayoutError."""
 
     name: str
     arity: int
     fn: Callable[..., Array]
     float_only: bool = False
+    int_only: bool = attrs.field(default=False)
+
+    @int_only.validator
+    def _one_kind(self, attribute: Any, value: bool) -> None:
+        if value and self.float_only:
+            raise ValueError(f"op {self.name!r} cannot need both float and integer operands")
 
     def compute(self, arrays: list[Array], scalar: float | None, **attrs_: Any) -> Array:
         """The op's result in the operands' compute dtype (float32 or int64), unrounded."""
@@ -183,6 +198,12 @@ def _cumsum(arrays: list[Array], scalar: float | None, axis: int) -> Array:
     return np.cumsum(x, axis=axis)
 
 
+def _prod(arrays: list[Array], scalar: float | None, axis: int) -> Array:
+    # numpy's order: float32 left to right along the axis (numpy sums pairwise, but multiplies
+    # in order); int64 wraps past 2**63, as torch's int64 prod does.
+    return arrays[0].prod(axis=axis, keepdims=True, dtype=arrays[0].dtype)
+
+
 def _max(arrays: list[Array], scalar: float | None, axis: int) -> Array:
     return arrays[0].max(axis=axis, keepdims=True)
 
@@ -214,6 +235,32 @@ def _typecast(arrays: list[Array], scalar: float | None, dtype: str) -> Array:
     if target.is_float:
         return x.astype(np.float32)
     return _to_int(x, target) if x.dtype.kind == "f" else x.astype(np.int64)
+
+
+# -- the ops of format version 6 (shifts; the bitwise ones are `_binary` of numpy's) ------------
+
+
+def _shift_operands(arrays: list[Array], scalar: float | None) -> tuple[Array, Array, Array]:
+    """The values, the counts (int64) and where a count is one a 64-bit shift honours (0..63)."""
+    a = arrays[0]
+    counts = np.asarray(arrays[1] if scalar is None else _scalar_like(a, scalar))
+    return a, counts, (counts >= 0) & (counts < 64)
+
+
+def _left_shift(arrays: list[Array], scalar: float | None) -> Array:
+    # torch's int64 x << s: the bits of x moved up, wrapping past 2**63 (through uint64, where
+    # a shift that overflows is defined); 0 for a count outside [0, 63].
+    a, counts, inside = _shift_operands(arrays, scalar)
+    moved = a.astype(np.uint64) << np.where(inside, counts, 0).astype(np.uint64)
+    return np.where(inside, moved.astype(np.int64), np.int64(0))
+
+
+def _right_shift(arrays: list[Array], scalar: float | None) -> Array:
+    # torch's int64 x >> s: arithmetic (the sign fills in); for a count outside [0, 63] the sign
+    # fill alone, -1 for a negative x, else 0.
+    a, counts, inside = _shift_operands(arrays, scalar)
+    fill = np.where(a < 0, np.int64(-1), np.int64(0))
+    return np.where(inside, a >> np.where(inside, counts, 0), fill)
 
 
 # -- the ops of format version 2 ------------------------------------------------------------
@@ -629,6 +676,15 @@ OPS: dict[str, OpDef] = {
         OpDef("cumsum", 1, _cumsum),
         OpDef("argsort", 1, _argsort),
         OpDef("atan2", 2, _binary(np.arctan2), float_only=True),
+        # Format version 6: integer bitwise logic and shifts (INT32 and UINT32 only), computed
+        # in int64 as torch's int64 ops and stored wrapped, which gives torch's int32 results;
+        # and prod, a reduction as sum is.
+        OpDef("bitwise_and", 2, _binary(np.bitwise_and), int_only=True),
+        OpDef("bitwise_or", 2, _binary(np.bitwise_or), int_only=True),
+        OpDef("bitwise_xor", 2, _binary(np.bitwise_xor), int_only=True),
+        OpDef("left_shift", 2, _left_shift, int_only=True),
+        OpDef("right_shift", 2, _right_shift, int_only=True),
+        OpDef("prod", 1, _prod),
     )
 }
 
@@ -664,10 +720,11 @@ def store_as(array: Array, dtype: DataType) -> Array:
 
 _DIVISIONS = frozenset({"floor_divide", "remainder", "fmod"})
 _RANGE_CHECKED = frozenset({"add", "sub", "mul", "sum", "neg", "abs", "matmul", "typecast", "cumsum",
-                            *_DIVISIONS})
+                            "left_shift", "prod", *_DIVISIONS})
 """The integer ops whose result can leave its dtype's range when every operand fits it (-(2**31)
-negated or divided by -1, a sum, a product, a float or other integer type cast), or that divide
-(by zero the device gives 0)."""
+negated or divided by -1, a sum, a product, a left shift, a float or other integer type cast),
+or that divide (by zero the device gives 0). Bitwise and, or, xor and a right shift of values
+that fit give values that fit."""
 _INDEX_CHECKED = frozenset({"embedding", "gather"})
 """The ops that read run-time indices, which the device clamps."""
 

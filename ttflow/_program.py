@@ -17,8 +17,11 @@ Dtype rules:
 - gelu, exp, softmax, sqrt, reciprocal, rsqrt, tanh, sigmoid, silu, pow, mean, layer_norm,
   rms_norm, conv2d, avg_pool2d, div, log, erf, embedding_grad, conv2d_input_grad,
   conv2d_weight_grad, avg_pool2d_backward, sin, cos, floor, ceil, round and trunc need floats (LayoutError on integers); relu, neg,
-  abs, sum, max, argmax, transpose, reshape, slice, permute, concat, broadcast_to, gather,
+  abs, sum, prod, max, argmax, transpose, reshape, slice, permute, concat, broadcast_to, gather,
   max_pool2d, max_pool2d_backward and the binary ops work on integers too;
+- bitwise_and, bitwise_or, bitwise_xor, left_shift and right_shift need INT32 or UINT32 values
+  (LayoutError on floats); a scalar operand of bitwise_and, bitwise_or or bitwise_xor must fit
+  the value's dtype (LayoutError otherwise: the results then always fit, unchecked);
 - layer_norm and rms_norm give x's dtype (weight and bias may be any float dtype);
   argmax gives INT32; embedding gives the table's dtype (ids must be INT32 or UINT32);
   update_cache gives the cache's dtype (the new row is rounded to it; it must be of the cache's
@@ -30,7 +33,7 @@ Dtype rules:
   (float to float, integer to integer); it is then rounded when stored.
 
 Shape rules of the newer ops (`docs/ops.md` is the table, with numpy and PyTorch equivalents):
-- reductions (sum, max, mean, argmax) keep the reduced axis with size 1; axes may be negative;
+- reductions (sum, prod, max, mean, argmax) keep the reduced axis with size 1; axes may be negative;
 - slice(x, starts, ends, steps) is `x[starts[0]:ends[0]:steps[0], ...]`: Python's clamping and
   negative indices, None for an open end; fewer entries than the rank slice the leading axes
   (numpy's `x[a:b]`); steps must be positive; an empty result is a ShapeError;
@@ -298,6 +301,9 @@ class ProgramBuilder:
               scalar: float | None = None, /, **step_attrs: Any) -> Value:
         if OPS[op].float_only and not result.is_float:
             raise LayoutError(f"{op} needs a float input, got {result.name}; typecast it first")
+        if OPS[op].int_only and result.is_float:
+            raise LayoutError(f"{op} needs INT32 or UINT32 inputs, got {result.name}: it has no float "
+                              "meaning; typecast to an integer type first")
         check = self._range_note is not None and checked(op, result)
         if check and zero_divisor(op, scalar):
             raise ProgramError(f"{self._range_note}: integer division by zero")
@@ -318,9 +324,9 @@ class ProgramBuilder:
         a ProgramError that begins with `note`; so does an integer division by a zero element
         (floor_divide, remainder, fmod give 0 on the device; a checked division by a zero scalar
         is refused here), and an embedding id or a gather index out of range (the device clamps
-        them). Only the ops that can leave the range of operands inside it are
-        checked (`_ops.checked`: arithmetic, divisions, typecast, indexing); the others select,
-        compare or move values that already fit.
+        them). Only the ops that can leave the range of operands inside it are checked
+        (`_ops.checked`: arithmetic, products, left shifts, divisions, typecast, indexing); the
+        others select, compare, move or mask values that already fit.
 
         For a front-end that holds a type the device lacks in a narrower one (ttflow.torch keeps
         int64 as INT32): a result past the narrow type's range is then an error, not a wrong
@@ -507,6 +513,21 @@ class ProgramBuilder:
         """Maximum over `axis`, keeping it with size 1."""
         return self._reduce("max", x, axis)
 
+    def prod(self, x: Value, axis: int) -> Value:
+        """Product over `axis`, keeping it with size 1 (torch.prod(x, axis, keepdim=True),
+        np.prod); floats or integers, x's dtype.
+
+        A float product is float32 multiplied left to right along the axis (np.prod of float32),
+        then rounded to x's dtype. CPU torch (2.13) multiplies in the same order, bit for bit,
+        along a strided dim or one of fewer than 32 elements; along a dim of 32 or more that is
+        contiguous (the innermost, or followed by size-1 dims only) it keeps vectorised partial
+        products and combines them at the end, so the two can differ by a few ulps there (both
+        within about (n - 1) * 2**-24 relative of the exact product of n floats, the bound for
+        any order). An integer product is int64 (wrapping past 2**63, as torch's int64 prod),
+        stored wrapped to 32 bits (torch's int32 result); `checking_range` checks the int64
+        product."""
+        return self._reduce("prod", x, axis)
+
     def cumsum(self, x: Value, axis: int) -> Value:
         """Running sums along `axis` (torch.cumsum, np.cumsum); x's shape and dtype. Floats sum
         in float64 and round each partial sum once, as torch's CPU kernel."""
@@ -532,6 +553,49 @@ class ProgramBuilder:
     def fmod(self, a: Value, other: Value | float) -> Value:
         """a mod other with a's sign (torch.fmod, np.fmod, C's fmod). An integer mod 0 is 0."""
         return self._binary("fmod", a, other)
+
+    def _bitwise(self, op: str, a: Value, other: Value | int) -> Value:
+        """A bitwise binary op: a scalar operand must fit the value's dtype, so that the result
+        always does (these ops are not range-checked)."""
+        self._check_open()
+        a = self._value(op, a)
+        if (not a.dtype.is_float and isinstance(other, (int, float, np.integer, np.floating))
+                and not isinstance(other, (bool, np.bool_))):
+            low, high = (-(2**31), 2**31 - 1) if a.dtype is DataType.INT32 else (0, 2**32 - 1)
+            value = _scalar(op, a.dtype, other)
+            if not low <= value <= high:
+                raise LayoutError(
+                    f"{op}: the scalar {other!r} does not fit {a.dtype.name} [{low}, {high}]; torch's "
+                    f"int32 ops use its low 32 bits: pass it wrapped into {a.dtype.name}'s range"
+                )
+        return self._binary(op, a, other)
+
+    def bitwise_and(self, a: Value, other: Value | int) -> Value:
+        """a & other, bit by bit (torch.bitwise_and, np.bitwise_and); INT32 or UINT32 only;
+        `other` a value of a's dtype (numpy broadcasting) or a Python int that fits it."""
+        return self._bitwise("bitwise_and", a, other)
+
+    def bitwise_or(self, a: Value, other: Value | int) -> Value:
+        """a | other, bit by bit (torch.bitwise_or, np.bitwise_or); as `bitwise_and`."""
+        return self._bitwise("bitwise_or", a, other)
+
+    def bitwise_xor(self, a: Value, other: Value | int) -> Value:
+        """a ^ other, bit by bit (torch.bitwise_xor, np.bitwise_xor); as `bitwise_and`."""
+        return self._bitwise("bitwise_xor", a, other)
+
+    def left_shift(self, a: Value, other: Value | int) -> Value:
+        """a << other (torch.bitwise_left_shift); INT32 or UINT32 only; `other`, the counts, a
+        value of a's dtype (numpy broadcasting) or a Python int. The bits shifted past 32 are
+        lost (INT32 wraps, as torch's int32); a count outside [0, 31] gives 0, as CPU torch's
+        int32 kernel (C leaves it undefined). Under `checking_range` the int64 result, torch's
+        int64 x << s (0 for a count outside [0, 63]), must fit the dtype."""
+        return self._binary("left_shift", a, other)
+
+    def right_shift(self, a: Value, other: Value | int) -> Value:
+        """a >> other (torch.bitwise_right_shift); INT32 or UINT32 only; arithmetic on INT32
+        (the sign fills in), logical on UINT32. A count outside [0, 31] gives the sign fill
+        alone (-1 for a negative INT32 element, else 0), as CPU torch's int32 kernel."""
+        return self._binary("right_shift", a, other)
 
     def transpose(self, x: Value) -> Value:
         """Swaps the last two dims."""

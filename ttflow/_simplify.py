@@ -49,7 +49,8 @@ _POINTWISE = frozenset({
     "add", "sub", "mul", "div", "maximum", "minimum", "eq", "ne", "lt", "le", "ge", "gt", "where",
     "relu", "neg", "exp", "log", "sqrt", "rsqrt", "reciprocal", "tanh", "sigmoid", "silu", "gelu",
     "erf", "abs", "sin", "cos", "floor", "ceil", "round", "trunc", "pow", "typecast", "remainder",
-    "floor_divide", "fmod", "atan2",
+    "floor_divide", "fmod", "atan2", "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift",
+    "right_shift",
 })
 
 

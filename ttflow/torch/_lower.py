@@ -79,8 +79,9 @@ _device_shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
 
 
 def device_shape(shape: Sequence[int]) -> tuple[int, ...]:
-    """The device shape of a torch shape: rank 0 -> (1, 1), rank 1 (n,) -> (1, n), else the same
-    (a tile needs two dims)."""
+    """The device shape of a torch shape: rank 0 -> (1, 1), rank 1 (n,) -> (1, n) (a tile needs
+    two dims), rank 2 the same; rank 3 and more the same unless tiles would pad it to more than
+    twice its size, then the 2-D split of its dims that pads least (`_device_shape`)."""
     try:
         known = _device_shapes.get(shape)  # type: ignore[call-overload]  # a Size or tuple of ints
     except TypeError:  # a list, or a symbolic size (unhashable)
@@ -99,7 +100,21 @@ def _device_shape(dims: tuple[int, ...]) -> tuple[int, ...]:
         return (1, 1)
     if len(dims) == 1:
         return (1, dims[0])
-    return dims
+    if len(dims) == 2 or _tiled_bytes(dims) <= 2 * math.prod(dims):
+        return dims
+    # Tiles pad the last two dims to 32: a conv weight's 3x3 kernel would take a whole 32x32
+    # tile (113x its bytes), NHWC-less activations' small trailing dims likewise. Such a tensor
+    # lives as the 2-D [rows, cols] split of its dims that pads least (ttnn flattens conv
+    # weights and activations too); programs reshape it to its torch shape inside.
+    splits = [(math.prod(dims[:k]), math.prod(dims[k:])) for k in range(1, len(dims))]
+    best = min(splits, key=_tiled_bytes)
+    return best if _tiled_bytes(best) < _tiled_bytes(dims) else dims
+
+
+def _tiled_bytes(dims: Sequence[int]) -> int:
+    """Elements a TILE layout holds for `dims`: the last two padded to 32."""
+    rows, cols = dims[-2], dims[-1]
+    return math.prod(dims[:-2]) * (-(-rows // 32) * 32) * (-(-cols // 32) * 32)
 
 
 def _static(shape: Sequence[Any], what: str) -> tuple[int, ...]:
@@ -1288,6 +1303,30 @@ def _slice(L: _Lowering, node: torch.fx.Node, x: _T, dim: int = 0, start: int | 
     if _static(_out(node).shape, node.name) == x.shape:
         return x.v
     return L.b.slice(x.v, [None] * d + [start], [None] * d + [end], [1] * d + [step])
+
+
+@_register(aten.constant_pad_nd.default)
+def _constant_pad_nd(L: _Lowering, node: torch.fx.Node, x: _T, pad: Sequence[int], value: float = 0) -> Any:
+    """F.pad's constant mode: pairs (before, after) from the last dim back; a negative amount
+    crops. Each padded dim is a concat of constant blocks around x (cropped first)."""
+    b = L.b
+    dtype = _out(node).dtype
+    v, shape = L.cast(x, dtype), list(x.shape)
+    for k in range(len(pad) // 2):
+        d = len(shape) - 1 - k
+        before, after = int(pad[2 * k]), int(pad[2 * k + 1])
+        if before < 0 or after < 0:  # crop first
+            start, end = max(-before, 0), shape[d] - max(-after, 0)
+            v = b.slice(v, [None] * d + [start], [None] * d + [end])
+            shape[d] = end - start
+        parts = []
+        for amount in (before, after):
+            parts.append(L.full(shape[:d] + [amount] + shape[d + 1:], value, dtype) if amount > 0 else None)
+        pieces = [p for p in (parts[0], v, parts[1]) if p is not None]
+        if len(pieces) > 1:
+            v = b.concat(pieces, d)
+        shape[d] += max(before, 0) + max(after, 0)
+    return v
 
 
 @_register(aten.cat.default, aten.concat.default)

@@ -213,8 +213,12 @@ def _reshape(device: tt.Device, cell: Pending, dtype: tt.DataType, shape: tuple[
 def _permute(device: tt.Device, cell: Pending, dtype: tt.DataType, shape: tuple[int, ...],
              axes: tuple[int, ...]) -> Pending:
     def build() -> tt.Program:
+        # The value lives in its device shape; the permute is of its torch shape `shape`.
         b = tt.ProgramBuilder("permute")
-        b.output(b.permute(b.input(shape, _LAYOUTS[dtype]), axes), _LAYOUTS[dtype])
+        x = b.input(device_shape(shape), _LAYOUTS[dtype])
+        permuted = b.permute(x if x.shape == shape else b.reshape(x, shape), axes)
+        result = device_shape(tuple(shape[a] for a in axes))
+        b.output(permuted if permuted.shape == result else b.reshape(permuted, result), _LAYOUTS[dtype])
         return b.build()
 
     return run_program(("permute", dtype, shape, axes), build, device, [cell])[0]
@@ -373,8 +377,9 @@ async def _fetch(cell: Pending) -> np.ndarray[Any, Any]:
 def upload(host: torch.Tensor, device: tt.Device) -> Pending:
     """Posts a copy of a CPU tensor to the device; its value shaped `device_shape(host.shape)`."""
     array = host_array(host)
-    if array.ndim < 2:
-        array = array.reshape(device_shape(array.shape))
+    shape = device_shape(array.shape)
+    if array.shape != shape:
+        array = array.reshape(shape)
     cell = Pending()
     session.post(_to_device, cell, array, device, _LAYOUTS[device_dtype(host.dtype)])
     return cell
