@@ -1136,15 +1136,43 @@ def _bitwise(op: str) -> Callable[..., Any]:
     logical = _logical(op)
 
     def lower(L: _Lowering, node: torch.fx.Node, a: _T, other: Any) -> Any:
-        if _out(node).dtype != torch.bool:
-            raise L.unsupported("bitwise ops lower on bool tensors only")
-        return logical(L, node, a, other)
+        dtype = _out(node).dtype
+        if dtype == torch.bool:
+            return logical(L, node, a, other)
+        return getattr(L.b, f"bitwise_{op}")(L.cast(a, dtype), _integer_operand(L, other, dtype))
 
     return lower
 
 
+def _integer_operand(L: _Lowering, other: Any, dtype: torch.dtype) -> Any:
+    """A bit op's second operand in `dtype`: a value, or a Python int that INT32 holds (an
+    int64 tensor lives as INT32; a wider mask would need its high bits)."""
+    if isinstance(other, _T):
+        return L.cast(other, dtype)
+    value = int(other)
+    if not -(2**31) <= value < 2**31:
+        raise L.unsupported(f"the integer {value} does not fit INT32, which the tt device holds {dtype} in")
+    return value
+
+
 for _name in ("and", "or", "xor"):
     _register(getattr(aten, f"bitwise_{_name}").Tensor, getattr(aten, f"bitwise_{_name}").Scalar)(_bitwise(_name))
+
+
+def _shift(op: str) -> Callable[..., Any]:
+    def lower(L: _Lowering, node: torch.fx.Node, a: Any, other: Any) -> Any:
+        dtype = _out(node).dtype
+        if not isinstance(a, _T):  # `2 << x`: the number as a constant of x's shape
+            a = _T(L.full(other.shape, a, dtype), other.shape, dtype)
+        return getattr(L.b, op)(L.cast(a, dtype), _integer_operand(L, other, dtype))
+
+    return lower
+
+
+_register(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,
+          aten.bitwise_left_shift.Scalar_Tensor, aten.__lshift__.Tensor, aten.__lshift__.Scalar)(_shift("left_shift"))
+_register(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar,
+          aten.bitwise_right_shift.Scalar_Tensor, aten.__rshift__.Tensor, aten.__rshift__.Scalar)(_shift("right_shift"))
 
 
 @_register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
@@ -1421,6 +1449,14 @@ def _reduce_input(L: _Lowering, node: torch.fx.Node, x: _T, axes: Sequence[int])
 def _sum(L: _Lowering, node: torch.fx.Node, x: _T, dims: Any = None, keepdim: bool = False, **kwargs: Any) -> Any:
     axes = _dims(dims, len(x.shape)) if x.shape else []
     return _reduce(L, node, "sum", _reduce_input(L, node, x, axes), axes)
+
+
+@_register(aten.prod.dim_int, aten.prod.default)
+def _prod(L: _Lowering, node: torch.fx.Node, x: _T, dim: Any = None, keepdim: bool = False, **kwargs: Any) -> Any:
+    """The product over a dim (or all): float32 left to right along it, as numpy; CPU torch
+    multiplies a contiguous run of 32 or more in vectorised partial products, a few ulps apart."""
+    axes = _dims(dim, len(x.shape)) if x.shape else []
+    return _reduce(L, node, "prod", _reduce_input(L, node, x, axes), axes)
 
 
 @_register(aten.mean.dim, aten.mean.default)
