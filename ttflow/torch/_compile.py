@@ -38,9 +38,12 @@ def _is_tt(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.device.type == "tt"
 
 
-def _program_runner(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], name: str) -> Callable[[list[Any]], list[Any]]:
-    """Lowers one AOTAutograd graph; returns its boxed runner (args in a list, cleared)."""
+def _program_runner(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], name: str,
+                    user_outputs: int | None = None) -> Callable[[list[Any]], list[Any]]:
+    """Lowers one AOTAutograd graph; returns its boxed runner (args in a list, cleared).
+    `user_outputs`: how many leading outputs reach the user (None: all of them)."""
     lowered = _lower.lower(gm, example_inputs, name)
+    lowered.check_user_outputs(len(lowered.outputs) if user_outputs is None else user_outputs)
     n_outputs = len(lowered.binary.programs[0].outputs)
     specs = lowered.inputs
     seeds = lowered.seeds
@@ -86,13 +89,24 @@ def _compiler(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Any]
         if not any(_is_tt(t) for t in example_inputs if isinstance(t, torch.Tensor)):
             return make_boxed_func(gm)  # a CPU graph runs on the CPU
         try:
-            return _program_runner(gm, example_inputs, f"{kind}_{id(gm):x}")
+            return _program_runner(gm, example_inputs, f"{kind}_{id(gm):x}", _user_outputs(kind))
         except NotImplementedError as exc:  # UnsupportedOpError, from the lowering
             # As a graph break would: the graph runs op by op (each on the device where it can).
             warn_user(f"ttflow.torch: the compiled {kind} graph runs eagerly, op by op: {exc}")
             return make_boxed_func(gm)
 
     return compile_graph
+
+
+def _user_outputs(kind: str) -> int | None:
+    """How many of a forward graph's outputs the user gets (AOTAutograd puts the tensors saved
+    for the backward after them); every output of an inference or backward graph."""
+    if kind != "forward":
+        return None
+    context = torch._guards.TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None) if context is not None else None
+    returns = getattr(meta, "num_forward_returns", None)
+    return returns if isinstance(returns, int) else None
 
 
 def _aot(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
@@ -181,7 +195,11 @@ def _specialized(gm: torch.fx.GraphModule, args: Sequence[Any], numbers: frozens
         else:
             tensor_positions.append(position)
     fixed = torch.fx.GraphModule(gm, graph)
-    compiled = _aot(fixed, [args[i] for i in tensor_positions])
+    # Outside dynamo's own tracing context (compiled at call time): one of ours, so that
+    # AOTAutograd records which forward outputs are the user's (`_user_outputs`).
+    context = torch._guards.TracingContext.try_get() or torch._guards.TracingContext(None)
+    with torch._guards.tracing(context):
+        compiled = _aot(fixed, [args[i] for i in tensor_positions])
 
     def run(*call_args: Any) -> Any:
         return compiled(*[call_args[i] for i in tensor_positions])

@@ -141,6 +141,7 @@ def _on_device_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
 
 
 def _from_host(host: torch.Tensor, index: int | None) -> torch.Tensor:
+    host = host.resolve_conj().resolve_neg()  # a flag view's elements, as the device holds values
     if not _storage.on_device(host.dtype):
         t = _storage.new_tensor(host.shape, host.dtype, index, None)
         if host.numel():
@@ -158,6 +159,10 @@ def _copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> 
     if not is_tt(src):  # the CPU -> tt: queued, returns at once
         same = src.dtype is dst.dtype and src.shape == dst.shape  # `x.to("tt")`: nothing to convert
         _storage.write_host(dst, src if same else src.to(dst.dtype).expand(dst.shape))
+        return dst
+    if not (_storage.on_device(src.dtype) and _storage.on_device(dst.dtype)):
+        # A dtype the device lacks (complex, float64) keeps its elements on the host.
+        _storage.write_host(dst, _storage.host_value(src).to(dst.dtype).expand(dst.shape))
         return dst
     if src.device == dst.device and src.dtype == dst.dtype and src.shape == dst.shape:
         _storage.write(dst, _storage.read(src), _storage.device_shape(dst.shape))

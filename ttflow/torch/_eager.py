@@ -383,6 +383,7 @@ def _trace(info: _OpInfo, bound: dict[str, Any], metas: Sequence[tuple[tuple[int
     mutations: list[tuple[int, int]] = []
     lowered = trace_and_lower(fn, examples, op, f"eager_{op._schema.name.split('::')[-1]}",
                               lambda gm: mutations.extend(_strip_input_copies(gm)))
+    lowered.check_user_outputs(info.n_returns)
     return _Entry(lowered.binary, lowered.outputs, mutations, lowered.seeds)
 
 
@@ -432,14 +433,26 @@ def _strip_input_copies(gm: torch.fx.GraphModule) -> list[tuple[int, int]]:
     return mutations
 
 
+_FLAG_VIEWS = frozenset({aten._conj.default, aten._neg_view.default, aten.conj.default})
+"""Views that mark their result (conjugated, negated) instead of moving elements."""
+
+
 def _run_view(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """A view op: computed on a meta tensor of the same geometry, applied as an as_strided view."""
     base = args[0]
+    if not _storage.on_device(base.dtype) or op in _FLAG_VIEWS:
+        # A host-kept dtype (complex, float64) or a view that only sets a flag (conj, neg):
+        # torch's own view of the host value, which keeps the flag (as_strided would drop it).
+        raise UnsupportedOpError(f"{op}: a view of a {base.dtype} tensor that the device does not hold")
     numel = base.untyped_storage().nbytes() // base.element_size()
     meta = torch.empty(numel, dtype=base.dtype, device="meta").as_strided(
         base.shape, base.stride(), base.storage_offset())
     rest = [torch.empty_like(a, device="meta") if isinstance(a, torch.Tensor) else a for a in args[1:]]
     result = op(meta, *rest, **kwargs)
+    for r in (result,) if isinstance(result, torch.Tensor) else result:
+        if r.dtype != base.dtype:  # view_as_complex, view_as_real, view(dtype): a reinterpretation
+            raise UnsupportedOpError(f"{op}: a view as {r.dtype} of a {base.dtype} tensor reinterprets its "
+                                     "bytes, which the device holds as values (it runs on the CPU, as a copy)")
     if isinstance(result, torch.Tensor):
         return aten.as_strided.default(base, result.shape, result.stride(), result.storage_offset())
     return type(result)(aten.as_strided.default(base, r.shape, r.stride(), r.storage_offset()) for r in result)

@@ -197,6 +197,15 @@ class Lowered:
     def seed_layout(self) -> tt.Layout:
         return _layout(_I32)
 
+    def check_user_outputs(self, count: int) -> None:
+        """Refuses a stand-in output (max-pool indices, `OutputSpec.placeholder`) among the
+        first `count` outputs, the ones the user gets: only a backward may read those."""
+        for spec in self.outputs[:count]:
+            if spec.placeholder:
+                raise UnsupportedOpError(
+                    "max-pool indices returned to the caller: the device's max-pool backward reads "
+                    "the pooled input, so its forward makes no indices (they run on the CPU)")
+
 
 # -- decompositions ----------------------------------------------------------------------------------
 

@@ -364,10 +364,16 @@ def _host_storage_as(slot: Slot, dtype: torch.dtype) -> torch.Tensor:
 
 
 def host_value(t: torch.Tensor) -> torch.Tensor:
-    """`t`'s elements copied to a new CPU tensor (waits for the device)."""
+    """`t`'s elements copied to a new CPU tensor (waits for the device). A conjugated or
+    negated view (`x.conj()` of a complex tensor: a flag, no copy) gives its values so."""
     slot = _slot(t)
     storage = _host_storage_as(slot, t.dtype)
-    return torch.as_strided(storage, t.shape, t.stride(), t.storage_offset()).clone()
+    value = torch.as_strided(storage, t.shape, t.stride(), t.storage_offset()).clone()
+    if t.is_conj():
+        value = value.conj_physical()
+    if t.is_neg():
+        value = value.neg()
+    return value
 
 
 async def _fetch(cell: Pending) -> np.ndarray[Any, Any]:
