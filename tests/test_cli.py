@@ -221,6 +221,24 @@ def test_bench_torch_reports_the_step_against_cpu_torch(capsys: pytest.CaptureFi
     assert result["step_ms_cpu_aot_eager"] > 0 and result["step_ratio_cpu_aot_eager"] > 0
 
 
+def test_bench_torch_models_reports_ratios_per_model(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch", reason="the PyTorch front-end is optional")
+    pytest.importorskip("transformers", reason="the model test bed needs the models extra")
+    assert main(["bench", "torch", "--models", "--quick", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [r["model"] for r in result["results"]] == ["gpt2", "llama"]  # --quick: the first two
+    for r in result["results"]:
+        assert r["forward_ratio_compiled"] == pytest.approx(r["forward_ms_tt_compiled"] / r["forward_ms_cpu"])
+        assert r["step_ratio"] == pytest.approx(r["step_ms_tt"] / r["step_ms_cpu"])
+        assert r["cold_ratio"] == pytest.approx(r["cold_s_tt"] / r["cold_s_cpu_aot_eager"])
+
+
+def test_bench_models_goes_with_torch_only(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "kernels", "--models"])
+    assert exit_.value.code == 2 and "--models goes with bench torch" in capsys.readouterr().err
+
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

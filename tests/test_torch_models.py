@@ -20,8 +20,6 @@ compared within 1e-4.
 from __future__ import annotations
 
 import copy
-import sys
-import types
 import warnings
 from pathlib import Path
 
@@ -33,23 +31,9 @@ torch = pytest.importorskip(
 ttt = pytest.importorskip("ttflow.torch")
 
 
-def _torchvision() -> types.ModuleType | None:
-    """torchvision's model code. PyPI's torchvision 0.28 is a CUDA build whose C++ ops do not
-    load beside CPU torch (its import fails registering `torchvision::nms`); the models need
-    none of those ops, so the registration module is left out and the model code imported."""
-    try:
-        import torchvision
-    except ImportError:
-        return None
-    except RuntimeError:
-        for name in [n for n in sys.modules if n.startswith("torchvision")]:
-            del sys.modules[name]
-        sys.modules["torchvision._meta_registrations"] = types.ModuleType("torchvision._meta_registrations")
-        import torchvision
-    return torchvision
+from ttflow._bench.torch_models import torchvision_module
 
-
-TORCHVISION_MODULE = _torchvision()  # first: transformers imports torchvision when it is there
+TORCHVISION_MODULE = torchvision_module()  # first: transformers imports torchvision when it is there
 transformers = pytest.importorskip(
     "transformers", reason="the model test bed needs transformers: pip install 'transformers>=5,<6'"
 )

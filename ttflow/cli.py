@@ -26,7 +26,8 @@ BENCHMARKS = {
     "decode": ("ttflow._bench.decode",
                "greedy decoding of examples/gpt_decode.py's model on the device against numpy"),
     "torch": ("ttflow._bench.torch_step",
-              "a PyTorch training step and eager ops on tt against CPU torch (needs torch)"),
+              "a PyTorch training step and eager ops on tt against CPU torch (needs torch); "
+              "--models: Hugging Face and torchvision models"),
     "memory": ("ttflow._bench.memory",
                "the L1 eviction policies' bytes moved against each other and the offline optimum"),
 }
@@ -85,6 +86,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("suite", choices=list(BENCHMARKS), help="which benchmark to run (below)")
     bench.add_argument("--json", action="store_true", help="print the result as JSON")
     bench.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke test")
+    bench.add_argument("--models", action="store_true",
+                       help="with torch: the model test bed (Hugging Face and torchvision models) "
+                       "instead of the MLP step (needs the models extra)")
     demo = commands.add_parser(
         "demo",
         help="run a small pipeline on the emulated n150 and summarise what the runtime did",
@@ -160,7 +164,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "bench":
         if args.suite == "torch" and importlib.util.find_spec("torch") is None:
             args.subparser.error("bench torch needs PyTorch: " + TORCH_INSTALL)
-        module = importlib.import_module(BENCHMARKS[args.suite][0])
+        if args.models and args.suite != "torch":
+            args.subparser.error(f"--models goes with bench torch, not bench {args.suite}")
+        if args.models and importlib.util.find_spec("transformers") is None:
+            args.subparser.error("bench torch --models needs transformers: pip install 'transformers>=5,<6'")
+        module = importlib.import_module("ttflow._bench.torch_models" if args.models else BENCHMARKS[args.suite][0])
         result = module.run(quick=args.quick)
         print(json.dumps(result, indent=2) if args.json else module.format_table(result))
         return 0
