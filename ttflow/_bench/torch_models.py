@@ -81,9 +81,11 @@ def models() -> dict[str, tuple[Callable[[], Any], Callable[[], dict[str, Any]],
             "hidden")
     if vision is not None:
         images = {"x": torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(0))}
+        def cnn(name: str) -> Callable[[], Any]:
+            return lambda: getattr(vision.models, name)(num_classes=10)
+
         for name in ("resnet18", "mobilenet_v3_small"):
-            found[name] = (lambda name=name: getattr(vision.models, name)(num_classes=10),
-                           lambda: dict(images), "classes")
+            found[name] = (cnn(name), lambda: dict(images), "classes")
     return found
 
 
