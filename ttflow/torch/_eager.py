@@ -384,7 +384,28 @@ def _trace(info: _OpInfo, bound: dict[str, Any], metas: Sequence[tuple[tuple[int
     lowered = trace_and_lower(fn, examples, op, f"eager_{op._schema.name.split('::')[-1]}",
                               lambda gm: mutations.extend(_strip_input_copies(gm)))
     lowered.check_user_outputs(info.n_returns)
+    _check_result_shapes(op, fn, examples, lowered.outputs[:info.n_returns])
     return _Entry(lowered.binary, lowered.outputs, mutations, lowered.seeds)
+
+
+def _check_result_shapes(op: Any, fn: Callable[..., Any], examples: Sequence[torch.Tensor],
+                         outputs: Sequence[Any]) -> None:
+    """The traced program's results must have the shapes and dtypes the op itself gives (its
+    meta kernel): a decomposition that differs (native_batch_norm's eval statistics, (C,)
+    where the op gives empty tensors) would hand back a wrong shape silently."""
+    try:
+        with torch._C._ForceDispatchKeyGuard(_USER_INCLUDE, _USER_EXCLUDE):
+            direct = fn(*examples)
+    except Exception:  # noqa: BLE001 - an op without a meta kernel: the trace is all we have
+        return
+    results = direct if isinstance(direct, (tuple, list)) else (direct,)
+    for k, (result, spec) in enumerate(zip(results, outputs)):
+        if not isinstance(result, torch.Tensor) or spec.kind == "none":
+            continue
+        if tuple(result.shape) != tuple(spec.shape) or result.dtype != spec.dtype:
+            raise UnsupportedOpError(
+                f"{op}: its decomposition gives result {k} as {tuple(spec.shape)} {spec.dtype}, the op "
+                f"{tuple(result.shape)} {result.dtype}")
 
 
 def trace_and_lower(fn: Callable[..., Any], examples: Sequence[torch.Tensor], op: Any, name: str,
@@ -440,10 +461,10 @@ _FLAG_VIEWS = frozenset({aten._conj.default, aten._neg_view.default, aten.conj.d
 def _run_view(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """A view op: computed on a meta tensor of the same geometry, applied as an as_strided view."""
     base = args[0]
-    if not _storage.on_device(base.dtype) or op in _FLAG_VIEWS:
-        # A host-kept dtype (complex, float64) or a view that only sets a flag (conj, neg):
-        # torch's own view of the host value, which keeps the flag (as_strided would drop it).
-        raise UnsupportedOpError(f"{op}: a view of a {base.dtype} tensor that the device does not hold")
+    if op in _FLAG_VIEWS:
+        # A view that only sets a flag (conj, neg): torch's own, on the host value, which keeps
+        # the flag (as_strided would drop it).
+        raise UnsupportedOpError(f"{op}: a view that marks its result, which the device holds as values")
     numel = base.untyped_storage().nbytes() // base.element_size()
     meta = torch.empty(numel, dtype=base.dtype, device="meta").as_strided(
         base.shape, base.stride(), base.storage_offset())

@@ -941,11 +941,28 @@ def _pow(L: _Lowering, node: torch.fx.Node, x: _T, p: float) -> Any:
         return L.b.mul(v, v)
     if dtype.is_floating_point:
         return L.b.pow(L.cast(x, dtype), float(p))
-    return L.b.pow(L.f32(x), float(p))  # integers: exact in float32 while small; cast back after
+    if not float(p).is_integer() or p < 0:
+        raise L.unsupported(f"an integer to the power {p!r} (only whole exponents >= 0 lower exactly)")
+    return _integer_power(L, L.cast(x, dtype), int(p), _value_dtype(dtype, x.shape))
+
+
+def _integer_power(L: _Lowering, v: Any, p: int, ddtype: tt.DataType) -> Any:
+    """v ** p by squaring, in integer arithmetic: exact (float32 would round past 2**24), and
+    no square is larger than the result, so a range check fails only where the result does."""
+    result = None
+    while p:
+        if p & 1:
+            result = v if result is None else L.b.mul(result, v)
+        p >>= 1
+        if p:
+            v = L.b.mul(v, v)
+    return result if result is not None else L.b.full(v.shape, 1, ddtype)
 
 
 @_register(aten.pow.Scalar)
 def _pow_scalar(L: _Lowering, node: torch.fx.Node, base: float, x: _T) -> Any:
+    if not _out(node).dtype.is_floating_point:
+        raise L.unsupported(f"{base!r} to an integer tensor's powers (float32 would round them)")
     if not base > 0:
         raise L.unsupported(f"a base of {base!r}: only a positive base lowers (as exp(x * log(base)))")
     return L.b.exp(L.b.mul(L.f32(x), math.log(base)))
@@ -953,6 +970,8 @@ def _pow_scalar(L: _Lowering, node: torch.fx.Node, base: float, x: _T) -> Any:
 
 @_register(aten.pow.Tensor_Tensor)
 def _pow_tensor(L: _Lowering, node: torch.fx.Node, x: _T, p: _T) -> Any:
+    if not _out(node).dtype.is_floating_point:
+        raise L.unsupported("an integer to an integer tensor's powers (float32 would round them)")
     b = L.b
     return b.exp(b.mul(L.f32(p), b.log(L.f32(x))))  # NaN for a negative base, as numpy's float pow
 
@@ -1785,7 +1804,9 @@ def _scatter(L: _Lowering, node: torch.fx.Node, x: _T, dim: int, index: _T, src:
     """Scatter by one-hot masks (an `arange` compared with the index), one `where` per index
     position along `dim`: right for the small index extents of one-hot targets and scatters."""
     rank = len(x.shape)
-    d = _dim(dim, rank) if rank else 0
+    if not rank or not index.shape:
+        raise L.unsupported("a scatter into or by a 0-d tensor")
+    d = _dim(dim, rank)
     if any(i != n for k, (i, n) in enumerate(zip(index.shape, x.shape)) if k != d):
         raise L.unsupported(f"an index of shape {index.shape} into {x.shape}: other dims must match")
     if index.shape[d] > 64:

@@ -467,6 +467,10 @@ def _to_device(cell: Pending, array: np.ndarray[Any, Any], device: tt.Device, la
 def host_array(t: torch.Tensor) -> np.ndarray[Any, Any]:
     """A CPU tensor as a numpy array of its device dtype (a copy: the upload runs later)."""
     t = t.detach()
+    if t._is_zerotensor():  # autograd's known-zero gradient (`sgn`'s): it holds no elements
+        t = torch.zeros(t.shape, dtype=t.dtype)
+    if t.layout != torch.strided:
+        raise UnsupportedOpError(f"a {t.layout} tensor: the tt device holds dense (strided) tensors only")
     if not t.is_contiguous():
         t = t.contiguous()
     if t.dtype == torch.bfloat16:
