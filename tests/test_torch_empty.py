@@ -57,6 +57,10 @@ CASES = {
     "a batched matmul over an empty inner dimension": lambda x, to: x[:, :, :0] @ x[:, :0, :],
     "an amax that keeps an empty axis": lambda x, to: x[:, :, :0].amax(dim=1),
     "an int64 empty tensor": lambda x, to: to(torch.tensor([], dtype=torch.long)) + 3,
+    "an empty identity": lambda x, to: torch.eye(0, 3, device=x.device),
+    "not of nothing": lambda x, to: (x[:0] > 0).logical_not(),
+    "a tile of nothing": lambda x, to: x[:, :0].tile(2, 1, 1),
+    "a pad of nothing": lambda x, to: torch.nn.functional.pad(x[:0], (1, 1)),
 }
 
 

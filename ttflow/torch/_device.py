@@ -153,6 +153,8 @@ def _from_host(host: torch.Tensor, index: int | None) -> torch.Tensor:
 
 
 def _copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    if dst.numel() == 0:
+        return dst  # no elements to copy (the device holds none for an empty tensor)
     if not is_tt(dst):  # tt -> the CPU: wait and copy out
         dst.copy_(_storage.host_value(src))
         return dst

@@ -222,6 +222,8 @@ def run(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             continue
         if out.shape != value.shape:
             out.resize_(value.shape)
+        if out.numel() == 0:
+            continue  # no elements to write
         if out.dtype != value.dtype:
             value = value.to(out.dtype)
         _storage.write(out, _storage.read(value), _storage.device_shape(out.shape))

@@ -435,6 +435,8 @@ def fill(t: torch.Tensor, value: float | int | bool) -> bool:
     shape, written once and shared while recently used (values are immutable: a later write
     replaces the storage's value, never the constant). `loss.backward()` fills its seed
     gradient this way each step without running a program. False (nothing done) otherwise."""
+    if t.numel() == 0:
+        return True  # no elements: nothing to fill (the device holds no empty values)
     if (t.dtype not in (torch.float32, torch.bfloat16) or not isinstance(value, (int, float))
             or t.numel() > _FILLS_MAX_NUMEL or not _in_order(t)):
         return False
