@@ -62,3 +62,14 @@ def test_kernels_face() -> None:
         "tilize", "untilize", "pack_bfloat8_b", "unpack_bfloat8_b", "scatter_pages", "gather_pages",
         "tilize_to_banks", "untilize_from_banks", "pack_bfloat8_b_to_banks", "unpack_bfloat8_b_from_banks",
     }
+
+
+TORCH_PUBLIC = {"TTTensor", "UnsupportedOpError", "backend", "close", "compile", "device", "open_device",
+                "synchronize"}
+
+
+def test_the_torch_front_ends_surface_is_pinned() -> None:
+    ttt = pytest.importorskip("ttflow.torch", reason="the PyTorch front-end is optional")
+    assert set(ttt.__all__) == TORCH_PUBLIC
+    exported = {n for n in vars(ttt) if not n.startswith("_") and not isinstance(vars(ttt)[n], ModuleType)}
+    assert exported - {"annotations"} == TORCH_PUBLIC, exported ^ TORCH_PUBLIC
