@@ -29,9 +29,9 @@ INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 def fresh():
     ttt.close()
     ttt.open_device()
-    from ttflow.torch import _device
+    from ttflow.torch import _fallback
 
-    _device._warned.clear()
+    _fallback.warned.clear()
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*ran on the CPU")
         warnings.filterwarnings("error", message=".*runs eagerly, op by op")

@@ -307,9 +307,9 @@ def test_a_loop_of_eager_ops_holds_only_what_it_holds(fresh):
 
 
 def test_an_op_with_no_device_lowering_warns_once_and_runs_on_the_cpu(fresh):
-    from ttflow.torch import _device
+    from ttflow.torch import _fallback
 
-    _device._warned.clear()  # once per op and process, as torch's own warn-once
+    _fallback.warned.clear()  # once per op and process, as torch's own warn-once
     x = torch.tensor([[0.5, 1.5]])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -323,9 +323,9 @@ def test_an_op_with_no_device_lowering_warns_once_and_runs_on_the_cpu(fresh):
 def test_fallback_warnings_name_the_users_line(fresh):
     """Eager (through torch's dispatcher) and compiled (through dynamo's wrappers too), the
     warning is attributed to the line that called the op, as torch's own warnings are."""
-    from ttflow.torch import _device
+    from ttflow.torch import _fallback
 
-    _device._warned.clear()
+    _fallback.warned.clear()
     x = torch.tensor([[0.5, 1.5, 2.0]])
 
     def f(a):
@@ -346,9 +346,9 @@ def test_fallback_warnings_name_the_users_line(fresh):
 
 
 def test_factories_on_tt_run_on_the_device(fresh):
-    from ttflow.torch import _device
+    from ttflow.torch import _fallback
 
-    _device._warned.clear()
+    _fallback.warned.clear()
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*ran on the CPU")
         assert torch.equal(torch.arange(5, device="tt").cpu(), torch.arange(5))

@@ -18,9 +18,9 @@ ttt = pytest.importorskip("ttflow.torch")
 def fresh():
     ttt.close()
     ttt.open_device()
-    from ttflow.torch import _device
+    from ttflow.torch import _fallback
 
-    _device._warned.clear()
+    _fallback.warned.clear()
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*ran on the CPU")
         warnings.filterwarnings("error", message=".*runs eagerly, op by op")

@@ -26,9 +26,9 @@ from torch import nn
 def fresh():
     ttt.close()
     ttt.open_device()
-    from ttflow.torch import _device
+    from ttflow.torch import _fallback
 
-    _device._warned.clear()  # the CPU-fallback warnings below must be seen, not remembered
+    _fallback.warned.clear()  # the CPU-fallback warnings below must be seen, not remembered
     yield ttt.device()
     ttt.close()
 

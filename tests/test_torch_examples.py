@@ -26,7 +26,7 @@ torch = pytest.importorskip(
 )
 ttt = pytest.importorskip("ttflow.torch")
 
-from ttflow.torch import _device
+from ttflow.torch import _fallback
 
 RELATIVE_TOLERANCE = 1e-5
 
@@ -54,7 +54,7 @@ def load(name: str) -> ModuleType:
 
 def run_on_the_device_only(module: ModuleType, **options) -> dict:
     """`module.main(**options)`, failing if any op ran on the CPU or any graph ran op by op."""
-    _device._warned.clear()  # the front-end warns once per op per process
+    _fallback.warned.clear()  # the front-end warns once per op per process
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = module.main(verbose=False, **options)

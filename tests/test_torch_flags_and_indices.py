@@ -27,9 +27,9 @@ def device():
 
 @pytest.fixture(autouse=True)
 def quiet():
-    from ttflow.torch import _device
+    from ttflow.torch import _fallback
 
-    _device._warned.clear()
+    _fallback.warned.clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         yield caught

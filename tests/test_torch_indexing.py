@@ -30,9 +30,9 @@ def device():
 @contextlib.contextmanager
 def only_on_device():
     """Fails on any op run on the CPU (the fallback warns once per op: the record is cleared)."""
-    from ttflow.torch import _device
+    from ttflow.torch import _fallback
 
-    _device._warned.clear()
+    _fallback.warned.clear()
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*ran on the CPU")
         warnings.filterwarnings("error", message=".*runs eagerly, op by op")

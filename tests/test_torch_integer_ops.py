@@ -23,9 +23,9 @@ def device():
 
 @pytest.fixture
 def on_device_only(device):
-    from ttflow.torch import _device
+    from ttflow.torch import _fallback
 
-    _device._warned.clear()
+    _fallback.warned.clear()
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*ran on the CPU")
         warnings.filterwarnings("error", message=".*runs eagerly, op by op")

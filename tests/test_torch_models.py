@@ -50,9 +50,9 @@ def device():
 @pytest.fixture
 def fallbacks():
     """Every CPU fallback or eager graph seen by the test (each must name the op)."""
-    from ttflow.torch import _device
+    from ttflow.torch import _fallback
 
-    _device._warned.clear()
+    _fallback.warned.clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         yield caught

@@ -17,7 +17,7 @@ ttt = pytest.importorskip("ttflow.torch")
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from ttflow.torch import _device  # noqa: E402
+from ttflow.torch import _fallback  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +147,7 @@ def test_module_trains_on_the_device_like_cpu(device, name, dtype):
     x = inputs()
     if x.is_floating_point():
         x = x.to(dtype)
-    _device._warned.clear()
+    _fallback.warned.clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out, grads, x_grad = _run(copy.deepcopy(model), x.clone(), on_tt=True)
@@ -225,7 +225,7 @@ def test_fused_inference_fast_paths_run_on_the_device(device, norm_first):
              {"src_key_padding_mask": torch.tensor([[False] * 5, [False] * 3 + [True] * 2])}]
     on_tt, mha_tt = copy.deepcopy(layer).to("tt"), copy.deepcopy(mha).to("tt")
     compiled = torch.compile(on_tt, backend="tt")
-    _device._warned.clear()
+    _fallback.warned.clear()
     with warnings.catch_warnings(record=True) as caught, torch.no_grad():
         warnings.simplefilter("always")
         for kw in masks:

@@ -409,7 +409,7 @@ def run_case(name: str, variant: str, dtype_name: str) -> dict[str, Any]:
     import torch
 
     import ttflow
-    from ttflow.torch import _device
+    from ttflow.torch import _fallback
 
     op = _find_op(name, variant)
     dtype = getattr(torch, dtype_name)
@@ -418,7 +418,7 @@ def run_case(name: str, variant: str, dtype_name: str) -> dict[str, Any]:
     parts = [(False, _samples(op, dtype, False))]
     if dtype is torch.float32 and op.supports_autograd:
         parts.append((True, _samples(op, dtype, True)))
-    _device._warned.clear()
+    _fallback.warned.clear()
     _worst.clear()
     compared = 0
     start = time.monotonic()

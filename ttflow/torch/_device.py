@@ -10,24 +10,26 @@ values), and otherwise on the CPU, once warning which op did so.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import threading
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
 
 import ttflow as tt
 
 from . import _storage
 from ._errors import UnsupportedOpError
+from ._fallback import cpu_fallback as _cpu_fallback
+from ._fallback import host_generators as _host_generators
+from ._fallback import is_tt
+from ._fallback import on_device_args as _on_device_args
+from ._fallback import warn_cpu as _warn_cpu
 from ._guard import load_guard
 from ._session import MAX_DEVICES, on_loop_thread, session
-from ._warn import warn_user
 
 __all__ = ["TTTensor", "install", "synchronize"]
 
@@ -45,111 +47,6 @@ class TTTensor(torch.Tensor, metaclass=_TTTensorType):
     tt tensors are plain `torch.Tensor`s (as CUDA tensors are); this class exists so that older
     code that checked for it keeps working.
     """
-
-
-def is_tt(t: Any) -> bool:
-    return isinstance(t, torch.Tensor) and t.device.type == "tt"
-
-
-# -- the kernels -------------------------------------------------------------------------------------
-
-_warned: set[str] = set()
-
-
-def _warn_cpu(op: Any, reason: str) -> None:
-    name = str(op)
-    if name not in _warned:
-        _warned.add(name)
-        warn_user(
-            f"{name} ran on the CPU: {reason}. Its tt inputs were copied to the host and its "
-            "results back (this warning is shown once per op)"
-        )
-
-
-@contextlib.contextmanager
-def _host_generators(kwargs: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """`kwargs` with each tt generator (`torch.Generator(device="tt")`) replaced by a CPU one in
-    its state, for a host op; the host generator's new state goes back to it afterwards, so a
-    tt generator draws the CPU generator's sequence (see `TTGeneratorImpl` in `_guard.cpp`)."""
-    swapped = []
-    for key, value in kwargs.items():
-        if isinstance(value, torch.Generator) and value.device.type == "tt":
-            host = torch.Generator()
-            host.set_state(value.get_state())
-            swapped.append((value, host))
-            kwargs = {**kwargs, key: host}
-    try:
-        yield kwargs
-    finally:
-        for generator, host in swapped:
-            generator.set_state(host.get_state())
-
-
-def _cpu_fallback(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Runs `op` on CPU copies of its tt arguments; writes mutated arguments back, and returns
-    results as new tt tensors (on the device of the first tt argument)."""
-    flat, _ = tree_flatten((args, kwargs))
-    tt_args = [a for a in flat if is_tt(a)]
-    index = tt_args[0].device.index if tt_args else 0
-    copies: dict[int, torch.Tensor] = {}
-
-    def to_host(a: Any) -> Any:
-        if is_tt(a):
-            if id(a) not in copies:
-                copies[id(a)] = _storage.host_value(a)
-            return copies[id(a)]
-        if isinstance(a, torch.device) and a.type == "tt":
-            return torch.device("cpu")
-        return a
-
-    host_args = tree_map(to_host, args)
-    host_kwargs = tree_map(to_host, kwargs)
-    # A scalar operand (`x % 3`) reaches a Python kernel as a number where the schema says Tensor
-    # (torch unwraps its wrapped-number tensors); the CPU kernel wants the 0-d tensor back.
-    schema = op._schema.arguments
-    host_args = tuple(torch.tensor(a) if i < len(schema) and isinstance(a, (bool, int, float))
-                      and str(schema[i].type) == "Tensor" else a for i, a in enumerate(host_args))
-    with _host_generators(host_kwargs) as host_kwargs:
-        result = op(*host_args, **host_kwargs)
-    # Arguments the op writes (in-place, out=): their new values go back to the device.
-    mutated: dict[int, torch.Tensor] = {}
-    for i, argument in enumerate(op._schema.arguments):
-        if argument.alias_info is None or not argument.alias_info.is_write:
-            continue
-        original: Any = args[i] if i < len(args) else kwargs.get(argument.name)
-        for orig in (original if isinstance(original, (list, tuple)) else [original]):
-            if isinstance(orig, torch.Tensor) and is_tt(orig):
-                host = copies[id(orig)]
-                if host.shape != orig.shape:  # an out= argument the op resized
-                    orig.resize_(host.shape)
-                _storage.write_host(orig, host)
-                mutated[id(copies[id(orig)])] = orig
-
-    def to_device(r: Any) -> Any:
-        if isinstance(r, torch.Tensor):
-            if id(r) in mutated:
-                return mutated[id(r)]
-            return _from_host(r, index)
-        return r
-
-    return tree_map(to_device, result)
-
-
-def _on_device_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    flat, _ = tree_flatten((args, kwargs))
-    return any(is_tt(a) and _storage.on_device(a.dtype) for a in flat)
-
-
-def _from_host(host: torch.Tensor, index: int | None) -> torch.Tensor:
-    host = host.resolve_conj().resolve_neg()  # a flag view's elements, as the device holds values
-    if not _storage.on_device(host.dtype):
-        t = _storage.new_tensor(host.shape, host.dtype, index, None)
-        if host.numel():
-            _storage.write_host(t, host)
-        return t
-    device = session.device(index)
-    cell = _storage.upload(host, device) if host.numel() else None
-    return _storage.new_tensor(host.shape, host.dtype, index, cell)
 
 
 def _copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:

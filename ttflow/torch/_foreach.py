@@ -17,6 +17,7 @@ import torch
 from . import _eager, _storage
 from ._bounded import BoundedCache
 from ._errors import UnsupportedOpError
+from ._fallback import cpu_fallback, warn_cpu
 
 __all__ = ["kernels"]
 
@@ -184,10 +185,8 @@ def _kernel(op: Any) -> Callable[..., Any]:
 
 
 def _loop(op: Any, base: str, in_place: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    from ._device import _cpu_fallback, _warn_cpu
-
-    _warn_cpu(op, "these tensors or arguments have no one-program form")
-    return _cpu_fallback(op, args, kwargs)
+    warn_cpu(op, "these tensors or arguments have no one-program form")
+    return cpu_fallback(op, args, kwargs)
 
 
 def kernels() -> Iterator[tuple[Any, Callable[..., Any]]]:
