@@ -326,7 +326,14 @@ class MachineBase(RuleBasedStateMachine):
         assert depth <= self._usable_l1_bank(), (
             f"to_device gave an L1 tensor of {depth} bytes per bank; banks hold {self.spec.l1_bank_bytes}"
         )
-        return self.model.track(tensor, layout, stored(array, layout.dtype), label=label)
+        entry = self.model.track(tensor, layout, stored(array, layout.dtype), label=label)
+        # Every pushed tensor is named, on the loop thread, while its write may still be queued
+        # or in flight: `memory_views_consistent` then checks that each of its storages (the
+        # home, conversions, an evicted copy, a trace's) is shown with that name. No draw, so
+        # the examples the machine explores stay the same.
+        self.call(setattr, tensor, "name", entry.name)
+        entry.given_name = entry.name
+        return entry
 
     def _check_refused(self, what: str, layout: Layout, depth: int, exc: OutOfMemoryError) -> None:
         """An OutOfMemoryError at call time: only for an L1 request larger than an L1 bank (the
@@ -744,6 +751,10 @@ def _check_memory_views(device: Device, model: DeviceModel) -> None:
                 assert shown is not None and shown.depth == want, (
                     f"{what}: {e!r} lists a storage at {buffer.address}, {want} bytes deep; the view "
                     f"has {shown}\n{view}")
+                if shown.kind != "pending":  # a move's target is its command's until it lands
+                    assert shown.tensor == e.given_name, (
+                        f"{what}: {e!r} (named {e.given_name!r}) has its storage at {buffer.address} "
+                        f"shown as {shown.tensor!r}\n{view}")
                 assert shown.kind == ("home" if k == 0 else "conversion"), (
                     f"{what}: storage {k} of {e!r} is a {shown.kind!r} buffer")
                 assert (shown.layout, shown.shape) == (layout, e.shape), (

@@ -60,6 +60,8 @@ class ModelTensor:
     parents: tuple[ModelTensor, ...] = ()
     resolved: bool = False
     deallocated: bool = False
+    given_name: str | None = None
+    """The name the test gave the tensor (`Tensor.name`): every storage of it is shown so."""
     shape: tuple[int, ...] = attrs.field(init=False)
     dtype: DataType = attrs.field(init=False)
 
