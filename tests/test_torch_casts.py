@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import math
-import warnings
 
 import pytest
 
@@ -19,6 +18,8 @@ torch = pytest.importorskip(
     "torch", reason="the PyTorch front-end is optional: pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu to test it"
 )
 ttt = pytest.importorskip("ttflow.torch")
+
+from torch_support import only_on_device
 
 import ttflow as tt
 
@@ -29,12 +30,7 @@ INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 def fresh():
     ttt.close()
     ttt.open_device()
-    from ttflow.torch import _fallback
-
-    _fallback.warned.clear()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message=".*ran on the CPU")
-        warnings.filterwarnings("error", message=".*runs eagerly, op by op")
+    with only_on_device():
         yield ttt.device()
     ttt.close()
 

@@ -4,7 +4,6 @@ over, in eager ops and in compiled graphs (transformers' DynamicCache starts fro
 from __future__ import annotations
 
 import math
-import warnings
 
 import pytest
 
@@ -13,17 +12,14 @@ torch = pytest.importorskip(
 )
 ttt = pytest.importorskip("ttflow.torch")
 
+from torch_support import only_on_device
+
 
 @pytest.fixture
 def fresh():
     ttt.close()
     ttt.open_device()
-    from ttflow.torch import _fallback
-
-    _fallback.warned.clear()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message=".*ran on the CPU")
-        warnings.filterwarnings("error", message=".*runs eagerly, op by op")
+    with only_on_device():
         yield ttt.device()
     ttt.close()
 

@@ -4,9 +4,6 @@ value` with a tt or a CPU mask, and an index out of range as an error, never a c
 
 from __future__ import annotations
 
-import contextlib
-import warnings
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,6 +12,8 @@ torch = pytest.importorskip(
     "torch", reason="the PyTorch front-end is optional: pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu to test it"
 )
 ttt = pytest.importorskip("ttflow.torch")
+
+from torch_support import only_on_device
 
 import ttflow as tt
 
@@ -25,18 +24,6 @@ def device():
     ttt.open_device()
     yield ttt.device()
     ttt.close()
-
-
-@contextlib.contextmanager
-def only_on_device():
-    """Fails on any op run on the CPU (the fallback warns once per op: the record is cleared)."""
-    from ttflow.torch import _fallback
-
-    _fallback.warned.clear()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message=".*ran on the CPU")
-        warnings.filterwarnings("error", message=".*runs eagerly, op by op")
-        yield
 
 
 @pytest.fixture

@@ -3,14 +3,14 @@ transformers' generate() (`unfinished & ~stopped`) and everyday masks use."""
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 
 torch = pytest.importorskip(
     "torch", reason="the PyTorch front-end is optional: pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu to test it"
 )
 ttt = pytest.importorskip("ttflow.torch")
+
+from torch_support import only_on_device
 
 
 @pytest.fixture(scope="module")
@@ -23,12 +23,7 @@ def device():
 
 @pytest.fixture
 def on_device_only(device):
-    from ttflow.torch import _fallback
-
-    _fallback.warned.clear()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message=".*ran on the CPU")
-        warnings.filterwarnings("error", message=".*runs eagerly, op by op")
+    with only_on_device():
         yield
 
 
