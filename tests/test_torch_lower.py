@@ -1,4 +1,4 @@
-"""The core-ATen -> ttflow lowering (ttflow/torch/_lower.py).
+"""The core-ATen -> ttflow lowering (ttflow/torch/_lower/).
 
 Each case is captured as torch.compile's `aot_autograd` backend sees it (forward and backward
 graphs, with `_lower.DECOMPOSITIONS`), each graph is lowered to one program, run on an emulated
@@ -465,7 +465,7 @@ def test_device_shape_and_dtype() -> None:
     for shape in [(3, 5, 11), (1, 1, 1, 1), (4, 64, 16, 16), (2, 4, 8, 8), (7, 33, 65)]:
         flat = _lower.device_shape(shape)
         assert math.prod(flat) == math.prod(shape)
-        assert _lower._tiled_bytes(flat) <= _lower._tiled_bytes(shape)
+        assert _lower.device_view._tiled_bytes(flat) <= _lower.device_view._tiled_bytes(shape)
     assert _lower.device_dtype(torch.float32) is tt.DataType.FLOAT32
     assert _lower.device_dtype(torch.bfloat16) is tt.DataType.BFLOAT16
     for dtype in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool):

@@ -1,0 +1,438 @@
+"""Elementwise ops: casts, unary math, arithmetic, comparisons, logical and bitwise ops, where."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+import ttflow as tt
+
+from .device_view import _value_dtype
+from .graph import (
+    _T,
+    _dims,
+    _ishape,
+    _Lowering,
+    _meta_tensor,
+    _op_name,
+    _out,
+    _register,
+    _user_line,
+)
+
+aten = torch.ops.aten
+_F32 = tt.DataType.FLOAT32
+_I32 = tt.DataType.INT32
+
+
+# -- no-ops and casts --------------------------------------------------------------------------------
+
+
+@_register(aten.alias.default, aten.clone.default, aten.detach.default, aten.lift_fresh_copy.default,
+           aten.contiguous.default, aten.lift_fresh.default)
+def _identity(L: _Lowering, node: torch.fx.Node, x: _T, *args: Any, **kwargs: Any) -> Any:
+    return x.v
+
+
+@_register(aten._to_copy.default)
+def _to_copy(L: _Lowering, node: torch.fx.Node, x: _T, **kwargs: Any) -> Any:
+    return _cast_node(L, node, x, _out(node).dtype)
+
+
+def _cast_node(L: _Lowering, node: torch.fx.Node, x: _T, dtype: torch.dtype) -> Any:
+    """A cast op. From a float to an integer type it saturates as silicon's typecast does:
+    infinities go to the ends of INT32, NaN to 0, where CPU torch's x86 conversion gives the
+    integer-indefinite value (the most negative one). A finite value past INT32 cast to int64
+    is still an error naming the op: CPU torch holds it exactly, the device could not."""
+    if not (x.dtype.is_floating_point and not dtype.is_floating_point and dtype != torch.bool):
+        return L.cast(x, dtype)
+    target = _value_dtype(dtype, x.shape)
+    if dtype != torch.int64:
+        return L.b.typecast(x.v, target)
+    finite = L.b.eq(L.b.sub(x.v, x.v), 0)
+    with L.b.checking_range(f"{_op_name(node.target)} casts a float to int64, which the tt device "
+                            f"holds as INT32{_user_line(node)}"):
+        checked = L.b.typecast(L.b.where(finite, x.v, 0.0), target)
+    return L.b.where(finite, checked, L.b.typecast(x.v, target))
+
+
+
+@_register(torch.ops.prims.convert_element_type.default)
+def _convert_element_type(L: _Lowering, node: torch.fx.Node, x: _T, dtype: torch.dtype) -> Any:
+    """What a decomposition casts with (a float argument of a compiled function, into float32)."""
+    return _cast_node(L, node, x, _out(node).dtype)
+
+
+@_register(aten.copy.default)
+def _copy(L: _Lowering, node: torch.fx.Node, dst: _T, src: _T, non_blocking: bool = False) -> Any:
+    v = _cast_node(L, node, src, dst.dtype)
+    return v if v.shape == _ishape(dst.shape) else L.b.broadcast_to(v, _ishape(dst.shape))
+
+
+# -- elementwise -------------------------------------------------------------------------------------
+
+
+def _unary(op: str, float_only: bool = True) -> Callable[..., Any]:
+    def lower(L: _Lowering, node: torch.fx.Node, x: _T) -> Any:
+        dtype = _out(node).dtype
+        v = L.cast(x, dtype) if (float_only or dtype != torch.bool) else x.v
+        return getattr(L.b, op)(v)
+
+    lower.__name__ = f"_{op}"
+    return lower
+
+
+for _op, _name, _float in [
+    (aten.exp.default, "exp", True), (aten.sqrt.default, "sqrt", True),
+    (aten.rsqrt.default, "rsqrt", True), (aten.reciprocal.default, "reciprocal", True),
+    (aten.tanh.default, "tanh", True), (aten.sigmoid.default, "sigmoid", True),
+    (aten.erf.default, "erf", True), (aten.log.default, "log", True),
+    (aten.silu.default, "silu", True), (aten.relu.default, "relu", False),
+    (aten.neg.default, "neg", False), (aten.abs.default, "abs", False),
+    (aten.sin.default, "sin", True), (aten.cos.default, "cos", True),
+]:
+    _register(_op)(_unary(_name, _float))
+
+
+def _rounding(op: str) -> Callable[..., Any]:
+    """floor/ceil/round/trunc: the op on floats, the value itself on integers (as torch)."""
+
+    def lower(L: _Lowering, node: torch.fx.Node, x: _T) -> Any:
+        if not x.dtype.is_floating_point:
+            return x.v
+        return getattr(L.b, op)(L.cast(x, _out(node).dtype))
+
+    lower.__name__ = f"_{op}"
+    return lower
+
+
+for _op, _name in [(aten.floor.default, "floor"), (aten.ceil.default, "ceil"),
+                   (aten.round.default, "round"), (aten.trunc.default, "trunc")]:
+    _register(_op)(_rounding(_name))
+
+
+@_register(aten.gelu.default)
+def _gelu(L: _Lowering, node: torch.fx.Node, x: _T, approximate: str = "none") -> Any:
+    if approximate == "none":
+        return L.b.gelu(L.cast(x, _out(node).dtype))
+    # 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), in float32 then rounded once.
+    b, v = L.b, L.f32(x)
+    inner = b.mul(b.add(v, b.mul(b.mul(b.mul(v, v), v), 0.044715)), math.sqrt(2.0 / math.pi))
+    return b.mul(b.mul(v, 0.5), b.add(b.tanh(inner), 1.0))
+
+
+@_register(aten.sign.default)
+def _sign(L: _Lowering, node: torch.fx.Node, x: _T) -> Any:
+    b, v = L.b, L.cast(x, _out(node).dtype)
+    return b.sub(b.gt(v, 0), b.lt(v, 0))
+
+
+@_register(aten.isnan.default)
+def _isnan(L: _Lowering, node: torch.fx.Node, x: _T) -> Any:
+    return L.b.ne(x.v, x.v)
+
+
+@_register(aten.isinf.default)
+def _isinf(L: _Lowering, node: torch.fx.Node, x: _T) -> Any:
+    return L.b.eq(L.b.abs(x.v), math.inf) if x.dtype.is_floating_point else L.full(x.shape, 0, torch.bool)
+
+
+@_register(aten.isfinite.default)
+def _isfinite(L: _Lowering, node: torch.fx.Node, x: _T) -> Any:
+    return L.b.eq(L.b.sub(x.v, x.v), 0) if x.dtype.is_floating_point else L.full(x.shape, 1, torch.bool)
+
+
+@_register(aten.logical_not.default)
+def _logical_not(L: _Lowering, node: torch.fx.Node, x: _T) -> Any:
+    return L.b.eq(L.bool01(x), 0)
+
+
+@_register(aten.bitwise_not.default)
+def _bitwise_not(L: _Lowering, node: torch.fx.Node, x: _T) -> Any:
+    if x.dtype == torch.bool:
+        return L.b.eq(x.v, 0)
+    return L.b.sub(L.b.neg(x.v), 1)  # two's complement: ~x == -x - 1
+
+
+@_register(aten.pow.Tensor_Scalar)
+def _pow(L: _Lowering, node: torch.fx.Node, x: _T, p: float) -> Any:
+    dtype = _out(node).dtype
+    if p == 1:
+        return L.cast(x, dtype)
+    if p == 2:
+        v = L.cast(x, dtype)
+        return L.b.mul(v, v)
+    if dtype.is_floating_point:
+        return L.b.pow(L.cast(x, dtype), float(p))
+    if not float(p).is_integer() or p < 0:
+        raise L.unsupported(f"an integer to the power {p!r} (only whole exponents >= 0 lower exactly)")
+    return _integer_power(L, L.cast(x, dtype), int(p), _value_dtype(dtype, x.shape))
+
+
+def _integer_power(L: _Lowering, v: Any, p: int, ddtype: tt.DataType) -> Any:
+    """v ** p by squaring, in integer arithmetic: exact (float32 would round past 2**24), and
+    no square is larger than the result, so a range check fails only where the result does."""
+    result = None
+    while p:
+        if p & 1:
+            result = v if result is None else L.b.mul(result, v)
+        p >>= 1
+        if p:
+            v = L.b.mul(v, v)
+    return result if result is not None else L.b.full(v.shape, 1, ddtype)
+
+
+@_register(aten.pow.Scalar)
+def _pow_scalar(L: _Lowering, node: torch.fx.Node, base: float, x: _T) -> Any:
+    if not _out(node).dtype.is_floating_point:
+        raise L.unsupported(f"{base!r} to an integer tensor's powers (float32 would round them)")
+    if not base > 0:
+        raise L.unsupported(f"a base of {base!r}: only a positive base lowers (as exp(x * log(base)))")
+    return L.b.exp(L.b.mul(L.f32(x), math.log(base)))
+
+
+@_register(aten.pow.Tensor_Tensor)
+def _pow_tensor(L: _Lowering, node: torch.fx.Node, x: _T, p: _T) -> Any:
+    if not _out(node).dtype.is_floating_point:
+        raise L.unsupported("an integer to an integer tensor's powers (float32 would round them)")
+    b = L.b
+    return b.exp(b.mul(L.f32(p), b.log(L.f32(x))))  # NaN for a negative base, as numpy's float pow
+
+
+def _promote(a: Any, b: Any) -> torch.dtype:
+    """torch's result dtype of a binary op on these operands (tensors or numbers)."""
+    return torch.result_type(_meta_tensor(a), _meta_tensor(b))
+
+
+_MIRROR = {"lt": "gt", "gt": "lt", "le": "ge", "ge": "le", "eq": "eq", "ne": "ne"}
+
+
+def _compare(op: str) -> Callable[..., Any]:
+    def lower(L: _Lowering, node: torch.fx.Node, a: Any, other: Any) -> Any:
+        dtype = _promote(a, other)
+        if not isinstance(a, _T):
+            return getattr(L.b, _MIRROR[op])(L.operand(other, dtype), L.operand(a, dtype))
+        return getattr(L.b, op)(L.operand(a, dtype), L.operand(other, dtype))
+
+    return lower
+
+
+for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
+    _register(getattr(aten, _name).Tensor, getattr(aten, _name).Scalar)(_compare(_name))
+
+
+@_register(aten.add.Tensor, aten.add.Scalar)
+def _add(L: _Lowering, node: torch.fx.Node, a: Any, other: Any, alpha: float = 1) -> Any:
+    dtype, b = _out(node).dtype, L.b
+    x, y = L.operand(a, dtype), L.operand(other, dtype)
+    if alpha != 1:
+        y = y * alpha if not isinstance(other, _T) else b.mul(y, alpha)
+    if dtype == torch.bool:
+        return b.ne(b.add(x, y), 0)
+    if not isinstance(a, _T):
+        return b.add(y, x)
+    return b.add(x, y)
+
+
+@_register(aten.sub.Tensor, aten.sub.Scalar)
+def _sub(L: _Lowering, node: torch.fx.Node, a: Any, other: Any, alpha: float = 1) -> Any:
+    dtype, b = _out(node).dtype, L.b
+    x, y = L.operand(a, dtype), L.operand(other, dtype)
+    if alpha != 1:
+        y = y * alpha if not isinstance(other, _T) else b.mul(y, alpha)
+    if not isinstance(a, _T):
+        return b.add(b.neg(y), x)
+    return b.sub(x, y)
+
+
+@_register(aten.mul.Tensor, aten.mul.Scalar)
+def _mul(L: _Lowering, node: torch.fx.Node, a: Any, other: Any) -> Any:
+    dtype = _out(node).dtype
+    x, y = L.operand(a, dtype), L.operand(other, dtype)
+    return L.b.mul(y, x) if not isinstance(a, _T) else L.b.mul(x, y)
+
+
+@_register(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)
+def _div(L: _Lowering, node: torch.fx.Node, a: Any, other: Any, rounding_mode: str | None = None) -> Any:
+    b, dtype = L.b, _out(node).dtype
+    if rounding_mode is not None:
+        return _rounded_div(L, node, a, other, rounding_mode)
+    x, y = L.operand(a, dtype), L.operand(other, dtype)
+    if not isinstance(a, _T):
+        return b.mul(b.reciprocal(y), x) if x != 1 else b.reciprocal(y)
+    return b.div(x, y)
+
+
+def _tensor_operands(L: _Lowering, a: Any, other: Any, dtype: torch.dtype) -> tuple[Any, Any]:
+    """Both operands of a non-commutative op in `dtype`: a number as the first becomes a
+    one-element constant (the second may stay a number: the builder takes it as the scalar)."""
+    x, y = L.operand(a, dtype), L.operand(other, dtype)
+    if not isinstance(a, _T):
+        x = L.full((1,), x, dtype)
+    return x, y
+
+
+def _rounded_div(L: _Lowering, node: torch.fx.Node, a: Any, other: Any, rounding_mode: str) -> Any:
+    """`div(rounding_mode=)` and `//` in the result's dtype, as torch computes them: floor by
+    `floor_divide` (integers exactly, floats by torch's fmod-based rule); trunc of floats as
+    trunc(a / b), of integers as (a - fmod(a, b)) // b, which divides exactly. (Through float32
+    and INT32, as before, integers past 2**24 and quotients past 2**31 came out wrong.)"""
+    b, dtype = L.b, _out(node).dtype
+    if rounding_mode not in ("trunc", "floor"):
+        raise L.unsupported(f"rounding_mode={rounding_mode!r}")
+    x, y = _tensor_operands(L, a, other, dtype)
+    if rounding_mode == "floor":
+        return b.floor_divide(x, y)
+    if dtype.is_floating_point:
+        return b.trunc(b.div(x, y))
+    return b.floor_divide(b.sub(x, b.fmod(x, y)), y)
+
+
+@_register(aten.floor_divide.default, aten.floor_divide.Scalar)
+def _floor_divide(L: _Lowering, node: torch.fx.Node, a: Any, other: Any) -> Any:
+    return _rounded_div(L, node, a, other, "floor")
+
+
+def _modulo(op: str) -> Callable[..., Any]:
+    def lower(L: _Lowering, node: torch.fx.Node, a: Any, other: Any) -> Any:
+        return getattr(L.b, op)(*_tensor_operands(L, a, other, _out(node).dtype))
+
+    return lower
+
+
+_register(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)(_modulo("remainder"))
+_register(aten.fmod.Tensor, aten.fmod.Scalar)(_modulo("fmod"))
+_register(aten.atan2.default)(_modulo("atan2"))
+
+
+@_register(aten.atan.default)
+def _atan(L: _Lowering, node: torch.fx.Node, x: _T) -> Any:
+    return L.b.atan2(L.cast(x, _out(node).dtype), 1.0)  # atan(x) is the angle of (1, x)
+
+
+@_register(aten.flip.default)
+def _flip(L: _Lowering, node: torch.fx.Node, x: _T, dims: Sequence[int]) -> Any:
+    """Each flipped axis as a gather of a reversed arange (cumsum's backward flips its grad)."""
+    b, v = L.b, x.v
+    shape = _ishape(x.shape)
+    for axis in _dims(dims, len(x.shape)) if x.shape else []:
+        n = shape[axis]
+        if n == 1:
+            continue
+        index = b.reshape(b.arange(n - 1, -1, -1), tuple(n if d == axis else 1 for d in range(len(shape))))
+        v = b.gather(v, b.broadcast_to(index, shape), axis)
+    return v
+
+
+@_register(aten.cumsum.default)
+def _cumsum(L: _Lowering, node: torch.fx.Node, x: _T, dim: int, dtype: Any = None) -> Any:
+    v = L.cast(x, _out(node).dtype)
+    if not x.shape:  # a 0-d tensor is its own running sum
+        return v
+    return L.b.cumsum(v, _dims(dim, len(x.shape))[0])
+
+
+def _minmax(op: str) -> Callable[..., Any]:
+    def lower(L: _Lowering, node: torch.fx.Node, a: _T, other: _T) -> Any:
+        dtype = _out(node).dtype
+        return getattr(L.b, op)(L.cast(a, dtype), L.cast(other, dtype))
+
+    return lower
+
+
+_register(aten.maximum.default)(_minmax("maximum"))
+_register(aten.minimum.default)(_minmax("minimum"))
+
+
+@_register(aten.clamp.default, aten.clamp.Tensor)
+def _clamp(L: _Lowering, node: torch.fx.Node, x: _T, lo: Any = None, hi: Any = None) -> Any:
+    dtype = _out(node).dtype
+    v = L.cast(x, dtype)
+    if lo is not None:
+        v = L.b.maximum(v, L.operand(lo, dtype))
+    if hi is not None:
+        v = L.b.minimum(v, L.operand(hi, dtype))
+    return v
+
+
+@_register(aten.clamp_min.default, aten.clamp_min.Tensor)
+def _clamp_min(L: _Lowering, node: torch.fx.Node, x: _T, lo: Any) -> Any:
+    return _clamp(L, node, x, lo, None)
+
+
+@_register(aten.clamp_max.default, aten.clamp_max.Tensor)
+def _clamp_max(L: _Lowering, node: torch.fx.Node, x: _T, hi: Any) -> Any:
+    return _clamp(L, node, x, None, hi)
+
+
+def _logical(op: str) -> Callable[..., Any]:
+    def lower(L: _Lowering, node: torch.fx.Node, a: _T, other: Any) -> Any:
+        if not isinstance(other, _T):
+            other = _T(L.full((), other, torch.bool), (), torch.bool)
+        x, y = L.bool01(a), L.bool01(other)
+        if op == "and":
+            return L.b.mul(x, y)
+        if op == "or":
+            return L.b.maximum(x, y)
+        return L.b.ne(x, y)
+
+    return lower
+
+
+for _name, _kind in (("and", "and"), ("or", "or"), ("xor", "xor")):
+    _register(getattr(aten, f"logical_{_name}").default)(_logical(_kind))
+
+
+def _bitwise(op: str) -> Callable[..., Any]:
+    logical = _logical(op)
+
+    def lower(L: _Lowering, node: torch.fx.Node, a: _T, other: Any) -> Any:
+        dtype = _out(node).dtype
+        if dtype == torch.bool:
+            return logical(L, node, a, other)
+        return getattr(L.b, f"bitwise_{op}")(L.cast(a, dtype), _integer_operand(L, other, dtype))
+
+    return lower
+
+
+def _integer_operand(L: _Lowering, other: Any, dtype: torch.dtype) -> Any:
+    """A bit op's second operand in `dtype`: a value, or a Python int that INT32 holds (an
+    int64 tensor lives as INT32; a wider mask would need its high bits)."""
+    if isinstance(other, _T):
+        return L.cast(other, dtype)
+    value = int(other)
+    if not -(2**31) <= value < 2**31:
+        raise L.unsupported(f"the integer {value} does not fit INT32, which the tt device holds {dtype} in")
+    return value
+
+
+for _name in ("and", "or", "xor"):
+    _register(getattr(aten, f"bitwise_{_name}").Tensor, getattr(aten, f"bitwise_{_name}").Scalar)(_bitwise(_name))
+
+
+def _shift(op: str) -> Callable[..., Any]:
+    def lower(L: _Lowering, node: torch.fx.Node, a: Any, other: Any) -> Any:
+        dtype = _out(node).dtype
+        if not isinstance(a, _T):  # `2 << x`: the number as a constant of x's shape
+            a = _T(L.full(other.shape, a, dtype), other.shape, dtype)
+        return getattr(L.b, op)(L.cast(a, dtype), _integer_operand(L, other, dtype))
+
+    return lower
+
+
+_register(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,
+          aten.bitwise_left_shift.Scalar_Tensor, aten.__lshift__.Tensor, aten.__lshift__.Scalar)(_shift("left_shift"))
+_register(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar,
+          aten.bitwise_right_shift.Scalar_Tensor, aten.__rshift__.Tensor, aten.__rshift__.Scalar)(_shift("right_shift"))
+
+
+@_register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def _where(L: _Lowering, node: torch.fx.Node, cond: _T, a: Any, other: Any) -> Any:
+    dtype = _out(node).dtype
+    x, y = L.operand(a, dtype), L.operand(other, dtype)
+    if not isinstance(a, _T) and not isinstance(other, _T):
+        x = L.full((), x, dtype)
+    return L.b.where(cond.v, x, y)
