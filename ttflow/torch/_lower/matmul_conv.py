@@ -9,7 +9,7 @@ import torch
 
 import ttflow as tt
 
-from .graph import _T, _Lowering, _out, _register, _used
+from .graph import _T, _dim, _Lowering, _out, _register, _used
 
 aten = torch.ops.aten
 _F32 = tt.DataType.FLOAT32
@@ -19,29 +19,111 @@ _I32 = tt.DataType.INT32
 # -- matrix products ---------------------------------------------------------------------------------
 
 
-@_register(aten.mm.default, aten.bmm.default, aten.matmul.default)
+@_register(aten.mm.default, aten.bmm.default, aten.matmul.default, aten.mv.default, aten.dot.default)
 def _mm(L: _Lowering, node: torch.fx.Node, a: _T, b: _T) -> Any:
-    if len(a.shape) < 2 or len(b.shape) < 2:
-        raise L.unsupported("a rank-1 operand (mv or dot); reshape it to a matrix")
     dtype = _out(node).dtype
-    return L.b.matmul(L.cast(a, dtype), L.cast(b, dtype))
+    return L.fit(_product(L, L.cast(a, dtype), L.cast(b, dtype)), _out(node).shape)
 
 
-@_register(aten.addmm.default, aten.baddbmm.default)
+def _product(L: _Lowering, av: Any, bv: Any) -> Any:
+    """`matmul(av, bv)` with numpy's rank-1 rule: a vector is a row on the left, a column on
+    the right (the caller fits the result to torch's shape)."""
+    if len(av.shape) == 1:
+        av = L.b.reshape(av, (1, av.shape[0]))
+    if len(bv.shape) == 1:
+        bv = L.b.reshape(bv, (bv.shape[0], 1))
+    return L.b.matmul(av, bv)
+
+
+@_register(aten.addmm.default, aten.baddbmm.default, aten.addmv.default)
 def _addmm(L: _Lowering, node: torch.fx.Node, bias: _T, a: _T, b: _T, beta: float = 1,
            alpha: float = 1) -> Any:
-    dtype, bb = _out(node).dtype, L.b
+    dtype = _out(node).dtype
     # bfloat16: the product stays float32 until the bias is added, then rounds once (as torch).
     compute = torch.float32 if dtype == torch.bfloat16 else dtype
-    prod = bb.matmul(L.cast(a, compute), L.cast(b, dtype))
+    prod = L.fit(_product(L, L.cast(a, compute), L.cast(b, dtype)), _out(node).shape)
+    return _scaled_sum(L, prod, bias, beta, alpha, dtype)
+
+
+def _scaled_sum(L: _Lowering, prod: Any, bias: _T, beta: float, alpha: float, dtype: torch.dtype) -> Any:
+    """`beta * bias + alpha * prod` as torch's addmm family computes it: beta == 0 ignores the
+    bias (its NaN and inf too)."""
+    bb = L.b
     if alpha != 1:
-        prod = bb.mul(prod, alpha)
+        prod = bb.mul(prod, L.operand(alpha, dtype))
     if beta == 0:
         return prod
     c = L.cast(bias, dtype)
     if beta != 1:
-        c = bb.mul(c, beta)
+        c = bb.mul(c, L.operand(beta, dtype))
     return bb.add(prod, c)
+
+
+@_register(aten.addbmm.default)
+def _addbmm(L: _Lowering, node: torch.fx.Node, bias: _T, a: _T, b: _T, beta: float = 1,
+            alpha: float = 1) -> Any:
+    """The sum over the batch of `a[i] @ b[i]` as one matmul: [n, B*k] @ [B*k, p]."""
+    dtype, bb = _out(node).dtype, L.b
+    nb, n, k = a.shape
+    p = b.shape[2]
+    av = bb.reshape(bb.permute(L.cast(a, dtype), (1, 0, 2)), (n, nb * k))
+    bv = bb.reshape(L.cast(b, dtype), (nb * k, p))
+    return _scaled_sum(L, bb.matmul(av, bv), bias, beta, alpha, dtype)
+
+
+@_register(aten.diagonal.default)
+def _diagonal(L: _Lowering, node: torch.fx.Node, x: _T, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Any:
+    """dim1 and dim2 moved last and flattened; the diagonal is a strided slice of that row
+    (step n2 + 1), put last as torch puts it."""
+    bb, rank = L.b, len(x.shape)
+    d1, d2 = _dim(dim1, rank), _dim(dim2, rank)
+    rest = [d for d in range(rank) if d not in (d1, d2)]
+    n1, n2 = x.shape[d1], x.shape[d2]
+    count = _out(node).shape[-1]
+    v = x.v if rest + [d1, d2] == list(range(rank)) else bb.permute(x.v, (*rest, d1, d2))
+    v = bb.reshape(v, (*(x.shape[d] for d in rest), n1 * n2))
+    start = offset if offset >= 0 else -offset * n2
+    v = bb.slice(v, [0] * len(rest) + [start], [None] * len(rest) + [start + (count - 1) * (n2 + 1) + 1],
+                 [1] * len(rest) + [n2 + 1])
+    return L.fit(v, _out(node).shape)
+
+
+@_register(aten.diagonal_scatter.default)
+def _diagonal_scatter(L: _Lowering, node: torch.fx.Node, x: _T, src: _T, offset: int = 0, dim1: int = 0,
+                      dim2: int = 1) -> Any:
+    """diagonal's backward: src spread along the flattened (dim1, dim2) row at stride n2 + 1
+    (each element followed by n2 zeros), and selected into x where a 1/0 mask spread alike is 1."""
+    bb, rank, dtype = L.b, len(x.shape), _out(node).dtype
+    d1, d2 = _dim(dim1, rank), _dim(dim2, rank)
+    rest = [d for d in range(rank) if d not in (d1, d2)]
+    lead = tuple(x.shape[d] for d in rest)
+    n1, n2 = x.shape[d1], x.shape[d2]
+    count = src.shape[-1]
+    start = offset if offset >= 0 else -offset * n2
+    order = (*rest, d1, d2)
+    v = L.cast(x, dtype)
+    if list(order) != list(range(rank)):
+        v = bb.permute(v, order)
+    v = bb.reshape(v, (*lead, n1 * n2))
+
+    def spread(w: Any) -> Any:
+        w = bb.reshape(w, (*lead, count, 1))
+        w = bb.concat([w, bb.full((*lead, count, n2), 0, w.dtype)], len(lead) + 1)
+        w = bb.reshape(w, (*lead, count * (n2 + 1)))
+        parts = [bb.full((*lead, start), 0, w.dtype)] if start else []
+        used = min(count * (n2 + 1), n1 * n2 - start)
+        parts.append(w if used == count * (n2 + 1) else bb.slice(w, [0] * len(lead) + [0],
+                                                                 [None] * len(lead) + [used]))
+        if start + used < n1 * n2:
+            parts.append(bb.full((*lead, n1 * n2 - start - used), 0, w.dtype))
+        return parts[0] if len(parts) == 1 else bb.concat(parts, len(lead))
+
+    mask = spread(bb.full((*lead, count), 1, _I32))
+    out = bb.where(mask, spread(L.fit(L.cast(src, dtype), (*lead, count))), v)
+    out = bb.reshape(out, (*lead, n1, n2))
+    if list(order) != list(range(rank)):
+        out = bb.permute(out, [order.index(d) for d in range(rank)])
+    return out
 
 
 # -- convolution and pooling (NCHW in torch, NHWC on the device) --------------------------------------
