@@ -436,3 +436,211 @@ def _where(L: _Lowering, node: torch.fx.Node, cond: _T, a: Any, other: Any) -> A
     if not isinstance(a, _T) and not isinstance(other, _T):
         x = L.full((), x, dtype)
     return L.b.where(cond.v, x, y)
+
+
+# -- float32 math composed from the device's exp, log, sqrt, atan2, sin, cos ----------------------
+#
+# Each helper takes and gives FLOAT32 program values. The device's exp, log, sqrt, sin, cos and
+# atan2 are within about 1 ulp (numpy's float32 functions, as torch's vectorised CPU kernels);
+# the compositions below avoid the cancellations and overflows of the textbook formulas (1 - x*x
+# near 1, exp(x) - 1 near 0, e**x past 88), so each stays within a few ulps of the exact value.
+
+
+def _log1p_v(b: Any, y: Any) -> Any:
+    """log(1 + y) by Kahan's trick: log(u) * (y / (u - 1)) with u = 1 + y rounded (exact where
+    u - 1 == 0: then y itself); y / (u - 1) first, so a huge y does not overflow."""
+    u = b.add(y, 1.0)
+    d = b.sub(u, 1.0)
+    zero = b.eq(d, 0)
+    r = b.mul(b.log(u), b.div(y, b.where(zero, 1.0, d)))
+    return b.where(b.eq(u, math.inf), u, b.where(zero, y, r))
+
+
+def _expm1_v(b: Any, x: Any) -> Any:
+    """exp(x) - 1 by Kahan's trick: (u - 1) * x / log(u) with u = exp(x); x itself where u
+    rounds to 1 (signed zeros kept), -1 where u - 1 is -1, infinity where u overflows."""
+    u = b.exp(x)
+    d = b.sub(u, 1.0)
+    one = b.eq(u, 1.0)
+    r = b.mul(d, b.div(x, b.where(one, 1.0, b.log(u))))
+    r = b.where(one, x, r)
+    r = b.where(b.eq(d, -1.0), -1.0, r)
+    return b.where(b.eq(u, math.inf), u, r)
+
+
+def _scale2_v(b: Any, v: Any, n: Any) -> Any:
+    """v * 2**n for an INT32 n with |n| <= 254, exactly (one rounding at most, where the result
+    is subnormal): one multiplication or division by 2**k per bit k of |n|, so no factor
+    overflows (2**n itself may not be a float32)."""
+    neg = b.lt(n, 0)
+    m = b.abs(n)
+    for k, factor in ((1, 2.0), (2, 4.0), (4, 16.0), (8, 256.0), (16, 65536.0), (32, 2.0**32),
+                      (64, 2.0**64), (128, 2.0**64), (128, 2.0**64)):
+        bit = b.typecast(b.ne(b.bitwise_and(m, k), 0), _F32)
+        f = b.add(b.mul(bit, factor - 1.0), 1.0)  # 2**k or 1 (2**64 - 1 rounds to 2**64)
+        v = b.where(neg, b.div(v, f), b.mul(v, f))
+    return v
+
+
+def _exp2_v(b: Any, x: Any) -> Any:
+    """2**x as 2**n * exp(f * ln 2) with n = round(x) (clamped to [-127, 127]) and f = x - n,
+    exact: whole x give exact powers of two, and exp's argument stays small."""
+    n = b.minimum(b.maximum(b.round(x), -127.0), 127.0)
+    f = b.sub(x, n)
+    return _scale2_v(b, b.exp(b.mul(f, math.log(2.0))), b.typecast(n, _I32))
+
+
+def _signed(b: Any, x: Any, magnitude: Any) -> Any:
+    """`magnitude` (>= 0) with x's sign; x itself where |x| < 2**-12, where an odd function
+    such as sinh or asinh equals x in float32 (signed zeros kept)."""
+    r = b.where(b.lt(x, 0), b.neg(magnitude), magnitude)
+    return b.where(b.lt(b.abs(x), 2.0**-12), x, r)
+
+
+def _float_unary(fn: Callable[[Any, Any], Any]) -> Callable[..., Any]:
+    """A float op of one tensor: integer and bool inputs are cast to the result dtype (float32
+    or bfloat16), the math runs in FLOAT32, the result is rounded once."""
+
+    def lower(L: _Lowering, node: torch.fx.Node, x: _T) -> Any:
+        return fn(L.b, L.f32(x))
+
+    lower.__name__ = f"_{fn.__name__.strip('_')}"
+    return lower
+
+
+def _asin_v(b: Any, x: Any) -> Any:
+    # atan2(x, sqrt((1 - x)(1 + x))): 1 - x is exact near 1; NaN past |x| > 1 (sqrt of < 0).
+    return b.atan2(x, b.sqrt(b.mul(b.add(b.neg(x), 1.0), b.add(x, 1.0))))
+
+
+def _acos_v(b: Any, x: Any) -> Any:
+    return b.atan2(b.sqrt(b.mul(b.add(b.neg(x), 1.0), b.add(x, 1.0))), x)
+
+
+def _atanh_v(b: Any, x: Any) -> Any:
+    # log1p(2a / (1 - a)) / 2 with a = |x| (1 - a exact near 1), x's sign: +-inf at +-1, NaN
+    # past them.
+    a = b.abs(x)
+    return _signed(b, x, b.mul(_log1p_v(b, b.div(b.mul(a, 2.0), b.add(b.neg(a), 1.0))), 0.5))
+
+
+_LN2 = math.log(2.0)
+
+
+def _asinh_v(b: Any, x: Any) -> Any:
+    # log1p(a + a^2 / (1 + sqrt(1 + a^2))) for a = |x| <= 2**13; log(a) + ln 2 beyond (a^2 would
+    # overflow, and there sqrt(1 + a^2) is a in float32).
+    a = b.abs(x)
+    a2 = b.mul(a, a)
+    small = _log1p_v(b, b.add(a, b.div(a2, b.add(b.sqrt(b.add(a2, 1.0)), 1.0))))
+    large = b.add(b.log(a), _LN2)
+    return _signed(b, x, b.where(b.gt(a, 2.0**13), large, small))
+
+
+def _acosh_v(b: Any, x: Any) -> Any:
+    # log1p(t + sqrt(t) sqrt(t + 2)) with t = x - 1 (exact near 1; NaN below 1 from sqrt(t));
+    # log(x) + ln 2 past 2**13.
+    t = b.sub(x, 1.0)
+    small = _log1p_v(b, b.add(t, b.mul(b.sqrt(t), b.sqrt(b.add(t, 2.0)))))
+    large = b.add(b.log(x), _LN2)
+    return b.where(b.gt(x, 2.0**13), large, small)
+
+
+def _cosh_v(b: Any, x: Any) -> Any:
+    # (e + 1/e) / 2 with e = exp(|x|): infinite where e is, past 88.72, as torch's float32 cosh.
+    e = b.exp(b.abs(x))
+    return b.mul(b.add(e, b.reciprocal(e)), 0.5)
+
+
+def _sinh_v(b: Any, x: Any) -> Any:
+    # (m + m / (m + 1)) / 2 with m = expm1(|x|) (no cancellation near 0); infinite where m is,
+    # past 88.72, as torch's float32 sinh.
+    m = _expm1_v(b, b.abs(x))
+    s = b.mul(b.add(m, b.div(m, b.add(m, 1.0))), 0.5)
+    return _signed(b, x, b.where(b.eq(m, math.inf), math.inf, s))
+
+
+def _tan_v(b: Any, x: Any) -> Any:
+    return b.div(b.sin(x), b.cos(x))
+
+
+def _log2_v(b: Any, x: Any) -> Any:
+    return b.mul(b.log(x), 1.0 / _LN2)
+
+
+def _log10_v(b: Any, x: Any) -> Any:
+    return b.mul(b.log(x), 1.0 / math.log(10.0))
+
+
+for _op, _fn in [
+    (aten.asin.default, _asin_v), (aten.acos.default, _acos_v), (aten.atanh.default, _atanh_v),
+    (aten.asinh.default, _asinh_v), (aten.acosh.default, _acosh_v), (aten.cosh.default, _cosh_v),
+    (aten.sinh.default, _sinh_v), (aten.tan.default, _tan_v), (aten.expm1.default, _expm1_v),
+    (aten.exp2.default, _exp2_v), (aten.log2.default, _log2_v), (aten.log10.default, _log10_v),
+]:
+    _register(_op)(_float_unary(_fn))
+
+
+@_register(aten.hypot.default)
+def _hypot(L: _Lowering, node: torch.fx.Node, a: _T, other: _T) -> Any:
+    """m * sqrt(1 + (n / m)**2) with m, n the larger and smaller magnitude (no overflow of the
+    squares); 0 where both are 0, inf where either is inf (even with a NaN, as C's hypot)."""
+    b = L.b
+    x, y = b.abs(L.f32(a)), b.abs(L.f32(other))
+    m, n = b.maximum(x, y), b.minimum(x, y)
+    r = b.div(n, b.where(b.eq(m, 0), 1.0, m))
+    h = b.mul(m, b.sqrt(b.add(b.mul(r, r), 1.0)))
+    inf = b.maximum(b.eq(x, math.inf), b.eq(y, math.inf))
+    return b.where(inf, math.inf, h)
+
+
+def _fminmax(op: str) -> Callable[..., Any]:
+    """fmax/fmin: the larger/smaller, a NaN losing to a number (C's fmax), x on a tie (torch's
+    fmax(0.0, -0.0) is 0.0, fmax(-0.0, 0.0) is -0.0)."""
+
+    def lower(L: _Lowering, node: torch.fx.Node, a: _T, other: _T) -> Any:
+        dtype, b = _out(node).dtype, L.b
+        x, y = L.cast(a, dtype), L.cast(other, dtype)
+        if not dtype.is_floating_point:
+            return b.maximum(x, y) if op == "ge" else b.minimum(x, y)
+        r = b.where(getattr(b, op)(x, y), x, y)
+        return b.where(b.ne(x, x), y, b.where(b.ne(y, y), x, r))
+
+    return lower
+
+
+_register(aten.fmax.default)(_fminmax("ge"))
+_register(aten.fmin.default)(_fminmax("le"))
+
+
+def _sign_bit(L: _Lowering, v: Any) -> Any:
+    """INT32 1/0: whether float32 v's sign bit is set, for numbers and signed zeros (1 / -0 is
+    -inf). A NaN's sign bit the device cannot see (it has no bitcast): a NaN fails the run (a
+    ProgramError naming the op) rather than giving a sign that may be wrong."""
+    b = L.b
+    assert L.node is not None
+    with b.checking_range(f"{_op_name(L.node.target)} reads the sign bit of a NaN, which the tt "
+                          f"device cannot see{_user_line(L.node)}"):
+        nan = b.typecast(b.mul(b.typecast(b.ne(v, v), _F32), 3.0e9), _I32)  # 0, or a failed range check
+    negative = b.maximum(b.lt(v, 0), b.lt(b.reciprocal(v), 0))
+    return b.add(b.typecast(negative, _I32), nan)
+
+
+@_register(aten.signbit.default)
+def _signbit(L: _Lowering, node: torch.fx.Node, x: _T) -> Any:
+    if x.dtype == torch.bool:
+        return L.full(x.shape, 0, torch.bool)
+    if not x.dtype.is_floating_point:
+        return L.b.lt(x.v, 0)
+    return _sign_bit(L, L.f32(x))
+
+
+@_register(aten.copysign.Tensor, aten.copysign.Scalar)
+def _copysign(L: _Lowering, node: torch.fx.Node, a: _T, other: Any) -> Any:
+    b = L.b
+    x = b.abs(L.f32(a))
+    if not isinstance(other, _T):
+        s = float(other)
+        negative = math.copysign(1.0, s) < 0
+        return b.neg(x) if negative else x
+    return b.where(_sign_bit(L, L.f32(other)), b.neg(x), x)

