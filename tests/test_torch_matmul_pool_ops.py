@@ -16,6 +16,7 @@ torch = pytest.importorskip(
 ttt = pytest.importorskip("ttflow.torch")
 
 
+import torch.nn.functional as F
 from torch_support import only_on_device
 
 
@@ -121,3 +122,47 @@ def test_diagonal_of_any_offset_matches_cpu(device, rows, cols, offset, seed) ->
     with only_on_device():
         got = torch.diagonal(x.to("tt"), offset, 1, 2).sum(-1)
     _close(got, torch.diagonal(x, offset, 1, 2).sum(-1))
+
+
+# -- pooling -----------------------------------------------------------------------------------------
+
+
+POOLS = {
+    "max ceil_mode": lambda x: F.max_pool2d(x, 2, 2, ceil_mode=True),
+    "max ceil_mode padded": lambda x: F.max_pool2d(x, 3, 2, 1, ceil_mode=True),
+    "max 1-d ceil_mode": lambda x: F.max_pool1d(x.flatten(1, 2), 2, 2, ceil_mode=True),
+    "avg ceil_mode": lambda x: F.avg_pool2d(x, 2, 2, ceil_mode=True),
+    "avg ceil_mode padded": lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True),
+    "avg ceil_mode padded, pad not counted": lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True,
+                                                                     count_include_pad=False),
+    "avg divisor_override": lambda x: F.avg_pool2d(x, (2, 3), 1, (1, 0), divisor_override=4),
+    "avg pad not counted": lambda x: F.avg_pool2d(x, 3, 1, 1, count_include_pad=False),
+    "avg 1-d ceil_mode": lambda x: F.avg_pool1d(x.flatten(1, 2), 3, 2, ceil_mode=True),
+    "avg": lambda x: F.avg_pool2d(x, 2),
+}
+
+
+@MODES
+@pytest.mark.parametrize("name", list(POOLS))
+def test_pools_match_cpu(on_device_only, name, compiled) -> None:
+    check(POOLS[name], rand(2, 3, 5, 7), compiled=True if name.startswith("max") else compiled)
+
+
+@pytest.mark.parametrize("name", list(POOLS))
+def test_integer_pools_match_cpu(on_device_only, name) -> None:
+    """Average pools truncate, as CPU torch's int64 division (it has no int32 average pool)."""
+    x = rand(2, 3, 5, 7, dtype=torch.int64) * 7
+    if "1-d" in name and name.startswith("max"):
+        pytest.skip("CPU torch has no integer max_pool1d")
+    check(POOLS[name], x, compiled=name.startswith("max"))
+
+
+@settings(max_examples=12, deadline=None)
+@given(h=st.integers(3, 7), w=st.integers(3, 7), k=st.integers(2, 3), s=st.integers(1, 3),
+       pad=st.integers(0, 1), ceil=st.booleans(), include=st.booleans(), seed=st.integers(0, 1000))
+def test_avg_pool_options_match_cpu(device, h, w, k, s, pad, ceil, include, seed) -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return F.avg_pool2d(x, k, s, pad, ceil_mode=ceil, count_include_pad=include)
+
+    with only_on_device():
+        check(fn, rand(1, 2, h, w, seed=seed))

@@ -216,27 +216,54 @@ def _as_batched(L: _Lowering, x: _T) -> Any:
     raise L.unsupported(f"pooling an input of shape {x.shape}; 2-d pooling takes [N, C, H, W]")
 
 
-def _check_pool(L: _Lowering, node: torch.fx.Node, x: _T, k: tuple[int, int], s: tuple[int, int],
-                p: tuple[int, int], ceil_mode: bool, dilation: Any = 1) -> None:
+def _extra(n: int, out: int, k: int, s: int, p: int) -> int:
+    """Pixels past the right padding the last window reaches (ceil_mode): the device's pools
+    take floor's output size, so the input grows by that many and keeps floor's formula."""
+    return max(0, (out - 1) * s + k - (n + 2 * p))
+
+
+def _grow(L: _Lowering, v: Any, extra: Sequence[int], fill: float) -> Any:
+    """NHWC `v` with `extra` rows and columns of `fill` appended at the bottom and right."""
+    bb = L.b
+    for axis, e in ((1, extra[0]), (2, extra[1])):
+        if e:
+            shape = list(v.shape)
+            shape[axis] = e
+            v = bb.concat([v, bb.full(tuple(shape), fill, v.dtype)], axis)
+    return v
+
+
+def _crop(L: _Lowering, v: Any, hw: Sequence[int]) -> Any:
+    if tuple(v.shape[1:3]) == tuple(hw):
+        return v
+    return L.b.slice(v, [0, 0, 0], [None, hw[0], hw[1]])
+
+
+def _pool_plan(L: _Lowering, x_shape: Sequence[int], out_hw: Sequence[int], k: tuple[int, int],
+               s: tuple[int, int], p: tuple[int, int], dilation: Any = 1) -> tuple[int, int]:
     if _pair(dilation) != (1, 1):
         raise L.unsupported("dilated pooling")
-    if ceil_mode:
-        floor = tuple((n + 2 * pp - kk) // ss + 1 for n, kk, ss, pp in zip(x.shape[-2:], k, s, p))
-        if floor != tuple(_out(node)[0].shape[-2:] if isinstance(_out(node), tuple) else _out(node).shape[-2:]):
-            raise L.unsupported("ceil_mode=True where it changes the output size")
+    e = tuple(_extra(n, o, kk, ss, pp) for n, o, kk, ss, pp in zip(x_shape[-2:], out_hw, k, s, p))
+    return e[0], e[1]
+
+
+def _lowest(dtype: tt.DataType) -> float:
+    return float("-inf") if dtype.is_float else -(2**31)
 
 
 @_register(aten.max_pool2d_with_indices.default)
 def _max_pool2d_with_indices(L: _Lowering, node: torch.fx.Node, x: _T, kernel_size: Any, stride: Any = None,
                              padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> Any:
-    """Values by `max_pool2d`. The indices are a placeholder (-1 everywhere): the backward
-    lowering reads the forward input instead (max_pool2d_with_indices_backward below)."""
+    """Values by `max_pool2d` (ceil_mode: the input grown by -inf where the last window reaches
+    past it). The indices are a placeholder (-1 everywhere): the backward lowering reads the
+    forward input instead (max_pool2d_with_indices_backward below)."""
     k, s, p = _pool_args(L, kernel_size, stride, padding)
-    _check_pool(L, node, x, k, s, p, ceil_mode, dilation)
     used, meta = _used(node), _out(node)
+    extra = _pool_plan(L, x.shape, meta[0].shape[-2:], k, s, p, dilation)
     values = indices = None
     if 0 in used:
-        y = L.nhwc_to_nchw(L.b.max_pool2d(L.nchw_to_nhwc(_as_batched(L, x)), k, s, p))
+        xv = L.nchw_to_nhwc(_as_batched(L, x))
+        y = L.nhwc_to_nchw(L.b.max_pool2d(_grow(L, xv, extra, _lowest(xv.dtype)), k, s, p))
         values = L.fit(y, meta[0].shape)
     if 1 in used:
         indices = L.full(meta[1].shape, -1, torch.int64)
@@ -247,36 +274,118 @@ def _max_pool2d_with_indices(L: _Lowering, node: torch.fx.Node, x: _T, kernel_si
 @_register(aten.max_pool2d_with_indices_backward.default)
 def _max_pool2d_backward(L: _Lowering, node: torch.fx.Node, grad: _T, x: _T, kernel_size: Any, stride: Any,
                          padding: Any, dilation: Any, ceil_mode: bool, indices: _T) -> Any:
+    """The grown input's gradient (the -inf pixels after the real ones in each window never
+    win over them: the first maximum wins), cropped back to x."""
     k, s, p = _pool_args(L, kernel_size, stride, padding)
-    _check_pool(L, node, x, k, s, p, False, dilation)
+    extra = _pool_plan(L, x.shape, grad.shape[-2:], k, s, p, dilation)
     g = L.nchw_to_nhwc(_as_batched(L, grad))
     xi = L.nchw_to_nhwc(_as_batched(L, x))
-    return L.fit(L.nhwc_to_nchw(L.b.max_pool2d_backward(xi, g, k, s, p)), x.shape)
+    gi = L.b.max_pool2d_backward(_grow(L, xi, extra, _lowest(xi.dtype)), g, k, s, p)
+    return L.fit(L.nhwc_to_nchw(_crop(L, gi, x.shape[-2:])), x.shape)
 
 
-def _check_avg(L: _Lowering, p: tuple[int, int], count_include_pad: bool, divisor_override: Any) -> None:
+def _divisors(n: int, out: int, k: int, s: int, p: int, count_include_pad: bool) -> list[int]:
+    """Each output position's divisor along one axis, as torch's CPU kernel computes it: the
+    window clipped to the padded input (count_include_pad), or to the input."""
+    sizes = []
+    for o in range(out):
+        start = o * s - p
+        end = min(start + k, n + p)
+        if not count_include_pad:
+            start, end = max(start, 0), min(end, n)
+        sizes.append(max(end - start, 1))  # a window of padding alone sums nothing: 0 / 1
+    return sizes
+
+
+def _host_vector(L: _Lowering, values: Sequence[float], dtype: tt.DataType) -> Any:
+    """A constant (len(values),) value: one `full` per run of equal values, concatenated."""
+    parts, i = [], 0
+    while i < len(values):
+        j = i
+        while j < len(values) and values[j] == values[i]:
+            j += 1
+        parts.append(L.b.full((j - i,), values[i], dtype))
+        i = j
+    return parts[0] if len(parts) == 1 else L.b.concat(parts, 0)
+
+
+def _avg_divisor(L: _Lowering, x_hw: Sequence[int], out_hw: Sequence[int], k: tuple[int, int],
+                 s: tuple[int, int], p: tuple[int, int], count_include_pad: bool, divisor_override: Any,
+                 dtype: tt.DataType) -> Any:
+    """The divisor of each output pixel, (Ho, Wo, 1) for NHWC, or a number; None when it is
+    kH * kW everywhere (the device's avg_pool2d's own)."""
     if divisor_override is not None:
-        raise L.unsupported("divisor_override")
-    if not count_include_pad and p != (0, 0):
-        raise L.unsupported("count_include_pad=False with padding")
+        return float(divisor_override) if dtype.is_float else int(divisor_override)
+    dh, dw = (_divisors(n, o, kk, ss, pp, count_include_pad) for n, o, kk, ss, pp in zip(x_hw, out_hw, k, s, p))
+    if set(dh) == {k[0]} and set(dw) == {k[1]}:
+        return None
+    cast = float if dtype.is_float else int
+    return L.b.mul(L.b.reshape(_host_vector(L, [cast(d) for d in dh], dtype), (len(dh), 1, 1)),
+                   L.b.reshape(_host_vector(L, [cast(d) for d in dw], dtype), (1, len(dw), 1)))
+
+
+def _window_sum(L: _Lowering, v: Any, out_hw: Sequence[int], k: tuple[int, int], s: tuple[int, int],
+                p: tuple[int, int]) -> Any:
+    """Each window's sum of NHWC `v` (zero padding), tap by tap in row-major window order, as
+    torch's CPU kernel adds them: one strided slice per tap."""
+    bb = L.b
+    for axis, pad in ((2, p[1]), (1, p[0])):
+        if pad:
+            side = list(v.shape)
+            side[axis] = pad
+            zeros = bb.full(tuple(side), 0, v.dtype)
+            v = bb.concat([zeros, v, zeros], axis)
+    total = None
+    for i in range(k[0]):
+        for j in range(k[1]):
+            tap = bb.slice(v, [0, i, j], [None, i + (out_hw[0] - 1) * s[0] + 1, j + (out_hw[1] - 1) * s[1] + 1],
+                           [1, s[0], s[1]])
+            total = tap if total is None else bb.add(total, tap)
+    return total
+
+
+def _pool_args_avg(L: _Lowering, x_shape: Sequence[int], out_hw: Sequence[int], kernel_size: Any, stride: Any,
+                   padding: Any) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int], tuple[int, int]]:
+    k, s, p = _pool_args(L, kernel_size, stride, padding)
+    return k, s, p, _pool_plan(L, x_shape, out_hw, k, s, p)
 
 
 @_register(aten.avg_pool2d.default)
 def _avg_pool2d(L: _Lowering, node: torch.fx.Node, x: _T, kernel_size: Any, stride: Any = None, padding: Any = 0,
                 ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: Any = None) -> Any:
-    k, s, p = _pool_args(L, kernel_size, stride, padding)
-    _check_pool(L, node, x, k, s, p, ceil_mode)
-    _check_avg(L, p, count_include_pad, divisor_override)
-    y = L.nhwc_to_nchw(L.b.avg_pool2d(L.nchw_to_nhwc(_as_batched(L, x)), k, s, p))
-    return L.fit(y, _out(node).shape)
+    """Floats: `avg_pool2d` of the input grown by zeros where ceil_mode's last window reaches
+    past it, rescaled by kH * kW / divisor where torch's divisor is not kH * kW (a window cut by
+    the input's end, count_include_pad=False, divisor_override). Integers: the window sums in
+    int64, then torch's division, which truncates."""
+    bb, meta = L.b, _out(node)
+    out_hw = meta.shape[-2:]
+    k, s, p, extra = _pool_args_avg(L, x.shape, out_hw, kernel_size, stride, padding)
+    xv = L.nchw_to_nhwc(_as_batched(L, x))
+    div = _avg_divisor(L, x.shape[-2:], out_hw, k, s, p, count_include_pad, divisor_override, xv.dtype)
+    if not xv.dtype.is_float:
+        total = _window_sum(L, _grow(L, xv, extra, 0), out_hw, k, s, p)
+        d = k[0] * k[1] if div is None else div
+        y = bb.floor_divide(bb.sub(total, bb.fmod(total, d)), d)
+    else:
+        y = bb.avg_pool2d(_grow(L, xv, extra, 0.0), k, s, p)
+        if div is not None:
+            y = bb.div(bb.mul(y, float(k[0] * k[1])), div)
+    return L.fit(L.nhwc_to_nchw(y), meta.shape)
 
 
 @_register(aten.avg_pool2d_backward.default)
 def _avg_pool2d_backward(L: _Lowering, node: torch.fx.Node, grad: _T, x: _T, kernel_size: Any, stride: Any,
                          padding: Any, ceil_mode: bool, count_include_pad: bool, divisor_override: Any) -> Any:
-    k, s, p = _pool_args(L, kernel_size, stride, padding)
-    _check_avg(L, p, count_include_pad, divisor_override)
+    """The adjoint of the forward: grad rescaled by kH * kW / divisor, spread by
+    `avg_pool2d_backward` over the grown input, cropped back to x."""
+    bb = L.b
+    out_hw = grad.shape[-2:]
+    k, s, p, extra = _pool_args_avg(L, x.shape, out_hw, kernel_size, stride, padding)
     xs = (1, *x.shape) if len(x.shape) == 3 else x.shape
     n, c, h, w = xs
     g = L.nchw_to_nhwc(_as_batched(L, grad))
-    return L.fit(L.nhwc_to_nchw(L.b.avg_pool2d_backward(g, (n, h, w, c), k, s, p)), x.shape)
+    div = _avg_divisor(L, (h, w), out_hw, k, s, p, count_include_pad, divisor_override, g.dtype)
+    if div is not None:
+        g = bb.div(bb.mul(g, float(k[0] * k[1])), div)
+    gi = bb.avg_pool2d_backward(g, (n, h + extra[0], w + extra[1], c), k, s, p)
+    return L.fit(L.nhwc_to_nchw(_crop(L, gi, (h, w))), x.shape)
