@@ -12,7 +12,17 @@ import torch
 import ttflow as tt
 
 from .device_view import _static
-from .graph import _T, _dim, _ishape, _Lowering, _out, _register, _used
+from .graph import (
+    _EMPTY,
+    _T,
+    _dim,
+    _ishape,
+    _Lowering,
+    _op_name,
+    _out,
+    _register,
+    _used,
+)
 
 aten = torch.ops.aten
 _F32 = tt.DataType.FLOAT32
@@ -332,34 +342,234 @@ def _one_hot(L: _Lowering, shape: tuple[int, ...], d: int, index: Any) -> list[A
     return masks
 
 
+_ONE_HOT_MAX = 64
+"""Index positions along the scattered dim that the one-hot form unrolls (one `where` each)."""
+
+_REDUCE_NAMES = {"add": "sum", "sum": "sum", "multiply": "prod", "prod": "prod", "mean": "mean",
+                 "amax": "amax", "amin": "amin"}
+
+
+def _identity(L: _Lowering, shape: Sequence[int], reduce: str, dtype: torch.dtype) -> Any:
+    """The value a reduction starts from (torch's init value for include_self=False)."""
+    if reduce in ("sum", "mean"):
+        return L.full(shape, 0, dtype)
+    if reduce == "prod":
+        return L.full(shape, 1, dtype)
+    big: float = math.inf if dtype.is_floating_point else (1 if dtype == torch.bool else 2**31 - 1)
+    small: float = -math.inf if dtype.is_floating_point else (0 if dtype == torch.bool else -(2**31))
+    return L.full(shape, small if reduce == "amax" else big, dtype)
+
+
+def _check_index(L: _Lowering, idx: Any, size: int, what: str) -> Any:
+    """idx unchanged, but the run fails where an index is outside [0, size) (torch raises
+    IndexError; a one-hot mask would drop it, an embedding clamp it): an embedding into a zero
+    table of `size` rows, whose result (0) is added in."""
+    b = L.b
+    with b.checking_range(f"{what} indexes"):
+        checked = b.embedding(idx, b.full((size, 1), 0, _I32))
+        return b.add(idx, b.reshape(checked, idx.shape))
+
+
+def _scatter_into(L: _Lowering, node: torch.fx.Node, x: _T, dim: int, index: _T, src: _T | float,
+                  reduce: str | None, include_self: bool = True) -> Any:
+    """`x.scatter_reduce(dim, index, src, reduce, include_self)` (reduce None: a plain scatter,
+    the last index position along `dim` wins, as CPU torch's serial loop). torch reads only
+    index's extent in the other dims: x is cut to that block, scattered, and joined back. An
+    index extent along `dim` of at most 64 unrolls one-hot masks (each position's reduction
+    step in torch's order, so floats match bit for bit); a longer one scatters by flat ids
+    (`_accumulate_rows` / `_last_writer`) for a plain scatter, sum and mean."""
+    b, dtype = L.b, _out(node).dtype
+    xv = L.cast(x, dtype)
+    if index.v is None:  # nothing scattered
+        return xv
+    xs, ishape = _ishape(x.shape), _ishape(index.shape)
+    rank = len(xs)
+    d = _dim(dim, len(x.shape)) if x.shape else 0
+    if len(ishape) != rank:
+        raise L.unsupported(f"an index of shape {index.shape} into {x.shape}")
+    cut, sub = [], xv
+    for k in range(rank):
+        if k != d and ishape[k] < xs[k]:
+            cut.append((k, b.slice(sub, [None] * k + [ishape[k]], [None] * (k + 1))))
+            sub = b.slice(sub, [None] * k + [0], [None] * k + [ishape[k]])
+    shape = tuple(ishape[k] if k != d else xs[d] for k in range(rank))
+    idx = _check_index(L, L.cast(index, torch.int32), xs[d], _op_name(node.target))
+    if isinstance(src, _T):
+        sv = L.cast(src, dtype)
+        if sv.shape != ishape:  # torch reads src's leading block too
+            sv = b.slice(sv, [0] * rank, list(ishape))
+    else:
+        sv = L.operand(src, dtype)
+    if ishape[d] <= _ONE_HOT_MAX:
+        out = _scatter_one_hot(L, sub, shape, d, idx, sv, reduce, include_self, dtype)
+    else:
+        out = _scatter_flat(L, sub, shape, d, idx, sv, reduce, include_self, dtype)
+    for k, rest in reversed(cut):
+        out = b.concat([out, rest], k)
+    return b.ne(out, 0) if dtype == torch.bool and reduce in ("sum", "mean") else out
+
+
+def _scatter_one_hot(L: _Lowering, v: Any, shape: tuple[int, ...], d: int, idx: Any, sv: Any,
+                     reduce: str | None, include_self: bool, dtype: torch.dtype) -> Any:
+    b = L.b
+    masks = _one_hot(L, shape, d, idx)
+    if reduce is not None and not include_self:
+        hit = masks[0]
+        for m in masks[1:]:
+            hit = b.maximum(hit, m)
+        v = b.where(hit, _identity(L, shape, reduce, dtype), v)
+    count = None
+    for j, mask in enumerate(masks):
+        s = sv
+        if not isinstance(sv, (int, float)) and sv.shape[d] != 1:
+            s = b.slice(sv, [None] * d + [j], [None] * d + [j + 1])
+        if isinstance(s, (int, float)) and reduce is not None:
+            s = L.b.full((1,) * len(shape), s, v.dtype)
+        if reduce is None:
+            v = b.where(mask, s, v)
+        elif reduce in ("sum", "mean"):
+            v = b.add(v, b.where(mask, s, 0))
+            if reduce == "mean":
+                count = mask if count is None else b.add(count, mask)
+        elif reduce == "prod":
+            v = b.mul(v, b.where(mask, s, 1))
+        elif reduce == "amax":
+            v = b.maximum(v, b.where(mask, s, v))
+        else:
+            v = b.minimum(v, b.where(mask, s, v))
+    if reduce == "mean":
+        assert count is not None
+        return _mean_of(L, v, count, include_self, dtype)
+    return v
+
+
+def _mean_of(L: _Lowering, total: Any, count: Any, include_self: bool, dtype: torch.dtype) -> Any:
+    """torch's scatter mean: the sum over the count (self counted once if included; 0 read as
+    1), a floor division for integers."""
+    b = L.b
+    if include_self:
+        count = b.add(count, 1)
+    count = b.where(b.eq(count, 0), 1, count)
+    if dtype.is_floating_point:
+        return b.div(total, b.typecast(count, total.dtype))
+    return b.floor_divide(total, count)
+
+
+def _flat_ids(L: _Lowering, shape: tuple[int, ...], d: int, idx: Any) -> Any:
+    """The (N,) flat ids into `shape` of each index element's target (its own position with the
+    index along `d`); idx has `shape` but along `d`."""
+    b = L.b
+    rank = len(shape)
+    strides = [math.prod(shape[k + 1:]) for k in range(rank)]
+    lin = idx if strides[d] == 1 else b.mul(idx, strides[d])
+    for k in range(rank):
+        if k == d or shape[k] == 1:
+            continue
+        r = b.reshape(b.arange(0, shape[k], 1, _I32), tuple(shape[k] if q == k else 1 for q in range(rank)))
+        lin = b.add(lin, r if strides[k] == 1 else b.mul(r, strides[k]))
+    return b.reshape(lin, (math.prod(lin.shape),))
+
+
+def _scatter_flat(L: _Lowering, v: Any, shape: tuple[int, ...], d: int, idx: Any, sv: Any,
+                  reduce: str | None, include_self: bool, dtype: torch.dtype) -> Any:
+    b = L.b
+    if reduce not in (None, "sum", "mean"):
+        raise L.unsupported(f"a scatter {reduce} of {idx.shape[d]} index positions along dim {d} "
+                            f"({_ONE_HOT_MAX} at most)")
+    ids = _flat_ids(L, shape, d, idx)
+    n, rows = ids.shape[0], math.prod(shape)
+    if isinstance(sv, (int, float)):
+        values = b.full((n, 1), sv, v.dtype)
+    else:
+        values = b.reshape(sv if sv.shape == idx.shape else b.broadcast_to(sv, idx.shape), (n, 1))
+    table = b.reshape(v, (rows, 1))
+    if reduce is None:
+        hit, pos = _last_writer(L, ids, rows)
+        out = b.where(hit, b.embedding(pos, values), table)
+    else:
+        total = _accumulate_rows(L, ids, values, rows, dtype, table if include_self else None)
+        if not include_self:
+            hit, _ = _last_writer(L, ids, rows, positions=False)
+            total = b.where(hit, total, table)
+        out = total
+        if reduce == "mean":
+            count, _ = _last_writer(L, ids, rows, positions=False, counts=True)
+            out = _mean_of(L, total, count, include_self, dtype)
+    return b.reshape(out, shape)
+
+
+def _last_writer(L: _Lowering, ids: Any, rows: int, positions: bool = True, counts: bool = False
+                 ) -> tuple[Any, Any]:
+    """For each of `rows` targets of the (N,) INT32 `ids`: (1 where some id names it (its count
+    with `counts`) [rows, 1], the position in ids of the last id naming it (rows,), or None).
+    The last one is found without a loop: a histogram of the ids (float32 sums of ones, exact
+    below 2**24), its running sum (how many ids are <= each row), and a stable argsort of the
+    ids, whose entry at that running sum - 1 is the last id of the row."""
+    b = L.b
+    n = ids.shape[0]
+    if n >= 2**24:
+        raise L.unsupported(f"{n} scattered elements (fewer than 2**24)")
+    hist = b.typecast(b.embedding_grad(ids, b.full((n, 1), 1.0, _F32), rows), _I32)
+    hit = hist if counts else b.gt(hist, 0)
+    if not positions:
+        return hit, None
+    upto = b.reshape(b.cumsum(hist, 0), (rows,))
+    order = b.reshape(b.argsort(ids, 0), (n, 1))
+    pos = b.embedding(b.maximum(b.sub(upto, 1), 0), order)
+    return hit, b.reshape(pos, (rows,))
+
+
+def _accumulate_rows(L: _Lowering, ids: Any, values: Any, rows: int, dtype: torch.dtype,
+                     first: Any | None = None) -> Any:
+    """`np.add.at(first or zeros, ids, values)` into a [rows, W] table: (N,) INT32 ids, [N, W]
+    values in `dtype`'s device dtype, exact as torch's serial loop. Floats by `embedding_grad`
+    (float32 sums in id order, `first` going first, as torch starts from self). Integers by
+    their four bytes, each summed exactly in float32 (below 2**24 for fewer than 65793 terms)
+    and joined back (the top byte signed): exact for INT32, and for int64 held as INT32 the
+    joins are range-checked steps, each in range exactly when the total is. Bools: any."""
+    b = L.b
+    if first is not None:
+        ids = b.concat([b.arange(0, rows, 1, _I32), ids], 0)
+        values = b.concat([first, values], 0)
+    if dtype.is_floating_point:
+        return b.embedding_grad(ids, values, rows)
+    if dtype == torch.bool:
+        return b.typecast(b.gt(b.embedding_grad(ids, b.typecast(values, _F32), rows), 0), values.dtype)
+    n, width = values.shape
+    if n >= 65793:
+        raise L.unsupported(f"an integer accumulation of {n} terms (65792 at most)")
+    parts = [b.bitwise_and(values, 255), b.bitwise_and(b.right_shift(values, 8), 255),
+             b.bitwise_and(b.right_shift(values, 16), 255), b.right_shift(values, 24)]
+    sums = b.typecast(b.embedding_grad(ids, b.typecast(b.concat(parts, 1), _F32), rows), values.dtype)
+    chunk = [b.slice(sums, [0, k * width], [rows, (k + 1) * width]) for k in range(4)]
+    total = chunk[3]
+    for k in (2, 1, 0):
+        total = b.add(b.mul(total, 256), chunk[k])
+    return total
+
+
 @_register(aten.scatter.value, aten.scatter.src, aten.scatter_add.default)
 def _scatter(L: _Lowering, node: torch.fx.Node, x: _T, dim: int, index: _T, src: Any) -> Any:
-    """Scatter by one-hot masks (an `arange` compared with the index), one `where` per index
-    position along `dim`: right for the small index extents of one-hot targets and scatters."""
-    rank = len(x.shape)
-    if not rank or not index.shape:
-        raise L.unsupported("a scatter into or by a 0-d tensor")
-    d = _dim(dim, rank)
-    if any(i != n for k, (i, n) in enumerate(zip(index.shape, x.shape)) if k != d):
-        raise L.unsupported(f"an index of shape {index.shape} into {x.shape}: other dims must match")
-    if index.shape[d] > 64:
-        raise L.unsupported(f"{index.shape[d]} index positions along dim {d} (64 at most)")
-    dtype = _out(node).dtype
-    b, v = L.b, L.cast(x, dtype)
-    for j, mask in enumerate(_one_hot(L, x.shape, d, L.fit(index.v, index.shape))):
-        if isinstance(src, _T):
-            s = L.cast(src, dtype)
-            if src.shape[d] != 1:
-                s = b.slice(s, [None] * d + [j], [None] * d + [j + 1])
-            if s.shape != index.shape:
-                s = b.slice(s, [0] * rank, list(index.shape))
-        else:
-            s = L.operand(src, dtype)
-        if node.target is aten.scatter_add.default:
-            v = b.add(v, b.where(mask, s, 0))
-        else:
-            v = b.where(mask, s, v)
-    return v
+    reduce = "sum" if node.target is aten.scatter_add.default else None
+    return _scatter_into(L, node, x, dim, index, src, reduce)
+
+
+@_register(aten.scatter.reduce, aten.scatter.value_reduce)
+def _scatter_reduce_legacy(L: _Lowering, node: torch.fx.Node, x: _T, dim: int, index: _T, src: Any, *,
+                           reduce: str) -> Any:
+    """`scatter(..., reduce="add" | "multiply")`: self included."""
+    return _scatter_into(L, node, x, dim, index, src, _REDUCE_NAMES[reduce])
+
+
+@_register(aten.scatter_reduce.two)
+def _scatter_reduce(L: _Lowering, node: torch.fx.Node, x: _T, dim: int, index: _T, src: _T, reduce: str, *,
+                    include_self: bool = True) -> Any:
+    return _scatter_into(L, node, x, dim, index, src, _REDUCE_NAMES[reduce], include_self)
+
+
+for _op in (aten.scatter.value, aten.scatter.src, aten.scatter_add.default, aten.scatter.reduce,
+            aten.scatter.value_reduce, aten.scatter_reduce.two):
+    _EMPTY[_op] = "drop"  # an empty index scatters nothing: x (`_scatter_into`)
 
 
 @_register(aten.index_put.default, aten._index_put_impl.default)
@@ -367,17 +577,17 @@ def _index_put(L: _Lowering, node: torch.fx.Node, x: _T, indices: Sequence[_T | 
                accumulate: bool = False, unsafe: bool = False) -> Any:
     """Two forms. `x[mask] = value` (one bool mask over x's leading dims, a single value, no
     accumulate: PyTorch passes such masks on purpose) as a `where`. And
-    `x.index_put_(indices, values, accumulate=True)` with integer index tensors on any dims (the
-    backward of embedding, of `x[i, j]`, of index_select) as `embedding_grad` on x seen as
-    [indexed rows, the rest], added to x unless x is a constant zero."""
+    `x.index_put_(indices, values, accumulate)` with integer index tensors on any dims (the
+    backward of embedding, of `x[i, j]`, of index_select; index_copy, index_fill, max_unpool)
+    on x seen as [indexed rows, the rest]: accumulate=True sums into each row in torch's order,
+    x first (`_accumulate_rows`: exact for integers); accumulate=False writes each row from the
+    last index naming it in row-major order (`_last_writer`), which is what CPU torch's serial
+    loop leaves (torch leaves the winner among duplicates unspecified)."""
     given = [i for i, t in enumerate(indices) if t is not None]
     if not x.shape or not given:
         raise L.unsupported("index_put on a 0-d tensor or without an index")
     if any(indices[d].dtype == torch.bool for d in given):  # type: ignore[union-attr]
         return _masked_put(L, x, indices, values, accumulate)
-    if not accumulate:
-        raise L.unsupported("index_put with integer indices and accumulate=False (duplicate indices "
-                            "make the written value depend on the order; accumulate=True lowers)")
     b = L.b
     flat, dims, common = _linear_index(L, x.shape, indices)
     rest = [d for d in range(len(x.shape)) if d not in dims]
@@ -393,12 +603,18 @@ def _index_put(L: _Lowering, node: torch.fx.Node, x: _T, indices: Sequence[_T | 
         grad = b.permute(grad, [order.index(i) for i in range(len(order))])
     rows = math.prod(x.shape[d] for d in dims)
     width = math.prod(x.shape[d] for d in rest)
-    g = b.embedding_grad(L.fit(flat, (math.prod(common),)), b.reshape(grad, (math.prod(common), width)), rows)
+    ids = L.fit(flat, (math.prod(common),))
+    grad = b.reshape(grad, (math.prod(common), width))
+    table, perm, _ = _indexed_table(L, x, dims)
+    if accumulate:
+        g = _accumulate_rows(L, ids, grad, rows, x.dtype, None if x.v.id in L.zeros else table)
+    else:
+        hit, pos = _last_writer(L, ids, rows)
+        g = b.where(hit, b.embedding(pos, grad), table)
     g = b.reshape(g, _ishape((*(x.shape[d] for d in dims), *(x.shape[d] for d in rest))))
-    perm = [*dims, *rest]
     if perm != list(range(len(perm))):
         g = b.permute(g, [perm.index(i) for i in range(len(perm))])
-    return g if x.v.id in L.zeros else b.add(x.v, g)
+    return g
 
 
 def _masked_put(L: _Lowering, x: _T, indices: Sequence[_T | None], values: _T, accumulate: bool) -> Any:
