@@ -50,12 +50,12 @@ def _domain() -> torch.Tensor:
     ])
 
 
-def assert_matches(got: torch.Tensor, expected: torch.Tensor, **tol: float) -> None:
+def assert_matches(got: torch.Tensor, expected: torch.Tensor, zero_signs: bool = True) -> None:
     """Values within OpInfo's float32 tolerance, NaN where torch's is, and a zero's sign."""
     assert got.device.type == "tt" and got.dtype == expected.dtype and got.shape == expected.shape
     got = got.cpu()
-    torch.testing.assert_close(got, expected, equal_nan=True, **(tol or TOL))
-    if expected.dtype.is_floating_point:
+    torch.testing.assert_close(got, expected, equal_nan=True, **TOL)
+    if expected.dtype.is_floating_point and zero_signs:
         zeros = expected == 0
         assert torch.equal(torch.signbit(got[zeros]), torch.signbit(expected[zeros]))
 
@@ -152,5 +152,122 @@ def test_compiled_float_math_matches_cpu(on_device_only) -> None:
     compiled = torch.compile(fn, backend="tt")
     x = torch.linspace(-9, 9, 37)
     y = torch.linspace(17, -17, 37)
+    for got, expected in zip(compiled(x.to("tt"), y.to("tt")), fn(x, y)):
+        assert_matches(got, expected)
+
+
+# -- activations, rounding, angle ------------------------------------------------------------------
+
+
+ACTIVATIONS = {
+    "elu": lambda x: torch.nn.functional.elu(x, alpha=0.7),
+    "celu": lambda x: torch.nn.functional.celu(x, alpha=1.5),
+    "selu": torch.nn.functional.selu,
+    "hardshrink": lambda x: torch.nn.functional.hardshrink(x, 0.5),
+    "softshrink": lambda x: torch.nn.functional.softshrink(x, 0.5),
+    "angle": torch.angle,
+}
+
+
+@pytest.mark.parametrize("name", list(ACTIVATIONS))
+def test_activations_and_their_gradients_match_cpu(on_device_only, name) -> None:
+    fn = ACTIVATIONS[name]
+    x = torch.cat([torch.tensor(EDGES), torch.linspace(-3, 3, 61)])
+    # softshrink's forward is torch's own decomposition (a where that passes -0.0 through)
+    assert_matches(fn(x.to("tt")), fn(x), zero_signs=name != "softshrink")
+    a = torch.linspace(-2, 2, 41).requires_grad_()
+    b = a.detach().to("tt").requires_grad_()
+    (ga,) = torch.autograd.grad(fn(a).sum(), a)
+    (gb,) = torch.autograd.grad(fn(b).sum(), b)
+    assert_matches(gb, ga)
+
+
+@settings(deadline=None)
+@given(st.lists(st.floats(width=32, allow_nan=False, min_value=-1e6, max_value=1e6), min_size=1, max_size=12),
+       st.integers(-4, 4))
+def test_round_to_decimals_is_torchs_bit_for_bit(device, values, decimals) -> None:
+    x = torch.tensor(values, dtype=torch.float32)
+    with only_on_device():
+        got = torch.round(x.to("tt"), decimals=decimals).cpu()
+    assert torch.equal(got, torch.round(x, decimals=decimals))
+
+
+# -- gcd, lcm ------------------------------------------------------------------------------------------
+
+
+INT32 = st.integers(-(2**31) + 1, 2**31 - 1)
+
+
+@settings(deadline=None)
+@given(st.lists(st.tuples(INT32, INT32), min_size=1, max_size=8), st.sampled_from([torch.int64, torch.int32]))
+def test_gcd_is_exact_on_any_int32(device, pairs, dtype) -> None:
+    x = torch.tensor([p[0] for p in pairs], dtype=dtype)
+    y = torch.tensor([p[1] for p in pairs], dtype=dtype)
+    with only_on_device():
+        got = torch.gcd(x.to("tt"), y.to("tt")).cpu()
+    assert torch.equal(got, torch.gcd(x, y))
+
+
+def test_gcd_takes_the_most_steps_at_consecutive_fibonacci_numbers(on_device_only) -> None:
+    x = torch.tensor([1836311903, -(2**31), 0, 0, 2**31 - 1], dtype=torch.int32)
+    y = torch.tensor([1134903170, 0, 0, -7, 2**31 - 2], dtype=torch.int32)
+    assert torch.equal(torch.gcd(x.to("tt"), y.to("tt")).cpu(), torch.gcd(x, y))
+
+
+@settings(deadline=None)
+@given(st.lists(st.tuples(st.integers(-50000, 50000), st.integers(-50000, 50000)), min_size=1, max_size=8),
+       st.sampled_from([torch.int64, torch.int32]))
+def test_lcm_is_exact(device, pairs, dtype) -> None:
+    x = torch.tensor([p[0] for p in pairs], dtype=dtype)
+    y = torch.tensor([p[1] for p in pairs], dtype=dtype)
+    expected = torch.lcm(x, y)
+    if dtype == torch.int64 and expected.abs().max() >= 2**31:
+        with pytest.raises(tt.ProgramError, match="int64"):
+            torch.lcm(x.to("tt"), y.to("tt")).cpu()
+        return
+    with only_on_device():
+        got = torch.lcm(x.to("tt"), y.to("tt")).cpu()
+    assert torch.equal(got, expected)  # int32 products past 2**31 wrap, as torch's
+
+
+# -- special functions ---------------------------------------------------------------------------------
+
+
+SPECIAL = {
+    "erfc": (torch.erfc, None), "erfcx": (torch.special.erfcx, None),
+    "erfinv": (torch.erfinv, torch.cat([torch.linspace(-1.1, 1.1, 2201),
+                                        torch.tensor([0.99999994, -0.9999999, 1.0, -1.0, 0.0, -0.0, math.nan])])),
+}
+
+
+@pytest.mark.parametrize("name", list(SPECIAL))
+def test_special_functions_match_cpu_across_the_domain(on_device_only, name) -> None:
+    fn, x = SPECIAL[name]
+    x = _domain() if x is None else x
+    assert_matches(fn(x.to("tt")), fn(x))
+
+
+@settings(deadline=None)
+@given(st.lists(st.floats(width=32), min_size=1, max_size=12), st.sampled_from(sorted(SPECIAL)))
+def test_special_functions_match_cpu_on_any_float32(device, values, name) -> None:
+    x = torch.tensor(values, dtype=torch.float32)
+    with only_on_device():
+        assert_matches(SPECIAL[name][0](x.to("tt")), SPECIAL[name][0](x))
+
+
+def test_erfc_keeps_its_relative_precision_in_the_tail(on_device_only) -> None:
+    x = torch.linspace(0, 9.5, 400)  # 1 - erf(x) would be 0 from 4 on
+    got, expected = torch.erfc(x.to("tt")).cpu(), torch.erfc(x)
+    assert ((got - expected).abs() / expected).max() < 2e-6
+
+
+def test_compiled_special_functions_match_cpu(on_device_only) -> None:
+    def fn(x, y):
+        return torch.erfc(x), torch.special.erfcx(x), torch.erfinv(y), torch.gcd(x.long(), (y * 40).long()), torch.round(x, decimals=2)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="tt")
+    x = torch.linspace(-9, 9, 37)
+    y = torch.linspace(-0.99, 0.99, 37)
     for got, expected in zip(compiled(x.to("tt"), y.to("tt")), fn(x, y)):
         assert_matches(got, expected)

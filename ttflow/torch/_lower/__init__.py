@@ -32,7 +32,7 @@ is pure, no device, no session.
 """
 
 from .._errors import UnsupportedOpError as UnsupportedOpError
-from . import creation, index_shape, matmul_conv, norm, pointwise, reduce  # noqa: F401  (register the lowerings)
+from . import creation, index_shape, matmul_conv, norm, pointwise, reduce, special  # noqa: F401  (register the lowerings)
 from .decompositions import DECOMPOSITIONS as DECOMPOSITIONS
 from .decompositions import TRACING as TRACING
 from .device_view import InputSpec as InputSpec

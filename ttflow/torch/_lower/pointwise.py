@@ -644,3 +644,80 @@ def _copysign(L: _Lowering, node: torch.fx.Node, a: _T, other: Any) -> Any:
         negative = math.copysign(1.0, s) < 0
         return b.neg(x) if negative else x
     return b.where(_sign_bit(L, L.f32(other)), b.neg(x), x)
+
+
+@_register(aten.elu.default)
+def _elu(L: _Lowering, node: torch.fx.Node, x: _T, alpha: float = 1, scale: float = 1,
+         input_scale: float = 1) -> Any:
+    """torch's CPU kernel: x * scale above 0, expm1(x * input_scale) * alpha * scale at or
+    below (NaN stays NaN)."""
+    b, v = L.b, L.f32(x)
+    negative = b.mul(_expm1_v(b, b.mul(v, float(input_scale))), float(alpha) * float(scale))
+    return b.where(b.le(v, 0), negative, b.mul(v, float(scale)))
+
+
+@_register(aten.hardshrink_backward.default, aten.softshrink_backward.default)
+def _shrink_backward(L: _Lowering, node: torch.fx.Node, grad: _T, x: _T, lambd: float) -> Any:
+    """The gradient passes where x is outside [-lambd, lambd] (a NaN x passes it, as torch)."""
+    b = L.b
+    v, g = L.f32(x), L.f32(grad)
+    inside = b.mul(b.ge(v, -float(lambd)), b.le(v, float(lambd)))
+    return b.where(inside, 0.0, g)
+
+
+@_register(aten.round.decimals)
+def _round_decimals(L: _Lowering, node: torch.fx.Node, x: _T, *, decimals: int = 0) -> Any:
+    """torch's float32 kernel step by step: rint(x * 10**d) / 10**d, or for d < 0
+    rint(x / 10**-d) * 10**-d, 10**|d| rounded to float32 (each step rounds as the CPU's)."""
+    b = L.b
+    if not x.dtype.is_floating_point:
+        return x.v
+    v = L.cast(x, _out(node).dtype)
+    ten = float(torch.tensor(10.0 ** abs(decimals), dtype=torch.float32))
+    if decimals < 0:
+        return b.mul(b.round(b.div(v, ten)), ten)
+    return b.div(b.round(b.mul(v, ten)), ten)
+
+
+@_register(aten.angle.default)
+def _angle(L: _Lowering, node: torch.fx.Node, x: _T) -> Any:
+    """A real number's angle: pi below 0, else 0; NaN stays NaN."""
+    b, v = L.b, L.f32(x)
+    pi = b.mul(b.typecast(b.lt(v, 0), _F32), math.pi)
+    return b.where(b.ne(v, v), v, pi)
+
+
+_EUCLID_STEPS = 48
+"""Euclid's algorithm on integers below 2**31 in magnitude takes at most 45 remainder steps
+(Lamé: the Fibonacci number F(47) passes 2**31), one more to swap a smaller first operand."""
+
+
+def _gcd_v(L: _Lowering, x: Any, y: Any) -> Any:
+    """torch's calc_gcd step by step: a, b = |x|, |y|; while a != 0: a, b = b % a, a (C's %,
+    fmod's sign), unrolled `_EUCLID_STEPS` times; a zero divisor is never divided by (it would
+    fail a checked run), the lanes that are done keep their value."""
+    b = L.b
+    a, c = b.abs(x), b.abs(y)
+    for _ in range(_EUCLID_STEPS):
+        done = b.eq(a, 0)
+        r = b.fmod(c, b.where(done, 1, a))
+        a, c = b.where(done, a, r), b.where(done, c, a)
+    return c
+
+
+@_register(aten.gcd.default)
+def _gcd(L: _Lowering, node: torch.fx.Node, x: _T, other: _T) -> Any:
+    dtype = _out(node).dtype
+    return _gcd_v(L, L.cast(x, dtype), L.cast(other, dtype))
+
+
+@_register(aten.lcm.default)
+def _lcm(L: _Lowering, node: torch.fx.Node, x: _T, other: _T) -> Any:
+    """torch's: g = gcd(x, y); 0 where g is 0, else |x / g * y| (x / g exact, the product
+    wraps in int32 as torch's int32 does; an int64 result past INT32 fails the run)."""
+    b, dtype = L.b, _out(node).dtype
+    u, w = L.cast(x, dtype), L.cast(other, dtype)
+    g = _gcd_v(L, u, w)
+    zero = b.eq(g, 0)
+    q = b.floor_divide(u, b.where(zero, 1, g))
+    return b.where(zero, 0, b.abs(b.mul(q, w)))
