@@ -9,7 +9,7 @@ compared with numpy.
 from __future__ import annotations
 
 import math
-from typing import Self
+from typing import Any, Self
 
 import anyio
 
@@ -478,3 +478,31 @@ async def test_memory_view_names_every_buffer_and_adds_up() -> None:
         dram = [b.kind for b in device.memory_view(DRAM).buffers]
         assert sorted(dram) == ["home", "home"]
         assert "home" in str(device.memory_view(L1))
+
+
+# -- scratch shapes --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("shape", "stored_tiles"), [
+    ((4, 64, 8, 8), 8 * 2),      # as 256 x 64: tiles would pad 8x8 to 32x32 (256 tiles, 16x)
+    ((5, 33, 40), 6 * 2),        # as 165 x 40 (192 x 64 padded), not 5 x 64 x 64 (3.1x)
+    ((4, 3, 32, 32), 12),        # no padding: its own shape
+    ((2, 40, 64), 2 * 2 * 2),    # pads 1.6x: its own shape
+])
+async def test_a_programs_scratch_is_stored_as_its_least_padded_2d_split(shape: tuple[int, ...],
+                                                                         stored_tiles: int) -> None:
+    """A value tiles would pad to more than twice its size takes the bytes of the 2-D split of its
+    dims that pads least (counted here by hand), and the program's result is numpy's."""
+    b = tt.ProgramBuilder("scratch")  # relu's and exp's results are scratch, the sum the output
+    b.output(b.sum(b.exp(b.relu(b.input(shape, DRAM_TILE))), axis=-1), DRAM_TILE)
+    scratch: list[Any] = []
+    async with tt.open_device(SMALL) as device:
+        device._scheduler.listeners.append(
+            lambda command, error: scratch.extend(getattr(command.record, "steps", [None])[-1].scratch.values())
+            if type(command).__name__ == "ProgramCommand" and command.record is not None else None)
+        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+        (out,) = tt.submit(device, tt.Binary([b.build()]), 0, [tt.to_device(x, device, DRAM_TILE)])
+        got = await tt.to_host(out)
+    np.testing.assert_allclose(got, np.exp(relu(x), dtype=np.float64).sum(axis=-1, keepdims=True), rtol=1e-5)
+    assert len(scratch) == 2
+    assert all(s.num_pages == stored_tiles and s.page_size == F32.tile_bytes for s in scratch)

@@ -35,6 +35,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import ttflow as tt
+from ttflow._types import tiled_elements
 
 ttt = pytest.importorskip("ttflow.torch")
 from ttflow.torch import _lower
@@ -465,7 +466,7 @@ def test_device_shape_and_dtype() -> None:
     for shape in [(3, 5, 11), (1, 1, 1, 1), (4, 64, 16, 16), (2, 4, 8, 8), (7, 33, 65)]:
         flat = _lower.device_shape(shape)
         assert math.prod(flat) == math.prod(shape)
-        assert _lower.device_view._tiled_bytes(flat) <= _lower.device_view._tiled_bytes(shape)
+        assert tiled_elements(flat) <= tiled_elements(shape)
     assert _lower.device_dtype(torch.float32) is tt.DataType.FLOAT32
     assert _lower.device_dtype(torch.bfloat16) is tt.DataType.BFLOAT16
     for dtype in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool):

@@ -28,10 +28,10 @@ from . import _storage_io as io
 from ._kernels import _pointwise
 from ._memory import Storage
 from ._ops import OPS, check_range, compute_dtype
-from ._types import DataType, Layout, MemorySpace, TensorLayout
+from ._types import DataType, Layout, MemorySpace, TensorLayout, least_padded_shape
 
 if TYPE_CHECKING:
-    from ._program import Program
+    from ._program import Program, TensorSpec
 
 __all__ = [
     "Store", "Load", "Copy", "Slide", "Compute", "Step", "Record", "Plan", "Banks", "run", "run_all",
@@ -122,15 +122,19 @@ class Plan:
         for k, value in enumerate(program.outputs):
             if self.store_in_output.get(value) != k:
                 self.copied_out[value] = True
-        # Step values that need scratch storage: (value id, shape, L1 layout, DRAM fallback).
+        self.pagewise = _pagewise(program)
+        # Step values that need scratch storage: (value id, storage shape, L1 layout, DRAM
+        # fallback). A value that tiles would pad to more than twice its size is stored as its
+        # least padded 2-D split (`least_padded_shape`; same elements, same order); a pagewise
+        # program's values keep their shape (its pages must line up), and BFLOAT8_B ones too
+        # (a block's shared exponent depends on which values share a tile row).
         self.scratch = [
-            (step.output, program.values[step.output].shape,
+            (step.output, _scratch_shape(program.values[step.output], self.pagewise),
              Layout(MemorySpace.L1, TensorLayout.TILE, program.values[step.output].dtype),
              Layout(MemorySpace.DRAM, TensorLayout.TILE, program.values[step.output].dtype))
             for step in program.steps
             if step.output not in self.store_in_output
         ]
-        self.pagewise = _pagewise(program)
         # The pagewise program as C kernel code (see `_page_code`), or None.
         self.page_code = _page_code(program, self.store_in_output, self.scratch) if self.pagewise else None
         self.input_layouts = tuple(spec.layout for spec in program.inputs)
@@ -219,6 +223,12 @@ class _Schedule:
         self.steps = tuple(steps)
         self.copies = tuple((k, value) for k, value in enumerate(plan.outputs)
                             if plan.store_in_output.get(value) != k)
+
+
+def _scratch_shape(spec: TensorSpec, pagewise: bool) -> tuple[int, ...]:
+    if pagewise or spec.dtype is DataType.BFLOAT8_B:
+        return tuple(spec.shape)
+    return least_padded_shape(tuple(spec.shape))
 
 
 def _in_place_steps(program: Program, donated: dict[int, int],

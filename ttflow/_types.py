@@ -10,6 +10,7 @@ import enum
 import functools
 import math
 import operator
+from collections.abc import Sequence
 from typing import Any, final
 
 import attrs
@@ -277,3 +278,24 @@ def storage_geometry(
     if dtype is DataType.BFLOAT8_B:
         raise LayoutError("BFLOAT8_B exists only in TILE layout; ask for TensorLayout.TILE")
     return width * dtype.itemsize, math.prod(outer)
+
+
+def tiled_elements(shape: Sequence[int]) -> int:
+    """Elements a TILE layout holds for `shape` (rank 2 or more): the last two dims padded to 32."""
+    rows, cols = shape[-2], shape[-1]
+    return math.prod(shape[:-2]) * -(-rows // TILE) * TILE * -(-cols // TILE) * TILE
+
+
+def least_padded_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape to store a value of `shape` in TILE layout with: itself, unless tiles would pad
+    it to more than twice its size; then the 2-D split [rows, cols] of its dims that pads least.
+
+    Tiles pad the last two dims to 32: an NCHW activation of 8x8 (or a 3x3 conv kernel) would
+    fill a 32x32 tile with 16 (113) times its bytes. ttnn flattens such tensors (convolution
+    activations to [1, 1, N*H*W, C]); the element order is the same, so a value stored this way
+    reads back as itself."""
+    if len(shape) < 2 or tiled_elements(shape) <= 2 * math.prod(shape):
+        return shape
+    splits = [(math.prod(shape[:k]), math.prod(shape[k:])) for k in range(1, len(shape))]
+    best = min(splits, key=tiled_elements)
+    return best if tiled_elements(best) < tiled_elements(shape) else shape

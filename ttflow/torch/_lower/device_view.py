@@ -3,7 +3,6 @@ and the specs of a lowered program's inputs and outputs."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,6 +10,7 @@ import attrs
 import torch
 
 import ttflow as tt
+from ttflow._types import least_padded_shape
 
 from .._errors import UnsupportedOpError
 
@@ -65,21 +65,11 @@ def _device_shape(dims: tuple[int, ...]) -> tuple[int, ...]:
         return (1, 1)
     if len(dims) == 1:
         return (1, dims[0])
-    if len(dims) == 2 or _tiled_bytes(dims) <= 2 * math.prod(dims):
-        return dims
     # Tiles pad the last two dims to 32: a conv weight's 3x3 kernel would take a whole 32x32
-    # tile (113x its bytes), NHWC-less activations' small trailing dims likewise. Such a tensor
-    # lives as the 2-D [rows, cols] split of its dims that pads least (ttnn flattens conv
-    # weights and activations too); programs reshape it to its torch shape inside.
-    splits = [(math.prod(dims[:k]), math.prod(dims[k:])) for k in range(1, len(dims))]
-    best = min(splits, key=_tiled_bytes)
-    return best if _tiled_bytes(best) < _tiled_bytes(dims) else dims
-
-
-def _tiled_bytes(dims: Sequence[int]) -> int:
-    """Elements a TILE layout holds for `dims`: the last two padded to 32."""
-    rows, cols = dims[-2], dims[-1]
-    return math.prod(dims[:-2]) * (-(-rows // 32) * 32) * (-(-cols // 32) * 32)
+    # tile (113x its bytes), NCHW activations' small trailing dims likewise. Such a tensor lives
+    # as the 2-D split of its dims that pads least, as a program's scratch does (ttnn flattens
+    # conv weights and activations too); programs reshape it to its torch shape inside.
+    return least_padded_shape(dims)
 
 
 def _static(shape: Sequence[Any], what: str) -> tuple[int, ...]:
