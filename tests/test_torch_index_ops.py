@@ -34,7 +34,9 @@ def on_device_only(device):
 
 
 def _flat(value: Any) -> list[torch.Tensor]:
-    return list(value) if isinstance(value, (tuple, list)) else [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _flat(v)]
+    return [value]
 
 
 def _close(got: torch.Tensor, expected: torch.Tensor) -> None:
@@ -222,3 +224,84 @@ def test_index_put_matches_cpu(device, rows, n, seed, accumulate, dtype):
     idx = index(rows, n, seed=seed + 2)
     with only_on_device():
         check(lambda x, v, i: x.index_put((i,), v, accumulate=accumulate), x, v, idx, grad=False)
+
+
+# -- reductions built on sorting and searching --------------------------------------------------------
+
+NAN = float("nan")
+
+
+def with_nans(*shape: int, seed: int = 0) -> torch.Tensor:
+    x = rand(*shape, seed=seed)
+    x.view(-1)[:: 5] = NAN
+    return x
+
+
+@MODES
+def test_median_kthvalue_mode(on_device_only, compiled):
+    x = rand(5, 7)
+    check(lambda x: torch.median(x, 1), x, compiled=compiled)
+    check(lambda x: torch.median(x), x, compiled=compiled)
+    check(lambda x: torch.nanmedian(x, 0), x, compiled=compiled)
+    check(lambda x: torch.kthvalue(x, 3, 1, keepdim=True), x, compiled=compiled)
+    check(lambda x: torch.mode(x, 1)[0], rand(5, 9, dtype=torch.int64, low=0, high=4), compiled=compiled)
+    check(lambda x: torch.mode(x, 0), rand(6, 3), compiled=compiled)
+
+
+def test_median_of_rows_with_nan(on_device_only):
+    x = with_nans(4, 6)
+    x[3] = NAN
+    x[3, 2] = 0.5
+    check(lambda x: torch.median(x, 1)[0], x, grad=False)
+    check(lambda x: torch.nanmedian(x, 1), x, grad=False)
+    check(lambda x: (torch.median(x), torch.nanmedian(x)), x, grad=False)
+
+
+@MODES
+def test_cumprod(on_device_only, compiled):
+    x = rand(4, 6)
+    x[1, 2] = 0.0
+    check(lambda x: torch.cumprod(x, 1), x, compiled=compiled)
+    check(lambda x: torch.cumprod(x, 0), rand(6, 4, dtype=torch.int64, low=-4, high=5), compiled=compiled)
+    check(lambda x: torch.cumprod(x, 0), rand(9, dtype=torch.int32, low=-20, high=20), compiled=compiled)
+    check(lambda x: torch.linalg.vander(x, N=4), rand(5), compiled=compiled)
+
+
+@MODES
+@pytest.mark.parametrize("right", [False, True])
+def test_searchsorted_and_bucketize(on_device_only, compiled, right):
+    seq = torch.sort(rand(10)).values
+    v = rand(3, 4, seed=1)
+    v[0, 0], v[1, 1] = NAN, seq[3]
+    nan_tail = seq.clone()
+    nan_tail[-2:] = NAN
+    check(lambda s, v: torch.searchsorted(s, v, right=right), seq, v, compiled=compiled, grad=False)
+    check(lambda s, v: torch.searchsorted(s, v, right=right), nan_tail, v, compiled=compiled, grad=False)
+    check(lambda s, v: torch.bucketize(v, s, right=right, out_int32=True), seq, v, compiled=compiled, grad=False)
+    rows = torch.sort(rand(3, 10, seed=2), 1).values
+    check(lambda s, v: torch.searchsorted(s, v, side="right" if right else "left"), rows, v, compiled=compiled,
+          grad=False)
+    check(lambda s, v, p: torch.searchsorted(s, v, sorter=p, right=right), rand(10, seed=3), v,
+          torch.randperm(10, generator=torch.Generator().manual_seed(0)), compiled=compiled, grad=False)
+    check(lambda e, t: torch.isin(e, t), rand(20, dtype=torch.int64, low=0, high=9),
+          rand(12, seed=4, dtype=torch.int64, low=0, high=9), compiled=compiled)
+
+
+def test_variance_of_nothing_is_nan(on_device_only):
+    check(lambda x: (torch.var(x, 0), torch.std_mean(x, 0), torch.var_mean(x)), torch.zeros(0, 3), grad=False)
+
+
+@settings(deadline=None)
+@given(n=st.integers(1, 9), rows=st.integers(1, 3), seed=st.integers(0, 2**16), nans=st.booleans(),
+       op=st.sampled_from(["median", "nanmedian", "kthvalue", "cumprod", "searchsorted"]))
+def test_order_statistics_match_cpu(device, n, rows, seed, nans, op):
+    x = with_nans(rows, n, seed=seed) if nans else rand(rows, n, seed=seed)
+    fns = {
+        "median": lambda x: torch.median(x, 1)[0],
+        "nanmedian": lambda x: torch.nanmedian(x, 1)[0],
+        "kthvalue": lambda x: torch.kthvalue(x, (seed % n) + 1, 1)[0],
+        "cumprod": lambda x: torch.cumprod(x, 1),
+        "searchsorted": lambda x: torch.searchsorted(torch.sort(x, 1).values, x[:, :2].flip(1)),
+    }
+    with only_on_device():
+        check(fns[op], x, grad=False)
