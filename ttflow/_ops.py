@@ -386,12 +386,12 @@ def _conv2d(arrays: list[Array], scalar: float | None, stride: tuple[int, int],
     c_out, c_in_g, kh, kw = weight.shape
     win = _windows(x, (kh, kw), stride, padding, dilation, x.dtype.type(0))
     n, ho, wo = win.shape[:3]
-    c_out_g = c_out // groups
-    out = np.empty((n, ho, wo, c_out), np.result_type(x, weight))
-    for g in range(groups):  # im2col: one [N*Ho*Wo, C_in/g*kH*kW] @ [.., C_out/g] matmul a group
-        cols = win[..., g * c_in_g : (g + 1) * c_in_g, :, :].reshape(n * ho * wo, c_in_g * kh * kw)
-        w = weight[g * c_out_g : (g + 1) * c_out_g].reshape(c_out_g, c_in_g * kh * kw)
-        out[..., g * c_out_g : (g + 1) * c_out_g] = (cols @ w.T).reshape(n, ho, wo, c_out_g)
+    c_out_g, k = c_out // groups, c_in_g * kh * kw
+    # im2col: one [N*Ho*Wo, C_in/g*kH*kW] @ [.., C_out/g] matmul a group, the groups batched
+    # (a depthwise conv has as many groups as channels: one call, not one per channel).
+    cols = _grouped(win.reshape(n * ho * wo, groups, k))
+    w = weight.reshape(groups, c_out_g, k).transpose(0, 2, 1)
+    out = (cols @ w).transpose(1, 0, 2).reshape(n, ho, wo, c_out)
     if has_bias:
         out += arrays[2]
     return out
@@ -498,6 +498,13 @@ def _embedding_grad(arrays: list[Array], scalar: float | None, num_rows: int,
 
 
 
+def _grouped(rows: Array) -> Array:
+    """[rows, groups, k] as [groups, rows, k], contiguous: one matmul a group, batched."""
+    if rows.shape[1] == 1:
+        return rows.reshape(1, rows.shape[0], rows.shape[2])  # no copy
+    return np.ascontiguousarray(rows.transpose(1, 0, 2))
+
+
 def _scatter_taps(out: Array, taps: Callable[[int, int], Array], kernel: tuple[int, int],
                   stride: tuple[int, int], dilation: tuple[int, int], out_hw: tuple[int, int]) -> None:
     """Adds each kernel tap's [N, H_out, W_out, C] contribution into the padded NHWC `out` at
@@ -523,12 +530,12 @@ def _conv2d_input_grad(arrays: list[Array], scalar: float | None, input_shape: t
     ho, wo = grad.shape[1:3]
     c_out_g = c_out // groups
     dx = np.zeros((n, h + 2 * padding[0], w + 2 * padding[1], c_in), np.result_type(grad, weight))
-    for g in range(groups):  # every tap of a group in one matmul: [N*Ho*Wo, C_out/g] @ [.., C_in/g*kH*kW]
-        gg = grad[..., g * c_out_g : (g + 1) * c_out_g].reshape(-1, c_out_g)
-        wg = weight[g * c_out_g : (g + 1) * c_out_g].reshape(c_out_g, c_in_g * kh * kw)
-        cols = (gg @ wg).reshape(n, ho, wo, c_in_g, kh, kw)
-        _scatter_taps(dx[..., g * c_in_g : (g + 1) * c_in_g], lambda i, j: cols[..., i, j], (kh, kw),
-                      stride, dilation, (ho, wo))
+    # Every tap of a group in one matmul, [N*Ho*Wo, C_out/g] @ [.., C_in/g*kH*kW], the groups
+    # batched; group g's columns are channels g*C_in/g.. of the input, in order.
+    gg = _grouped(grad.reshape(n * ho * wo, groups, c_out_g))
+    wg = weight.reshape(groups, c_out_g, c_in_g * kh * kw)
+    cols = (gg @ wg).transpose(1, 0, 2).reshape(n, ho, wo, c_in, kh, kw)
+    _scatter_taps(dx, lambda i, j: cols[..., i, j], (kh, kw), stride, dilation, (ho, wo))
     return _crop(dx, padding, h, w)
 
 
@@ -540,12 +547,11 @@ def _conv2d_weight_grad(arrays: list[Array], scalar: float | None, weight_shape:
     win = _windows(x, (kh, kw), stride, padding, dilation, x.dtype.type(0))
     rows = math.prod(win.shape[:3])
     c_out_g = c_out // groups
-    dw = np.empty(tuple(weight_shape), np.result_type(x, grad))
-    for g in range(groups):  # im2col: [C_out/g, N*Ho*Wo] @ [N*Ho*Wo, C_in/g*kH*kW] a group
-        cols = win[..., g * c_in_g : (g + 1) * c_in_g, :, :].reshape(rows, c_in_g * kh * kw)
-        gg = grad[..., g * c_out_g : (g + 1) * c_out_g].reshape(rows, c_out_g)
-        dw[g * c_out_g : (g + 1) * c_out_g] = (gg.T @ cols).reshape(c_out_g, c_in_g, kh, kw)
-    return dw
+    # im2col: [C_out/g, N*Ho*Wo] @ [N*Ho*Wo, C_in/g*kH*kW] a group, the groups batched.
+    cols = _grouped(win.reshape(rows, groups, c_in_g * kh * kw))
+    gg = _grouped(grad.reshape(rows, groups, c_out_g))
+    dw = gg.transpose(0, 2, 1) @ cols
+    return dw.reshape(tuple(weight_shape)).astype(np.result_type(x, grad), copy=False)
 
 
 def _valid_taps(size: int, out: int, kernel: int, stride: int, padding: int) -> Array:
