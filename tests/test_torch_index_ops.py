@@ -305,3 +305,35 @@ def test_order_statistics_match_cpu(device, n, rows, seed, nans, op):
     }
     with only_on_device():
         check(fns[op], x, grad=False)
+
+
+# -- index_reduce, put, unfold -------------------------------------------------------------------------
+
+
+@MODES
+@pytest.mark.parametrize("reduce", ["prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_index_reduce(on_device_only, compiled, reduce, include_self):
+    idx = torch.tensor([0, 3, 3, 4])
+    check(lambda x, s, i: x.index_reduce(1, i, s, reduce, include_self=include_self), rand(4, 5, 3),
+          rand(4, 4, 3, seed=1), idx, compiled=compiled, grad=reduce != "prod")
+    check(lambda x, s, i: x.index_reduce(0, i, s, reduce, include_self=include_self), rand(5, 2, dtype=torch.int64),
+          rand(4, 2, seed=1, dtype=torch.int64), idx, compiled=compiled)
+
+
+@MODES
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool], ids=["f32", "i64", "bool"])
+def test_put(on_device_only, compiled, accumulate, dtype):
+    idx = torch.tensor([[0, -1], [5, 5]])
+    check(lambda x, s, i: x.put(i, s, accumulate=accumulate), rand(3, 4, dtype=dtype), rand(2, 2, seed=1, dtype=dtype),
+          idx, compiled=compiled)
+
+
+@MODES
+def test_unfold(on_device_only, compiled):
+    x = rand(4, 9, 3)
+    check(lambda x: x.unfold(1, 3, 2), x, compiled=compiled)
+    check(lambda x: x.unfold(0, 2, 1), x, compiled=compiled)
+    check(lambda x: x.unfold(-1, 3, 3), x, compiled=compiled)
+    check(lambda x: x.unfold(0, 1, 1), rand(), compiled=compiled)

@@ -634,3 +634,67 @@ def _masked_put(L: _Lowering, x: _T, indices: Sequence[_T | None], values: _T, a
     cond = b.broadcast_to(L.fit(L.bool01(mask), full), _ishape(x.shape))
     value = b.broadcast_to(L.fit(L.cast(values, x.dtype), (1,) * len(x.shape)), _ishape(x.shape))
     return b.where(cond, value, x.v)
+
+
+@_register(aten.index_reduce.default)
+def _index_reduce(L: _Lowering, node: torch.fx.Node, x: _T, dim: int, index: _T, source: _T, reduce: str, *,
+                  include_self: bool = True) -> Any:
+    """`x.index_reduce(dim, index, source, reduce)`: the scatter_reduce whose index is `index`
+    laid along `dim` of source's shape (each source slice i goes to x's slice index[i], in i's
+    order, as CPU torch's loop)."""
+    if index.v is None or source.v is None:
+        return L.cast(x, _out(node).dtype)
+    rank = len(source.shape)
+    d = _dim(dim, rank) if rank else 0
+    shape = _ishape(source.shape)
+    along = tuple(shape[d] if k == d else 1 for k in range(len(shape)))
+    idx = L.b.broadcast_to(L.b.reshape(L.cast(index, torch.int32), along), shape)
+    return _scatter_into(L, node, x, dim, _T(idx, tuple(source.shape), torch.int32), source,
+                         _REDUCE_NAMES[reduce], include_self)
+
+
+_EMPTY[aten.index_reduce.default] = "drop"
+
+
+@_register(aten.put.default)
+def _put(L: _Lowering, node: torch.fx.Node, x: _T, index: _T, source: _T, accumulate: bool = False) -> Any:
+    """`x.put(index, source, accumulate)`: x flattened, indexed like index_put (negative indices
+    from the end; an index out of range fails the run, as torch raises)."""
+    b, dtype = L.b, _out(node).dtype
+    xv = L.cast(x, dtype)
+    if index.v is None:
+        return xv
+    numel = math.prod(x.shape)
+    with b.checking_range(f"{_op_name(node.target)} indexes"):
+        flat, _, _ = _linear_index(L, (numel,), [_T(L.fit(index.v, (math.prod(index.shape),)),
+                                                     (math.prod(index.shape),), index.dtype)])
+    n = flat.shape[0]
+    values = b.reshape(L.cast(source, dtype), (n, 1))
+    table = b.reshape(xv, (numel, 1))
+    if accumulate:
+        out = _accumulate_rows(L, flat, values, numel, dtype, table)
+    else:
+        hit, pos = _last_writer(L, flat, numel)
+        out = b.where(hit, b.embedding(pos, values), table)
+    return L.fit(out, x.shape)
+
+
+_EMPTY[aten.put.default] = "drop"
+
+
+@_register(aten.unfold.default)
+def _unfold(L: _Lowering, node: torch.fx.Node, x: _T, dimension: int, size: int, step: int) -> Any:
+    """`x.unfold(dim, size, step)`: the windows along dim as an index_select of a constant
+    window index ([windows, size]: start * step + offset), the size dim moved last."""
+    b = L.b
+    if not x.shape:
+        return L.fit(x.v, _out(node).shape)
+    rank = len(x.shape)
+    d = _dim(dimension, rank)
+    windows = _out(node).shape[d]
+    starts = b.reshape(b.arange(0, windows * step, step, _I32), (windows, 1))
+    idx = b.add(starts, b.reshape(b.arange(0, size, 1, _I32), (1, size)))
+    table, others, perm = _gather_table(L, x, d)
+    rows = b.reshape(b.embedding(idx, table), (windows, size, *others))  # axes: d, size, the others
+    order = [0 if k == d else 2 + perm[1:].index(k) for k in range(rank)] + [1]
+    return L.fit(b.permute(rows, order) if order != list(range(rank + 1)) else rows, _out(node).shape)
