@@ -237,7 +237,17 @@ SPECIAL = {
     "erfc": (torch.erfc, None), "erfcx": (torch.special.erfcx, None),
     "erfinv": (torch.erfinv, torch.cat([torch.linspace(-1.1, 1.1, 2201),
                                         torch.tensor([0.99999994, -0.9999999, 1.0, -1.0, 0.0, -0.0, math.nan])])),
+    "i0": (torch.i0, None), "i0e": (torch.special.i0e, None), "i1": (torch.special.i1, None),
+    "i1e": (torch.special.i1e, None), "spherical_bessel_j0": (torch.special.spherical_bessel_j0, None),
+    # the poles (0, the negative integers, near them) and the roots (1.4616, -2.4570) included
+    "digamma": (torch.digamma, None), "trigamma": (lambda x: torch.polygamma(1, x), None),
+    "lgamma": (torch.lgamma, None),
 }
+for _name in ("digamma", "trigamma", "lgamma"):
+    SPECIAL[_name] = (SPECIAL[_name][0], torch.cat([
+        _domain(), torch.linspace(-5.5, 5.5, 1101),
+        torch.tensor([-1.0, -2.0, -100.0, 1e-6, -1e-6, -0.9999989867, -9.995, -2.4570247, 1.4616321]),
+    ]))
 
 
 @pytest.mark.parametrize("name", list(SPECIAL))
@@ -261,9 +271,28 @@ def test_erfc_keeps_its_relative_precision_in_the_tail(on_device_only) -> None:
     assert ((got - expected).abs() / expected).max() < 2e-6
 
 
+def test_special_function_gradients_match_cpu(on_device_only) -> None:
+    x = torch.tensor([0.3, -0.7, 2.5, 9.0, -3.3, 12.0])
+    for fn in (torch.i0, torch.special.i0e, torch.special.i1, torch.special.i1e, torch.digamma,
+               torch.lgamma, torch.erfc, torch.special.erfcx):
+        a = x.clone().requires_grad_()
+        b = a.detach().to("tt").requires_grad_()
+        (ga,) = torch.autograd.grad(fn(a).sum(), a)
+        (gb,) = torch.autograd.grad(fn(b).sum(), b)
+        assert_matches(gb, ga)
+
+
+def test_polygamma_of_order_two_and_more_stays_on_the_cpu(device) -> None:
+    x = torch.tensor([0.5, 2.0])
+    with pytest.warns(UserWarning, match="ran on the CPU"):
+        got = torch.polygamma(2, x.to("tt"))
+    assert_matches(got, torch.polygamma(2, x))
+
+
 def test_compiled_special_functions_match_cpu(on_device_only) -> None:
     def fn(x, y):
-        return torch.erfc(x), torch.special.erfcx(x), torch.erfinv(y), torch.gcd(x.long(), (y * 40).long()), torch.round(x, decimals=2)
+        return (torch.erfc(x), torch.special.erfcx(x), torch.erfinv(y), torch.gcd(x.long(), (y * 40).long()),
+                torch.round(x, decimals=2), torch.lgamma(x), torch.digamma(x), torch.special.i1e(x))
 
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend="tt")
