@@ -166,3 +166,47 @@ def test_avg_pool_options_match_cpu(device, h, w, k, s, pad, ceil, include, seed
 
     with only_on_device():
         check(fn, rand(1, 2, h, w, seed=seed))
+
+
+# -- convolutions ------------------------------------------------------------------------------------
+
+
+CONVS = {
+    "grouped conv2d": (lambda x, w: F.conv2d(x, w, stride=(2, 1), padding=1, groups=2), (2, 4, 6, 5), (6, 2, 3, 2)),
+    "depthwise conv2d dilated": (lambda x, w: F.conv2d(x, w, dilation=2, groups=4), (1, 4, 7, 7), (4, 1, 3, 3)),
+    "grouped conv1d": (lambda x, w: F.conv1d(x, w, stride=2, padding=2, groups=3), (2, 3, 9), (6, 1, 4)),
+    "conv_transpose2d output_padding past the stride": (
+        lambda x, w: F.conv_transpose2d(x, w, stride=(3, 2), padding=(1, 2), output_padding=(2, 3), groups=2,
+                                        dilation=(4, 4)), (2, 4, 4, 4), (4, 2, 4, 5)),
+    "conv_transpose2d": (lambda x, w: F.conv_transpose2d(x, w, stride=2, padding=1, output_padding=1),
+                         (1, 2, 4, 3), (2, 3, 3, 4)),
+}
+
+
+@MODES
+@pytest.mark.parametrize("name", list(CONVS))
+def test_convolutions_and_their_gradients_match_cpu(on_device_only, name, compiled) -> None:
+    fn, xs, ws = CONVS[name]
+    check(fn, rand(*xs, seed=1), rand(*ws, seed=2), compiled=compiled)
+
+
+@MODES
+@pytest.mark.parametrize("name", [n for n in CONVS if "transpose" not in n])
+def test_integer_convolutions_are_exact(on_device_only, name, compiled) -> None:
+    fn, xs, ws = CONVS[name]
+    check(fn, rand(*xs, seed=1, dtype=torch.int64), rand(*ws, seed=2, dtype=torch.int64), compiled=compiled)
+
+
+def test_an_integer_conv_with_bias_is_exact(on_device_only) -> None:
+    x, w, b = (rand(*s, seed=i, dtype=torch.int64) for i, s in enumerate(((2, 3, 5, 6), (4, 3, 2, 3), (4,))))
+    check(lambda x, w, b: F.conv2d(x, w, b, padding=(1, 0)), x * 1000, w * 1000, b)
+
+
+def test_an_integer_transposed_convolution_runs_on_the_cpu(device) -> None:
+    from ttflow.torch import _fallback
+
+    _fallback.warned.clear()
+    x, w = rand(1, 2, 4, 3, dtype=torch.int64), rand(2, 3, 3, 4, dtype=torch.int64)
+    with pytest.warns(UserWarning, match="ran on the CPU"):
+        got = F.conv_transpose2d(x.to("tt"), w.to("tt"))
+    _close(got, F.conv_transpose2d(x, w))

@@ -144,10 +144,42 @@ def _convolution(L: _Lowering, node: torch.fx.Node, x: _T, w: _T, bias: _T | Non
     if len(x.shape) != 4:
         raise L.unsupported(f"a {len(x.shape) - 2}-d convolution (input {x.shape}); conv2d on NCHW lowers")
     dtype = _out(node).dtype
+    if not dtype.is_floating_point:
+        return L.nhwc_to_nchw(_integer_conv2d(L, node, L.nchw_to_nhwc(L.cast(x, dtype)), L.cast(w, dtype),
+                                              None if bias is None else L.cast(bias, dtype),
+                                              _pair(stride), _pair(padding), _pair(dilation), groups))
     y = L.b.conv2d(L.nchw_to_nhwc(L.cast(x, dtype)), L.cast(w, dtype),
                    None if bias is None else L.cast(bias, dtype),
                    stride=_pair(stride), padding=_pair(padding), dilation=_pair(dilation), groups=groups)
     return L.nhwc_to_nchw(y)
+
+
+def _integer_conv2d(L: _Lowering, node: torch.fx.Node, x: Any, w: Any, bias: Any, s: tuple[int, int],
+                    p: tuple[int, int], d: tuple[int, int], groups: int) -> Any:
+    """An integer conv2d, exact as CPU torch's: im2col by one strided slice per tap (NHWC),
+    one integer matmul per group (int64 sums, range-checked for an int64 result)."""
+    bb = L.b
+    n = x.shape[0]
+    c_out, c_in_g, kh, kw = w.shape
+    ho, wo = _out(node).shape[-2:]
+    for axis, pad in ((1, p[0]), (2, p[1])):
+        if pad:
+            side = list(x.shape)
+            side[axis] = pad
+            zeros = bb.full(tuple(side), 0, x.dtype)
+            x = bb.concat([zeros, x, zeros], axis)
+    taps = [bb.slice(x, [0, i * d[0], j * d[1]], [None, i * d[0] + (ho - 1) * s[0] + 1, j * d[1] + (wo - 1) * s[1] + 1],
+                     [1, s[0], s[1]]) for i in range(kh) for j in range(kw)]
+    wt = bb.permute(w, (2, 3, 1, 0))  # [kH, kW, C_in/groups, C_out]: im2col's row order
+    c_out_g, outs = c_out // groups, []
+    for gr in range(groups):
+        cols = [t if groups == 1 else bb.slice(t, [0, 0, 0, gr * c_in_g], [None, None, None, (gr + 1) * c_in_g])
+                for t in taps]
+        col = cols[0] if len(cols) == 1 else bb.concat(cols, 3)
+        wg = wt if groups == 1 else bb.slice(wt, [0, 0, 0, gr * c_out_g], [None, None, None, (gr + 1) * c_out_g])
+        outs.append(bb.matmul(bb.reshape(col, (n * ho * wo, kh * kw * c_in_g)), bb.reshape(wg, (kh * kw * c_in_g, c_out_g))))
+    y = bb.reshape(outs[0] if groups == 1 else bb.concat(outs, 1), (n, ho, wo, c_out))
+    return y if bias is None else bb.add(y, bias)
 
 
 def _transposed_convolution(L: _Lowering, node: torch.fx.Node, x: _T, w: _T, bias: _T | None,
@@ -159,16 +191,64 @@ def _transposed_convolution(L: _Lowering, node: torch.fx.Node, x: _T, w: _T, bia
     if len(x.shape) != 4:
         raise L.unsupported(f"a {len(x.shape) - 2}-d transposed convolution (input {x.shape}); 2-d lowers")
     dtype = _out(node).dtype
+    if not dtype.is_floating_point:
+        raise L.unsupported(f"an integer ({dtype}) transposed convolution; the device's is float32")
     s, p, d, o = _pair(stride), _pair(padding), _pair(dilation), _pair(output_padding)
     n, _, h, wd = x.shape
     k = w.shape[2:]
     size = [(i - 1) * s[j] - 2 * p[j] + d[j] * (k[j] - 1) + o[j] + 1 for j, i in enumerate((h, wd))]
     channels = w.shape[1] * groups
-    y = L.b.conv2d_input_grad(L.nchw_to_nhwc(L.cast(x, dtype)), L.cast(w, dtype), (n, size[0], size[1], channels),
-                              stride=s, padding=p, dilation=d, groups=groups)
+    if all(o[j] < s[j] for j in range(2)):
+        y = L.b.conv2d_input_grad(L.nchw_to_nhwc(L.cast(x, dtype)), L.cast(w, dtype),
+                                  (n, size[0], size[1], channels), stride=s, padding=p, dilation=d, groups=groups)
+    else:
+        y = _wide_transposed(L, L.nchw_to_nhwc(L.cast(x, dtype)), L.cast(w, dtype), size, channels, s, p, d, groups)
     if bias is not None:
         y = L.b.add(y, L.cast(bias, dtype))
     return L.nhwc_to_nchw(y)
+
+
+def _wide_transposed(L: _Lowering, x: Any, w: Any, size: Sequence[int], channels: int, s: tuple[int, int],
+                     p: tuple[int, int], d: tuple[int, int], groups: int) -> Any:
+    """A transposed convolution whose output_padding reaches a stride or more (allowed below
+    the dilation): conv2d's input gradient into the whole unpadded output, which every tap
+    reaches, then torch's window [p, p + size) of it, zeros past its end."""
+    bb = L.b
+    n, h, wd, _ = x.shape
+    k = w.shape[2:]
+    full = [(i - 1) * s[j] + d[j] * (k[j] - 1) + 1 for j, i in enumerate((h, wd))]
+    y = bb.conv2d_input_grad(x, w, (n, full[0], full[1], channels), stride=s, padding=0, dilation=d, groups=groups)
+    y = bb.slice(y, [0, p[0], p[1]], [None, min(p[0] + size[0], full[0]), min(p[1] + size[1], full[1])])
+    for axis, j in ((1, 0), (2, 1)):
+        short = p[j] + size[j] - full[j]
+        if short > 0:
+            shape = list(y.shape)
+            shape[axis] = short
+            y = bb.concat([y, bb.full(tuple(shape), 0, y.dtype)], axis)
+    return y
+
+
+def _unpadded_frame(L: _Lowering, g: Any, x_hw: Sequence[int], k: Sequence[int], s: tuple[int, int],
+                    p: tuple[int, int], d: tuple[int, int]) -> Any:
+    """The gradient of `_wide_transposed`'s output, in its whole unpadded frame: grad placed at
+    [p, p + size), zeros before, and the part past the frame (which no tap reaches) dropped."""
+    bb = L.b
+    for axis, j in ((1, 0), (2, 1)):
+        full = (x_hw[j] - 1) * s[j] + d[j] * (k[j] - 1) + 1
+        size = g.shape[axis]
+        if p[j] + size > full:
+            ends: list[int | None] = [None, None, None]
+            ends[axis] = full - p[j]
+            g = bb.slice(g, [0, 0, 0], ends)
+        size = g.shape[axis]
+        before, after = list(g.shape), list(g.shape)
+        before[axis], after[axis] = p[j], full - p[j] - size
+        parts = [bb.full(tuple(before), 0, g.dtype)] if p[j] else []
+        parts.append(g)
+        if after[axis] > 0:
+            parts.append(bb.full(tuple(after), 0, g.dtype))
+        g = parts[0] if len(parts) == 1 else bb.concat(parts, axis)
+    return g
 
 
 @_register(aten.convolution_backward.default)
@@ -176,11 +256,13 @@ def _convolution_backward(L: _Lowering, node: torch.fx.Node, grad: _T, x: _T, w:
                           stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
                           transposed: bool, output_padding: Sequence[int], groups: int,
                           output_mask: Sequence[bool]) -> Any:
-    if len(x.shape) != 4 or (groups != 1 and not transposed):
-        raise L.unsupported("only the backward of a 2-d convolution (groups=1 unless transposed) lowers")
+    if len(x.shape) != 4:
+        raise L.unsupported("only the backward of a 2-d convolution lowers")
     b, used = L.b, _used(node)
     s, p, d = _pair(stride), _pair(padding), _pair(dilation)
     g = L.nchw_to_nhwc(grad.v)
+    if transposed and any(o >= ss for o, ss in zip(_pair(output_padding), s)):
+        g, p = _unpadded_frame(L, g, x.shape[2:], w.shape[2:], s, p, d), (0, 0)
     gi = gw = gb = None
     # A transposed convolution is conv2d's adjoint: its input gradient is conv2d of grad, and
     # its weight gradient is conv2d's with the roles of x and grad swapped.
@@ -189,7 +271,7 @@ def _convolution_backward(L: _Lowering, node: torch.fx.Node, grad: _T, x: _T, w:
             gi = b.conv2d(g, w.v, None, stride=s, padding=p, dilation=d, groups=groups)
         else:
             n, c, h, wd = x.shape
-            gi = b.conv2d_input_grad(g, w.v, (n, h, wd, c), s, p, d)
+            gi = b.conv2d_input_grad(g, w.v, (n, h, wd, c), s, p, d, groups)
         gi = L.nhwc_to_nchw(gi)
     if 1 in used and output_mask[1]:
         xv = L.nchw_to_nhwc(x.v)
