@@ -22,12 +22,12 @@ except ImportError as exc:  # pragma: no cover - exercised without torch
 
 import ttflow as _tt
 
+from ._backend import synchronize as synchronize
 from ._compile import backend as backend
 from ._compile import compile as compile
 from ._compile import register as _register_backend
 from ._device import TTTensor as TTTensor
 from ._device import install as _install
-from ._device import synchronize as synchronize
 from ._errors import UnsupportedOpError as UnsupportedOpError
 from ._session import session as _session
 
