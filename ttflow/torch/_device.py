@@ -103,6 +103,32 @@ _RANDOM_FILLS = (aten.normal_.default, aten.uniform_.default, aten.bernoulli_.fl
                  getattr(aten.random_, "from"), aten.random_.to, aten.exponential_.default, aten.log_normal_.default,
                  aten.geometric_.default, aten.cauchy_.default)
 
+def _multinomial(probs: torch.Tensor, num_samples: int, replacement: bool = False, *,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+    """`torch.multinomial` on the device, as ATen's CPU kernel computes it when it samples
+    without replacement or one sample a row: its checks, then the Gumbel trick, the argmax (or
+    top-k) of probs / q for q ~ Exp(1). q is drawn on the host from the generator (as the
+    random fills are), so a seed gives the CPU's very samples; the rest runs on tt. Sampling
+    several with replacement draws differently on the CPU (one uniform a sample): that case
+    runs there, with the fallback's warning."""
+    op = aten.multinomial.default
+    if (replacement and num_samples > 1) or not probs.dtype.is_floating_point or probs.dim() not in (1, 2):
+        return _on_device(op, (probs, num_samples, replacement), {"generator": generator})
+    if num_samples <= 0:
+        raise RuntimeError(f"cannot sample n_sample <= 0 samples (got {num_samples})")
+    if num_samples > probs.shape[-1]:
+        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
+    if not bool(((probs.max() < float("inf")) & (probs.min() >= 0)).item()):
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    if bool((probs.sum(-1) == 0).any().item()):
+        raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
+    q = torch.empty_like(probs).exponential_(1, generator=generator)
+    scores = probs / q
+    if num_samples == 1:
+        return scores.argmax(-1, keepdim=True)
+    return scores.topk(num_samples).indices
+
+
 def _fill_(t: torch.Tensor, value: Any) -> torch.Tensor:
     if not _printing.depth and _storage.fill(t, value):
         return t
@@ -115,6 +141,7 @@ def _zero_(t: torch.Tensor) -> torch.Tensor:
 
 _HANDLERS: dict[Any, Callable[..., Any]] = {
     **{op: _drawn_on_host(op) for op in _RANDOM_FILLS},
+    aten.multinomial.default: _multinomial,
     aten.copy_.default: _copy_,
     aten.fill_.Scalar: _fill_,
     aten.zero_.default: _zero_,
