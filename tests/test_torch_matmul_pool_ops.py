@@ -210,3 +210,60 @@ def test_an_integer_transposed_convolution_runs_on_the_cpu(device) -> None:
     with pytest.warns(UserWarning, match="ran on the CPU"):
         got = F.conv_transpose2d(x.to("tt"), w.to("tt"))
     _close(got, F.conv_transpose2d(x, w))
+
+
+# -- resampling --------------------------------------------------------------------------------------
+
+
+RESAMPLES = {
+    "nearest 1-d": (lambda x: F.interpolate(x.flatten(1, 2), size=11, mode="nearest"), (2, 3, 2, 5)),
+    "nearest-exact 2-d by 1.7": (lambda x: F.interpolate(x, scale_factor=1.7, mode="nearest-exact"), (1, 2, 4, 5)),
+    "nearest 3-d": (lambda x: F.interpolate(x.unsqueeze(2).expand(-1, -1, 2, -1, -1), size=(3, 5, 3)), (1, 2, 4, 5)),
+    "linear": (lambda x: F.interpolate(x.flatten(1, 2), size=7, mode="linear"), (1, 2, 3, 5)),
+    "bilinear down, align_corners": (lambda x: F.interpolate(x, size=(3, 2), mode="bilinear", align_corners=True),
+                                     (2, 3, 5, 7)),
+    "bilinear by 2.5": (lambda x: F.interpolate(x, scale_factor=2.5, mode="bilinear"), (1, 2, 3, 4)),
+    "bicubic": (lambda x: F.interpolate(x, size=(6, 9), mode="bicubic"), (1, 2, 4, 5)),
+    "bicubic align_corners": (lambda x: F.interpolate(x, size=(3, 8), mode="bicubic", align_corners=True),
+                              (1, 2, 4, 5)),
+    "trilinear": (lambda x: F.interpolate(x.reshape(1, 2, 2, 4, 5), size=(3, 6, 4), mode="trilinear"), (1, 4, 4, 5)),
+    "area": (lambda x: F.interpolate(x, size=(3, 4), mode="area"), (1, 2, 7, 9)),
+    "adaptive avg 1-d": (lambda x: F.adaptive_avg_pool1d(x.flatten(1, 2), 4), (2, 3, 2, 5)),
+    "adaptive avg 2-d": (lambda x: F.adaptive_avg_pool2d(x, (5, 3)), (2, 3, 7, 5)),
+    "adaptive avg 3-d": (lambda x: F.adaptive_avg_pool3d(x.reshape(1, 3, 3, 4, 5), (2, 3, 4)), (1, 9, 4, 5)),
+}
+
+
+@MODES
+@pytest.mark.parametrize("name", list(RESAMPLES))
+def test_resampling_and_its_gradient_match_cpu(on_device_only, name, compiled) -> None:
+    fn, shape = RESAMPLES[name]
+    check(fn, rand(*shape), compiled=compiled)
+
+
+@settings(max_examples=15, deadline=None)
+@given(h=st.integers(1, 6), w=st.integers(1, 6), oh=st.integers(1, 9), ow=st.integers(1, 9),
+       mode=st.sampled_from(["nearest", "nearest-exact", "bilinear", "bicubic", "area"]), align=st.booleans(),
+       seed=st.integers(0, 1000))
+def test_any_resize_matches_cpu(device, h, w, oh, ow, mode, align, seed) -> None:
+    corners = align if mode in ("bilinear", "bicubic") else None
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(x, size=(oh, ow), mode=mode, align_corners=corners)
+
+    with only_on_device():
+        check(fn, rand(1, 2, h, w, seed=seed))
+
+
+@settings(max_examples=10, deadline=None)
+@given(h=st.integers(1, 6), factor=st.floats(0.3, 3.0), mode=st.sampled_from(["nearest", "bilinear", "bicubic"]),
+       seed=st.integers(0, 1000))
+def test_any_scale_factor_matches_cpu(device, h, factor, mode, seed) -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(x, scale_factor=factor, mode=mode)
+
+    x = rand(1, 1, h, h + 1, seed=seed)
+    if int(h * factor) < 1:  # torch refuses an empty output
+        return
+    with only_on_device():
+        check(fn, x)

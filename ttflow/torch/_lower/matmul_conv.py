@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 import ttflow as tt
@@ -471,3 +473,175 @@ def _avg_pool2d_backward(L: _Lowering, node: torch.fx.Node, grad: _T, x: _T, ker
         g = bb.div(bb.mul(g, float(k[0] * k[1])), div)
     gi = bb.avg_pool2d_backward(g, (n, h + extra[0], w + extra[1], c), k, s, p)
     return L.fit(L.nhwc_to_nchw(_crop(L, gi, (h, w))), x.shape)
+
+
+# -- resampling: a constant matrix per spatial axis -----------------------------------------------------
+#
+# Interpolation and adaptive average pooling are linear and separable: along each spatial axis,
+# output = M @ input with a constant (out, in) matrix M, and the backward is M's transpose. M is
+# computed on the host the way torch's CPU kernels compute their source indices (in float32,
+# their opmath type, so each index is torch's) and weights.
+
+
+def _f32(v: float) -> np.float32:
+    return np.float32(v)
+
+
+def _linear_scale(n_in: int, n_out: int, align_corners: bool, scale: float | None) -> np.float32:
+    """`area_pixel_compute_scale<float>`."""
+    if align_corners:
+        return _f32((n_in - 1) / (n_out - 1)) if n_out > 1 else _f32(0)
+    if scale is not None and scale > 0:
+        return _f32(1.0 / scale)
+    return _f32(n_in) / _f32(n_out)
+
+
+def _source(scale: np.float32, dst: int, align_corners: bool, cubic: bool) -> np.float32:
+    """`area_pixel_compute_source_index<float>`."""
+    if align_corners:
+        return scale * _f32(dst)
+    src = scale * (_f32(dst) + _f32(0.5)) - _f32(0.5)
+    return src if cubic or src >= 0 else _f32(0)
+
+
+def _linear_matrix(n_in: int, n_out: int, align_corners: bool, scale: float | None) -> np.ndarray[Any, Any]:
+    m = np.zeros((n_out, n_in))
+    sc = _linear_scale(n_in, n_out, align_corners, scale)
+    for o in range(n_out):
+        real = _source(sc, o, align_corners, False)
+        i0 = min(int(np.floor(real)), n_in - 1)
+        lam = float(min(max(real - _f32(i0), _f32(0)), _f32(1)))
+        i1 = i0 + (1 if i0 < n_in - 1 else 0)
+        m[o, i0] += 1 - lam
+        m[o, i1] += lam
+    return m
+
+
+def _cubic_matrix(n_in: int, n_out: int, align_corners: bool, scale: float | None) -> np.ndarray[Any, Any]:
+    """upsample_bicubic2d's taps: four around floor(source), clamped to the edge, Keys' kernel
+    with A = -0.75."""
+    a = -0.75
+    m = np.zeros((n_out, n_in))
+    sc = _linear_scale(n_in, n_out, align_corners, scale)
+    for o in range(n_out):
+        real = _source(sc, o, align_corners, True)
+        i = int(np.floor(real))
+        t = float(real - _f32(i))
+        x1, x2 = t + 1, 1 - t
+        w = [((a * x1 - 5 * a) * x1 + 8 * a) * x1 - 4 * a, ((a + 2) * t - (a + 3)) * t * t + 1,
+             ((a + 2) * x2 - (a + 3)) * x2 * x2 + 1, ((a * (x2 + 1) - 5 * a) * (x2 + 1) + 8 * a) * (x2 + 1) - 4 * a]
+        for k in range(4):
+            m[o, min(max(i - 1 + k, 0), n_in - 1)] += w[k]
+    return m
+
+
+def _nearest_matrix(n_in: int, n_out: int, scale: float | None, exact: bool) -> np.ndarray[Any, Any]:
+    """`nearest_idx` / `nearest_exact_idx`: floor((dst [+ 0.5]) * scale) in float32."""
+    m = np.zeros((n_out, n_in))
+    sc = _f32(1.0 / scale) if scale is not None and scale > 0 else _f32(n_in) / _f32(n_out)
+    for o in range(n_out):
+        if n_out == n_in:
+            i = o
+        elif n_out == 2 * n_in and not exact:
+            i = o >> 1
+        else:
+            i = min(int(np.floor((_f32(o) + _f32(0.5 if exact else 0)) * sc)), n_in - 1)
+        m[o, i] = 1
+    return m
+
+
+def _adaptive_matrix(n_in: int, n_out: int) -> np.ndarray[Any, Any]:
+    """Adaptive average pooling: output o averages input [floor(o * in / out), ceil((o + 1) * in / out))."""
+    m = np.zeros((n_out, n_in))
+    for o in range(n_out):
+        start, end = (o * n_in) // n_out, -(-((o + 1) * n_in) // n_out)
+        m[o, start:end] = 1 / (end - start)
+    return m
+
+
+def _apply_matrices(L: _Lowering, v: Any, mats: Sequence[np.ndarray[Any, Any]], dtype: tt.DataType) -> Any:
+    """`v` [N, C, *spatial] (or without N) with each of its last len(mats) axes multiplied by
+    its matrix (out, in): moved last, flattened to 2-d, one matmul by the constant M^T."""
+    bb = L.b
+    rank = len(v.shape)
+    for j, m in enumerate(mats):
+        axis = rank - len(mats) + j
+        if m.shape[0] == m.shape[1] and np.array_equal(m, np.eye(m.shape[0])):
+            continue
+        if not dtype.is_float and not np.array_equal(m, np.round(m)):
+            raise L.unsupported("an integer tensor resampled with fractional weights")
+        order = [d for d in range(rank) if d != axis] + [axis]
+        moved = v if axis == rank - 1 else bb.permute(v, order)
+        lead = moved.shape[:-1]
+        flat = bb.reshape(moved, (math.prod(lead), m.shape[1]))
+        mt = m.T
+        cast = float if dtype.is_float else int
+        const = bb.reshape(_host_vector(L, [cast(e) for e in mt.reshape(-1)], dtype), mt.shape)
+        out = bb.reshape(bb.matmul(flat, const), (*lead, m.shape[0]))
+        v = out if axis == rank - 1 else bb.permute(out, [order.index(d) for d in range(rank)])
+    return v
+
+
+def _scales(args: Sequence[Any], count: int) -> list[float | None]:
+    found = [None if a is None else float(a) for a in args[:count]]
+    return found + [None] * (count - len(found))
+
+
+def _resampler(kind: str, spatial: int, backward: bool) -> Callable[..., Any]:
+    def lower(L: _Lowering, node: torch.fx.Node, x: _T, *args: Any) -> Any:
+        if backward:
+            output_size, input_size, *rest = args
+            sizes_in, sizes_out = list(input_size)[-spatial:], list(output_size)[-spatial:]
+        else:
+            output_size, *rest = args
+            sizes_in, sizes_out = list(x.shape[-spatial:]), list(output_size)[-spatial:]
+        align = bool(rest.pop(0)) if kind in ("linear", "cubic") else False
+        scales = _scales(rest, spatial)
+        mats = []
+        for n_in, n_out, scale in zip(sizes_in, sizes_out, scales):
+            if kind == "linear":
+                mats.append(_linear_matrix(n_in, n_out, align, scale))
+            elif kind == "cubic":
+                mats.append(_cubic_matrix(n_in, n_out, align, scale))
+            else:
+                mats.append(_nearest_matrix(n_in, n_out, scale, kind == "nearest-exact"))
+        dtype = _out(node).dtype
+        v = L.cast(x, dtype)
+        return _apply_matrices(L, v, [m.T for m in mats] if backward else mats, v.dtype)
+
+    return lower
+
+
+for _kind, _ops in {
+    "nearest": (aten.upsample_nearest1d, aten.upsample_nearest2d, aten.upsample_nearest3d),
+    "nearest-exact": (aten._upsample_nearest_exact1d, aten._upsample_nearest_exact2d, aten._upsample_nearest_exact3d),
+    "linear": (aten.upsample_linear1d, aten.upsample_bilinear2d, aten.upsample_trilinear3d),
+    "cubic": (None, aten.upsample_bicubic2d, None),
+}.items():
+    for _spatial, _op in enumerate(_ops, 1):
+        if _op is None:
+            continue
+        _register(_op.default)(_resampler(_kind, _spatial, False))
+        _back = getattr(aten, _op.__name__ + "_backward")
+        _register(_back.default)(_resampler(_kind, _spatial, True))
+
+
+def _adaptive_avg(spatial: int, backward: bool) -> Callable[..., Any]:
+    def lower(L: _Lowering, node: torch.fx.Node, x: _T, other: Any) -> Any:
+        if backward:  # (grad, self): grad's spatial sizes are the pooled ones
+            sizes_in, sizes_out = list(other.shape[-spatial:]), list(x.shape[-spatial:])
+        else:
+            sizes_in, sizes_out = list(x.shape[-spatial:]), list(other)[-spatial:]
+        mats = [_adaptive_matrix(i, o) for i, o in zip(sizes_in, sizes_out)]
+        v = L.cast(x, _out(node).dtype)
+        if not v.dtype.is_float:
+            raise L.unsupported("an integer adaptive average pool")
+        return _apply_matrices(L, v, [m.T for m in mats] if backward else mats, v.dtype)
+
+    return lower
+
+
+_register(aten._adaptive_avg_pool2d.default)(_adaptive_avg(2, False))
+_register(aten._adaptive_avg_pool2d_backward.default)(_adaptive_avg(2, True))
+_register(aten._adaptive_avg_pool3d.default)(_adaptive_avg(3, False))
+_register(aten._adaptive_avg_pool3d_backward.default)(_adaptive_avg(3, True))
