@@ -38,11 +38,65 @@ def _is_tt(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.device.type == "tt"
 
 
+LOWERED_KEPT = 64
+"""Lowered graphs kept for reuse (`_lowered`), the least recently used dropped first."""
+
+_lowered_graphs: collections.OrderedDict[Any, _lower.Lowered] = collections.OrderedDict()
+_lowered_lock = threading.Lock()
+lowerings = 0
+"""How many graphs were lowered (not found among those kept): a test's witness."""
+
+
+def _graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+    """What a lowering depends on: the graph's code (its ops and their literal arguments), each
+    input's shape, stride, dtype and whether it requires grad, and the values of the constant
+    tensors it reads (`get_attr`). Two models of one architecture give the same key: the second
+    reuses the first's program (weights are inputs, not part of it)."""
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+    constants: list[Any] = []
+    with unset_fake_temporarily():  # the compiler runs under AOTAutograd's fake mode
+        for node in gm.graph.nodes:
+            if node.op != "get_attr":
+                continue
+            value = getattr(gm, node.target)  # type: ignore[arg-type]
+            if isinstance(value, FakeTensor) or not isinstance(value, torch.Tensor):
+                raise TypeError(f"no value to key on: {node.target}")
+            host = value.detach().to("cpu", copy=True).contiguous()
+            constants.append((node.target, tuple(host.shape), host.dtype, host.view(-1).view(torch.uint8).numpy().tobytes()))
+    inputs = tuple((tuple(t.shape), tuple(t.stride()), t.dtype, t.device.type, t.requires_grad)
+                   if isinstance(t, torch.Tensor) else repr(t) for t in example_inputs)
+    return gm.code, inputs, tuple(constants)
+
+
+def _lowered(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], name: str) -> _lower.Lowered:
+    """`_lower.lower`, or the program lowered before from an equal graph (`_graph_key`)."""
+    global lowerings
+    try:
+        key = _graph_key(gm, example_inputs)
+        hash(key)
+    except (TypeError, RuntimeError):  # a constant that cannot be read: lower every time
+        key = None
+    with _lowered_lock:
+        found = _lowered_graphs.get(key) if key is not None else None
+        if found is not None:
+            _lowered_graphs.move_to_end(key)
+            return found
+    lowered = _lower.lower(gm, example_inputs, name)
+    with _lowered_lock:
+        lowerings += 1
+        if key is not None:
+            _lowered_graphs[key] = lowered
+            while len(_lowered_graphs) > LOWERED_KEPT:
+                _lowered_graphs.popitem(last=False)
+    return lowered
+
+
 def _program_runner(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], name: str,
                     user_outputs: int | None = None) -> Callable[[list[Any]], list[Any]]:
     """Lowers one AOTAutograd graph; returns its boxed runner (args in a list, cleared).
     `user_outputs`: how many leading outputs reach the user (None: all of them)."""
-    lowered = _lower.lower(gm, example_inputs, name)
+    lowered = _lowered(gm, example_inputs, name)
     lowered.check_user_outputs(len(lowered.outputs) if user_outputs is None else user_outputs)
     n_outputs = len(lowered.binary.programs[0].outputs)
     specs = lowered.inputs
