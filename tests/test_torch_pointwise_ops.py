@@ -300,3 +300,75 @@ def test_compiled_special_functions_match_cpu(on_device_only) -> None:
     y = torch.linspace(-0.99, 0.99, 37)
     for got, expected in zip(compiled(x.to("tt"), y.to("tt")), fn(x, y)):
         assert_matches(got, expected)
+
+
+# -- Bessel functions, Airy's Ai, ndtri ------------------------------------------------------------------
+
+
+BESSEL = {name: getattr(torch.special, name) for name in (
+    "bessel_j0", "bessel_j1", "bessel_y0", "bessel_y1", "modified_bessel_i0", "modified_bessel_i1",
+    "modified_bessel_k0", "modified_bessel_k1", "scaled_modified_bessel_k0", "scaled_modified_bessel_k1",
+    "airy_ai", "ndtri")}
+
+
+def _bessel_domain() -> torch.Tensor:
+    # each function's branch points (5, 2, 8, +-2.09, 8.32, 103.892, exp(-2)), the zeros of Ai's
+    # power series f near -1.98635 (the most series steps), ndtri's (0, 1) densely
+    return torch.cat([
+        _domain(), torch.tensor([5.0, -5.0, 2.0, 8.0, 2.09, -2.09, 8.3203353, 103.892, 103.9, 1e-5, 9.99e-6,
+                                 0.1353352832, 0.8646647168, 1 - 1e-7, 1e-38, 1e-45]),
+        torch.linspace(-120, 120, 2401), torch.linspace(-1.99, -1.98, 101), torch.linspace(0, 1, 1001),
+        torch.logspace(-30, -1, 100),
+    ])
+
+
+@pytest.mark.parametrize("name", list(BESSEL))
+def test_bessel_airy_ndtri_match_cpu_across_the_domain(on_device_only, name) -> None:
+    x = _bessel_domain()
+    assert_matches(BESSEL[name](x.to("tt")), BESSEL[name](x))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool])
+def test_bessel_airy_ndtri_of_integers_are_float32(on_device_only, dtype) -> None:
+    x = torch.tensor([-9, -3, -1, 0, 1, 2, 5, 9, 40, 120]).to(dtype)
+    for fn in BESSEL.values():
+        assert_matches(fn(x.to("tt")), fn(x))
+
+
+@settings(deadline=None)
+@given(st.lists(st.floats(width=32), min_size=1, max_size=12), st.sampled_from(sorted(BESSEL)))
+def test_bessel_airy_ndtri_match_cpu_on_any_float32(device, values, name) -> None:
+    x = torch.tensor(values, dtype=torch.float32)
+    with only_on_device():
+        assert_matches(BESSEL[name](x.to("tt")), BESSEL[name](x))
+
+
+@settings(deadline=None)
+@given(st.lists(st.floats(-2.0899999141693115, 2.0899999141693115, width=32), min_size=1, max_size=16))
+def test_airy_ai_power_series_matches_cpu(device, values) -> None:
+    x = torch.tensor(values, dtype=torch.float32)
+    with only_on_device():
+        assert_matches(torch.special.airy_ai(x.to("tt")), torch.special.airy_ai(x))
+
+
+def test_ndtri_gradient_matches_cpu(on_device_only) -> None:
+    a = torch.tensor([0.03, 0.2, 0.5, 0.77, 0.97, 0.999]).requires_grad_()
+    b = a.detach().to("tt").requires_grad_()
+    (ga,) = torch.autograd.grad(torch.special.ndtri(a).sum(), a)
+    (gb,) = torch.autograd.grad(torch.special.ndtri(b).sum(), b)
+    assert_matches(gb, ga)
+
+
+def test_compiled_bessel_functions_match_cpu(on_device_only) -> None:
+    def fn(x, p):
+        s = torch.special
+        return (s.bessel_j0(x) + s.bessel_y1(x.abs()), s.bessel_j1(x) * s.bessel_y0(x.abs() + 0.1),
+                s.modified_bessel_k0(x.abs()) + s.scaled_modified_bessel_k1(x.abs()) + s.modified_bessel_i1(x),
+                s.airy_ai(x), s.ndtri(p))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="tt")
+    x = torch.linspace(-9, 9, 37)
+    p = torch.linspace(0, 1, 37)
+    for got, expected in zip(compiled(x.to("tt"), p.to("tt")), fn(x, p)):
+        assert_matches(got, expected)
