@@ -47,9 +47,10 @@ lowerings = 0
 """How many graphs were lowered (not found among those kept): a test's witness."""
 
 
-def _graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+def _graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], user_outputs: int | None) -> Any:
     """What a lowering depends on: the graph's code (its ops and their literal arguments), each
-    input's shape, stride, dtype and whether it requires grad, and the values of the constant
+    input's shape, stride, dtype and whether it requires grad, how many outputs are the user's
+    (max-pool indices only a backward reads are a stand-in), and the values of the constant
     tensors it reads (`get_attr`). Two models of one architecture give the same key: the second
     reuses the first's program (weights are inputs, not part of it)."""
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
@@ -66,14 +67,15 @@ def _graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
             constants.append((node.target, tuple(host.shape), host.dtype, host.view(-1).view(torch.uint8).numpy().tobytes()))
     inputs = tuple((tuple(t.shape), tuple(t.stride()), t.dtype, t.device.type, t.requires_grad)
                    if isinstance(t, torch.Tensor) else repr(t) for t in example_inputs)
-    return gm.code, inputs, tuple(constants)
+    return gm.code, inputs, user_outputs, tuple(constants)
 
 
-def _lowered(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], name: str) -> _lower.Lowered:
+def _lowered(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], name: str,
+             user_outputs: int | None) -> _lower.Lowered:
     """`_lower.lower`, or the program lowered before from an equal graph (`_graph_key`)."""
     global lowerings
     try:
-        key = _graph_key(gm, example_inputs)
+        key = _graph_key(gm, example_inputs, user_outputs)
         hash(key)
     except (TypeError, RuntimeError):  # a constant that cannot be read: lower every time
         key = None
@@ -82,7 +84,7 @@ def _lowered(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], name: str)
         if found is not None:
             _lowered_graphs.move_to_end(key)
             return found
-    lowered = _lower.lower(gm, example_inputs, name)
+    lowered = _lower.lower(gm, example_inputs, name, user_outputs)
     with _lowered_lock:
         lowerings += 1
         if key is not None:
@@ -96,7 +98,7 @@ def _program_runner(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], nam
                     user_outputs: int | None = None) -> Callable[[list[Any]], list[Any]]:
     """Lowers one AOTAutograd graph; returns its boxed runner (args in a list, cleared).
     `user_outputs`: how many leading outputs reach the user (None: all of them)."""
-    lowered = _lowered(gm, example_inputs, name)
+    lowered = _lowered(gm, example_inputs, name, user_outputs)
     lowered.check_user_outputs(len(lowered.outputs) if user_outputs is None else user_outputs)
     n_outputs = len(lowered.binary.programs[0].outputs)
     specs = lowered.inputs

@@ -105,6 +105,15 @@ class _Lowering:
         self.zeros: set[int] = set()  # ids of values known to be all zeros (full(..., 0))
         self.placeholders: set[int] = set()  # ids of values that stand in for torch's (OutputSpec)
         self.node: torch.fx.Node | None = None
+        self.saved_only: set[torch.fx.Node] = set()  # graph outputs only a backward reads
+
+    def only_saved(self, node: torch.fx.Node, index: int, readers: frozenset[Any]) -> bool:
+        """Whether output `index` of `node` is read only by ops in `readers` and as a graph
+        output that only the backward reads (a forward's saved tensors, after the user's
+        outputs): a lowering may then give a stand-in that those readers never look at."""
+        users = [u for u in node.users if u.target is operator.getitem and u.args[1] == index]
+        return all(r.target in readers or (r.op == "output" and u in self.saved_only)
+                   for u in users for r in u.users)
 
     # -- errors ----------------------------------------------------------------------------
 
@@ -183,12 +192,14 @@ class _Lowering:
         return self.b.permute(v, (0, 3, 1, 2))
 
 
-def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor], name: str) -> Lowered:
+def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor], name: str,
+          user_outputs: int | None = None) -> Lowered:
     """Lowers one AOTAutograd graph (forward or backward, core ATen under DECOMPOSITIONS, static
     shapes) to one ttflow program named `name`.
 
     `example_inputs` are the graph's inputs (real or fake tensors: only shape and dtype are
-    read), one per placeholder. Raises `UnsupportedOpError` naming the first ATen op (and its
+    read), one per placeholder. `user_outputs`: how many leading graph outputs the user gets (a
+    forward graph's later ones are saved for the backward); None, all of them. Raises `UnsupportedOpError` naming the first ATen op (and its
     user code line) that has no lowering, a ttflow `ShapeError`/`LayoutError`/`ProgramError`
     (with a note naming the node) where an op's arguments do not fit the device op."""
     if not isinstance(gm, torch.fx.GraphModule):
@@ -228,6 +239,9 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor], name
     results = output_node.args[0]
     flat = list(results) if isinstance(results, (tuple, list)) else [results]
     live = _live_nodes(graph, flat)
+    if user_outputs is not None:
+        user_facing = {o for o in flat[:user_outputs] if isinstance(o, torch.fx.Node)}
+        L.saved_only = {o for o in flat[user_outputs:] if isinstance(o, torch.fx.Node)} - user_facing
     seeds = sum(1 for n in live if n.op == "call_function" and n.target in _SEEDED and _SEEDED[n.target](n))
     L.seeds = [L.b.input((1, 1), _layout(_I32)) for _ in range(seeds)]
     for node, spec in zip(placeholders, specs):

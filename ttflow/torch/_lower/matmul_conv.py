@@ -339,8 +339,10 @@ def _lowest(dtype: tt.DataType) -> float:
 def _max_pool2d_with_indices(L: _Lowering, node: torch.fx.Node, x: _T, kernel_size: Any, stride: Any = None,
                              padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> Any:
     """Values by `max_pool2d` (ceil_mode: the input grown by -inf where the last window reaches
-    past it). The indices are a placeholder (-1 everywhere): the backward lowering reads the
-    forward input instead (max_pool2d_with_indices_backward below)."""
+    past it). The indices, where only the backward reads them, are a placeholder (-1
+    everywhere): the backward lowering reads the forward input instead
+    (max_pool2d_with_indices_backward below). Where anything else does (the user, max_unpool),
+    they are computed as CPU torch does (`_max_pool_indices`)."""
     k, s, p = _pool_args(L, kernel_size, stride, padding)
     used, meta = _used(node), _out(node)
     extra = _pool_plan(L, x.shape, meta[0].shape[-2:], k, s, p, dilation)
@@ -350,9 +352,57 @@ def _max_pool2d_with_indices(L: _Lowering, node: torch.fx.Node, x: _T, kernel_si
         y = L.nhwc_to_nchw(L.b.max_pool2d(_grow(L, xv, extra, _lowest(xv.dtype)), k, s, p))
         values = L.fit(y, meta[0].shape)
     if 1 in used:
-        indices = L.full(meta[1].shape, -1, torch.int64)
-        L.placeholders.add(indices.id)
+        if L.only_saved(node, 1, _READ_POOLED_INPUT):
+            indices = L.full(meta[1].shape, -1, torch.int64)
+            L.placeholders.add(indices.id)
+        else:
+            indices = L.fit(_max_pool_indices(L, x, k, s, p, meta[1].shape[-2:]), meta[1].shape)
     return values, indices
+
+
+_READ_POOLED_INPUT = frozenset({aten.max_pool2d_with_indices_backward.default})
+"""Ops that read max-pool indices and ignore them (the backward reads the pooled input)."""
+
+
+def _max_pool_indices(L: _Lowering, x: _T, k: tuple[int, int], s: tuple[int, int], p: tuple[int, int],
+                      out_hw: Sequence[int]) -> Any:
+    """Each window's argmax as a flat index h * W + w into its input plane, as CPU torch's
+    max_pool2d finds it: the window's in-bounds taps in row-major order, a tap taken when its
+    value is greater than the best so far or NaN (so a later NaN wins), the first in-bounds tap
+    when none is (all -inf). One strided slice of the padded input a tap, NCHW."""
+    bb = L.b
+    v = _as_batched(L, x)  # [N, C, H, W]
+    n, c, h, w = v.shape
+    (kh, kw), (sh, sw), (ph, pw), (ho, wo) = k, s, p, tuple(out_hw)
+    fill = _lowest(v.dtype)
+    for axis, size, pad, need in ((2, h, ph, (ho - 1) * sh + kh), (3, w, pw, (wo - 1) * sw + kw)):
+        after = max(0, need - size - pad)
+        parts = []
+        for extent in (pad, None, after):
+            if extent is None:
+                parts.append(v)
+            elif extent:
+                shape = list(v.shape)
+                shape[axis] = extent
+                parts.append(bb.full(tuple(shape), fill, v.dtype))
+        v = bb.concat(parts, axis) if len(parts) > 1 else v
+    best = bb.full((n, c, ho, wo), fill, v.dtype)
+    index = bb.full((n, c, ho, wo), 0, _I32)
+    found = bb.full((n, c, ho, wo), 0, _F32)
+    for i in range(kh):
+        rows = bb.reshape(bb.arange(i - ph, i - ph + sh * ho, sh), (ho, 1))  # the tap's input row
+        row_ok = bb.mul(bb.ge(rows, 0), bb.lt(rows, h))
+        for j in range(kw):
+            cols = bb.reshape(bb.arange(j - pw, j - pw + sw * wo, sw), (1, wo))
+            inside = bb.mul(row_ok, bb.mul(bb.ge(cols, 0), bb.lt(cols, w)))  # [Ho, Wo] 1/0
+            tap = bb.slice(v, [0, 0, i, j], [None, None, i + (ho - 1) * sh + 1, j + (wo - 1) * sw + 1],
+                           [1, 1, sh, sw])
+            better = bb.maximum(bb.gt(tap, best), bb.ne(tap, tap))  # greater, or NaN
+            take = bb.where(inside, bb.where(found, better, 1.0), 0.0)
+            best = bb.where(take, tap, best)
+            index = bb.where(take, bb.add(bb.mul(rows, w), cols), index)
+            found = bb.where(inside, 1.0, found)
+    return index
 
 
 @_register(aten.max_pool2d_with_indices_backward.default)
