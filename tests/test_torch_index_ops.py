@@ -337,3 +337,105 @@ def test_unfold(on_device_only, compiled):
     check(lambda x: x.unfold(0, 2, 1), x, compiled=compiled)
     check(lambda x: x.unfold(-1, 3, 3), x, compiled=compiled)
     check(lambda x: x.unfold(0, 1, 1), rand(), compiled=compiled)
+
+
+# -- take, cummax/cummin, logcumsumexp ------------------------------------------------------------------
+
+INF = float("inf")
+
+
+@MODES
+@DTYPES
+def test_take(on_device_only, compiled, dtype):
+    x = rand(3, 4, dtype=dtype)
+    check(lambda x, i: torch.take(x, i), x, torch.tensor([[0, -1], [5, 11], [4, 4]]), compiled=compiled)
+    check(lambda x, i: torch.take(x, i), x, torch.tensor(-3), compiled=compiled)
+    check(lambda x, i: torch.take(x, i), rand(dtype=dtype), torch.tensor([0, -1, 0]), compiled=compiled)
+
+
+@pytest.mark.parametrize("bad", [12, -13])
+def test_take_out_of_range_fails_the_run(device, bad):
+    with pytest.raises(Exception, match="out of range"):
+        torch.take(rand(3, 4).to("tt"), torch.tensor([0, bad]).to("tt")).cpu()
+
+
+@settings(deadline=None)
+@given(n=st.integers(1, 20), k=st.integers(1, 12), seed=st.integers(0, 2**16))
+def test_take_matches_cpu(device, n, k, seed):
+    idx = torch.randint(-n, n, (k,), generator=torch.Generator().manual_seed(seed))
+    with only_on_device():
+        check(lambda x, i: torch.take(x, i), rand(n, seed=seed), idx)
+
+
+def same_signed_values(got: torch.Tensor, expected: torch.Tensor) -> None:
+    """Equal, NaN where NaN, and zeros of the same sign (torch's cummax keeps x's -0.0)."""
+    _close(got, expected)
+    if expected.dtype.is_floating_point:
+        assert torch.equal(got.cpu().signbit(), expected.signbit())
+
+
+@MODES
+@pytest.mark.parametrize("op", ["cummax", "cummin"])
+@DTYPES
+def test_cummax_cummin(on_device_only, compiled, op, dtype):
+    fn = getattr(torch, op)
+    x = rand(5, 9, dtype=dtype, low=-3, high=3)  # many ties: the later index wins
+    for dim in (0, 1, -1):
+        check(lambda x, d=dim: fn(x, d), x, compiled=compiled)
+    check(lambda x: fn(x, 0), rand(dtype=dtype), compiled=compiled)
+    check(lambda x: fn(x, 0), rand(37, dtype=dtype), compiled=compiled)
+
+
+@pytest.mark.parametrize("op", ["cummax", "cummin"])
+def test_cummax_cummin_nan_and_signed_zeros(on_device_only, op):
+    fn = getattr(torch, op)
+    x = torch.tensor([[1.0, 3, 3, 2, NAN, 5, NAN, 7, -INF],
+                      [0.0, -0.0, 0.0, -1, -1, 4, 4, -9, -0.0],
+                      [-0.0, 0.0, INF, INF, NAN, NAN, 1, -INF, -INF]])
+    for dim in (0, 1):
+        want, got = fn(x, dim), fn(x.to("tt"), dim)
+        same_signed_values(got.values, want.values)
+        _close(got.indices, want.indices)
+
+
+@settings(deadline=None)
+@given(rows=st.integers(1, 3), n=st.integers(1, 40), seed=st.integers(0, 2**16), nans=st.booleans(),
+       op=st.sampled_from(["cummax", "cummin"]), dtype=st.sampled_from([torch.float32, torch.int64, torch.bool]))
+def test_cummax_cummin_match_cpu(device, rows, n, seed, nans, op, dtype):
+    x = rand(rows, n, seed=seed, dtype=dtype, low=-4, high=4)
+    if nans and dtype.is_floating_point:
+        x.view(-1)[seed % 3:: 4] = NAN
+    with only_on_device():
+        want, got = getattr(torch, op)(x, 1), getattr(torch, op)(x.to("tt"), 1)
+        same_signed_values(got.values, want.values)
+        _close(got.indices, want.indices)
+
+
+@MODES
+def test_logcumsumexp(on_device_only, compiled):
+    check(lambda x: torch.logcumsumexp(x, 1), rand(4, 37) * 10, compiled=compiled)
+    check(lambda x: torch.logcumsumexp(x, 0), rand(6, 3), compiled=compiled)
+    check(lambda x: torch.logcumsumexp(x, 0), rand(), compiled=compiled)
+    big = rand(3, 20) + 1e4  # the gradient exponentiates differences of results near 1e4
+    big[0, 3] = 1e4
+    check(lambda x: torch.logcumsumexp(x, 1), big, compiled=compiled)
+
+
+def test_logcumsumexp_edges(on_device_only):
+    x = torch.tensor([[-200.0, 0, -INF, -INF, INF, 3, INF, NAN, 1],
+                      [-INF, -INF, 2, -INF, 1e30, -1e30, 88, 89, 0],
+                      [3.0, 3, 3, -INF, 3, -1e-3, 1e-3, -100, 100]])
+    for dim in (0, 1):
+        check(lambda x, d=dim: torch.logcumsumexp(x, d), x, grad=False)
+    check(lambda x: torch.logcumsumexp(x, 0), torch.tensor([-INF, -INF]), grad=False)
+    check(lambda x: torch.logcumsumexp(x, 0), torch.tensor([INF, INF, -INF]), grad=False)
+
+
+@settings(deadline=None)
+@given(n=st.integers(1, 70), seed=st.integers(0, 2**16), scale=st.sampled_from([1.0, 30.0, 1e3]))
+def test_logcumsumexp_matches_cpu(device, n, seed, scale):
+    """The forward at every scale; the gradient (torch's formula, a difference of two sums of
+    exponentials, which cancels) where CPU torch's own float32 result is within the tolerance
+    of the exact one: at scale 30 it is 1e-5 off, and the device's rounding lands elsewhere."""
+    with only_on_device():
+        check(lambda x: torch.logcumsumexp(x, 1), rand(2, n, seed=seed) * scale, grad=scale == 1.0)

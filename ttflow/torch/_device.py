@@ -232,6 +232,9 @@ def untraced(kernel: Callable[..., Any]) -> Callable[..., Any]:
 _TENSOR_FROM_DATA = ("copy_",)
 """Ops given a per-op kernel as well as the fallback (see `install`)."""
 
+_COMPOSITE_LOWERED = ("cummax", "cummin")
+"""CompositeExplicitAutograd ops given the fallback's kernel for PrivateUse1 (see `install`)."""
+
 
 def install() -> None:
     """Names PrivateUse1 "tt", loads the guard (allocator and metadata kernels), registers the
@@ -262,6 +265,11 @@ def install() -> None:
     # dispatcher, which finds only per-op kernels (it asserts on an op that reaches the
     # fallback). Each gets the fallback's own kernel, registered for that op.
     for name in _TENSOR_FROM_DATA:
+        op = getattr(aten, name).default
+        _aten_library.impl(name, untraced(functools.partial(_kernel, None, op)), "PrivateUse1")
+    # Composite ops whose helper mutates its outputs (`_cummax_helper`, no functional form):
+    # the op itself is traced and lowered, as the fallback runs any other.
+    for name in _COMPOSITE_LOWERED:
         op = getattr(aten, name).default
         _aten_library.impl(name, untraced(functools.partial(_kernel, None, op)), "PrivateUse1")
     # torch's convolution reaches a backend through these two hooks, not the fallback.

@@ -115,6 +115,44 @@ def _upsample_nearest2d_backward(grad: torch.Tensor, output_size: Sequence[int],
     return grad.reshape(n, c, h, kh, w, kw).sum((3, 5))
 
 
+def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """`x.take(index)`: x flattened, indexed (`aten.index`, range-checked on the device, negative
+    indices from the end). torch's own decomposition writes `flat[index]`, which reads a 0-d
+    index as a Python int (`_local_scalar_dense`, untraceable)."""
+    return aten.index.Tensor(x.reshape(-1), [index])
+
+
+def _logcumsumexp(x: torch.Tensor, dim: int) -> Any:
+    """log(cumsum(exp(x))) along dim as M + log1p(T): M the running max, T the sum of exp(x_j - M)
+    over the other terms. (M, T) pairs combine by doubling (ceil(log2 n) rounds, each position
+    with the one 2**k before it): the larger M stays, the other pair's 1 + T is scaled by
+    exp(low - high) (1 where the two are the same, infinities included). CPU torch runs its
+    log-add-exp step serially in double and rounds each result once; here the large part M is
+    exact and only the small log1p(T) carries float32's error, so a result near 1e4 still lands
+    within about an ulp of torch's (its gradient exponentiates differences of such results).
+    NaN propagates through M; -inf terms add nothing; bfloat16 computes in float32."""
+    if not x.is_floating_point():
+        return NotImplemented
+    if x.dim() == 0 or x.numel() == 0:
+        return x.clone()
+    d = dim % x.dim()
+    n = x.shape[d]
+    m = x.float() if x.dtype == torch.bfloat16 else x
+    t = torch.zeros_like(m)
+    step = 1
+    while step < n:
+        m1, t1 = m.narrow(d, step, n - step), t.narrow(d, step, n - step)
+        m2, t2 = m.narrow(d, 0, n - step), t.narrow(d, 0, n - step)
+        high, low = torch.maximum(m1, m2), torch.minimum(m1, m2)
+        scale = torch.where(low == high, 1.0, torch.exp(low - high))
+        first = m1 >= m2
+        total = torch.where(first, t1, t2) + (1 + torch.where(first, t2, t1)) * scale
+        m = torch.cat([m.narrow(d, 0, step), high], d)
+        t = torch.cat([t.narrow(d, 0, step), total], d)
+        step *= 2
+    return (m + _log1p(t)).to(x.dtype)
+
+
 def _decompositions() -> dict[Any, Callable[..., Any]]:
     from torch._decomp import core_aten_decompositions, get_decompositions
 
@@ -137,6 +175,9 @@ def _decompositions() -> dict[Any, Callable[..., Any]]:
     table[aten.convolution.default] = _conv1d_as_2d
     table[aten.convolution_backward.default] = _conv1d_backward_as_2d
     table[aten._scaled_dot_product_flash_attention_for_cpu_backward.default] = _sdpa_cpu_backward
+    table[aten.take.default] = _take
+    table[aten.logcumsumexp.default] = _logcumsumexp
+    table[aten._logcumsumexp.default] = _logcumsumexp
     from .._fused import DECOMPOSITIONS as fused  # torch's fused attention fast paths
 
     table.update(fused)

@@ -1,5 +1,5 @@
 """Reductions: sum, prod, mean, var, max/min, any/all, argmax/argmin; and those built on sorting and
-searching (median, nanmedian, kthvalue, mode, searchsorted, bucketize) and cumprod."""
+searching (median, nanmedian, kthvalue, mode, searchsorted, bucketize), cumprod, cummax and cummin."""
 
 from __future__ import annotations
 
@@ -183,6 +183,48 @@ def _cumprod(L: _Lowering, node: torch.fx.Node, x: _T, dim: int, *, dtype: Any =
     for j in range(1, n):
         parts.append(b.mul(parts[-1], b.slice(v, [None] * axis + [j], [None] * axis + [j + 1])))
     return b.concat(parts, axis)
+
+
+# -- running maxima and minima -------------------------------------------------------------------------
+
+
+def _along(L: _Lowering, v: Any, axis: int, start: int, end: int) -> Any:
+    return L.b.slice(v, [None] * axis + [start], [None] * axis + [end])
+
+
+def _scan(L: _Lowering, v: Any, axis: int, op: str) -> Any:
+    """The inclusive running `op` (maximum or minimum) of v along `axis`, by doubling
+    (Hillis-Steele: ceil(log2 n) rounds, each element combined with the one 2**k before it).
+    Both ops are exact and propagate NaN, so any order of combining gives the serial result."""
+    n = v.shape[axis]
+    step = 1
+    while step < n:
+        combined = getattr(L.b, op)(_along(L, v, axis, step, n), _along(L, v, axis, 0, n - step))
+        v = L.b.concat([_along(L, v, axis, 0, step), combined], axis)
+        step *= 2
+    return v
+
+
+@_register(aten.cummax.default, aten.cummin.default)
+def _cummax(L: _Lowering, node: torch.fx.Node, x: _T, dim: int) -> Any:
+    """(values, indices) of CPU torch's `cummax_cummin_helper`: along dim, the running value
+    moves to x[i] where x[i] is NaN or (the running value is not NaN and) x[i] >= it (<= for
+    cummin), so ties and NaNs take the later index. Position i's index is the last j <= i
+    where x[j] equals the running max at j (or is NaN): the running max of those positions.
+    The values are x gathered there (a -0.0 after a 0.0 is the value, as torch's)."""
+    b = L.b
+    if not x.shape:
+        return x.v, b.full((1,), 0, _I32)
+    axis = _dim(dim, len(x.shape))
+    n = x.shape[axis]
+    v = x.v
+    running = _scan(L, v, axis, "maximum" if node.target is aten.cummax.default else "minimum")
+    record = b.eq(v, running)
+    if v.dtype.is_float:
+        record = b.maximum(record, b.ne(v, v))
+    iota = b.reshape(b.arange(0, n, 1, _I32), tuple(n if k == axis else 1 for k in range(len(v.shape))))
+    index = _scan(L, b.where(record, b.broadcast_to(iota, v.shape), 0), axis, "maximum")
+    return b.gather(v, index, axis), index
 
 
 # -- order statistics ---------------------------------------------------------------------------------
