@@ -439,3 +439,67 @@ def test_logcumsumexp_matches_cpu(device, n, seed, scale):
     of the exact one: at scale 30 it is 1e-5 off, and the device's rounding lands elsewhere."""
     with only_on_device():
         check(lambda x: torch.logcumsumexp(x, 1), rand(2, n, seed=seed) * scale, grad=scale == 1.0)
+
+
+# -- histc --------------------------------------------------------------------------------------------
+
+
+def histc_equal(x: torch.Tensor, **kwargs: Any) -> None:
+    with only_on_device():
+        got = torch.histc(x.to("tt"), **kwargs)
+    _close(got, torch.histc(x, **kwargs))
+
+
+@MODES
+def test_histc(on_device_only, compiled):
+    check(lambda x: torch.histc(x, bins=7, min=-2, max=3.3), rand(300) * 3, compiled=compiled, grad=False)
+    check(lambda x: torch.histc(x, bins=13), rand(8, 9), compiled=compiled, grad=False)
+    check(lambda x: torch.histc(x, bins=4), torch.full((5,), 2.5), compiled=compiled, grad=False)
+    check(lambda x: torch.histc(x, bins=5, min=0, max=10), torch.tensor(4.0), compiled=compiled, grad=False)
+    check(lambda x: torch.histc(x, bins=3), torch.zeros(0), compiled=compiled, grad=False)
+
+
+def test_histc_edges_nan_and_infinities(device):
+    histc_equal(torch.tensor([1.0, NAN, INF, -INF, 3, 0.3, 0, -0.0]), bins=10, min=0, max=3)
+    histc_equal(torch.linspace(0, 10, 1001), bins=3, min=0, max=10)  # values on the edges
+    histc_equal(torch.arange(100.0) / 10, bins=10, min=0, max=9.9)
+
+
+@pytest.mark.parametrize("data", [[1.0, INF], [NAN, 2.0], [-INF, -INF]])
+def test_histc_of_a_data_range_that_is_not_finite_fails_the_run(device, data):
+    with pytest.raises(RuntimeError):
+        torch.histc(torch.tensor(data), bins=3)
+    with pytest.raises(Exception, match="not finite"):
+        torch.histc(torch.tensor(data).to("tt"), bins=3).cpu()
+
+
+@st.composite
+def edge_values(draw: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Values on the bin edges torch computes in float32, and one float32 step either side."""
+    low = draw(st.floats(-100, 100, width=32))
+    high = low + draw(st.one_of(st.just(0.0), st.floats(1e-3, 200)))
+    high = torch.tensor(high).item()  # a float32 value
+    bins = draw(st.integers(1, 40))
+    if low == high:
+        edges = torch.linspace(low - 1, high + 1, bins + 1)
+    else:
+        edges = torch.linspace(low, high, bins + 1)
+    near = torch.cat([edges, torch.nextafter(edges, torch.tensor(INF)), torch.nextafter(edges, torch.tensor(-INF))])
+    picks = draw(st.lists(st.integers(0, near.numel() - 1), min_size=1, max_size=30))
+    return near[picks], {"bins": bins, "min": low, "max": high}
+
+
+@settings(deadline=None)
+@given(case=edge_values())
+def test_histc_bins_edges_as_torch(device, case):
+    x, kwargs = case
+    histc_equal(x, **kwargs)
+
+
+@settings(deadline=None)
+@given(n=st.integers(1, 200), bins=st.integers(1, 30), seed=st.integers(0, 2**16), scale=st.sampled_from([1.0, 1e-3, 1e4]),
+       given_range=st.booleans())
+def test_histc_matches_cpu(device, n, bins, seed, scale, given_range):
+    x = rand(n, seed=seed) * scale
+    kwargs = {"bins": bins, "min": -scale, "max": 1.5 * scale} if given_range else {"bins": bins}
+    histc_equal(x, **kwargs)

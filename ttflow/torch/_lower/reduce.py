@@ -1,9 +1,11 @@
 """Reductions: sum, prod, mean, var, max/min, any/all, argmax/argmin; and those built on sorting and
-searching (median, nanmedian, kthvalue, mode, searchsorted, bucketize), cumprod, cummax and cummin."""
+searching (median, nanmedian, kthvalue, mode, searchsorted, bucketize), cumprod, cummax and cummin,
+and histc."""
 
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -225,6 +227,64 @@ def _cummax(L: _Lowering, node: torch.fx.Node, x: _T, dim: int) -> Any:
     iota = b.reshape(b.arange(0, n, 1, _I32), tuple(n if k == axis else 1 for k in range(len(v.shape))))
     index = _scan(L, b.where(record, b.broadcast_to(iota, v.shape), 0), axis, "maximum")
     return b.gather(v, index, axis), index
+
+
+# -- histograms ----------------------------------------------------------------------------------------
+
+
+def _f32(value: float) -> float:
+    """`value` rounded to float32 (C++'s `static_cast<float>`), as a Python float."""
+    return float(struct.unpack("f", struct.pack("f", value))[0])
+
+
+_HISTC_BINS_MAX = 2**24
+
+
+@_register(aten.histc.default)
+def _histc(L: _Lowering, node: torch.fx.Node, x: _T, bins: int = 100, min: float = 0, max: float = 0) -> Any:
+    """CPU torch's histc (`histogramdd_cpu_contiguous`, LINEAR_INTERPOLATION) step for step in
+    float32: the edges are min and max as floats (the linspace's ends); an element outside
+    them or NaN counts nowhere; else its bin is trunc((x - left) * bins / (right - left)), each
+    operation rounded to float32 as the C++ computes it, the last bin taking its right edge.
+    min == max takes the data's min and max (and widens equal ones by 1 each way); a range
+    that is not finite then fails the run (torch raises). Counts are exact float32 sums."""
+    b = L.b
+    if x.dtype != torch.float32:
+        raise L.unsupported(f"histc of {x.dtype} (float32 only: torch computes in the input's type)")
+    n = int(bins)
+    if not 0 < n < _HISTC_BINS_MAX:
+        raise L.unsupported(f"histc with {n} bins")
+    low, high = float(min), float(max)
+    if not (math.isfinite(low) and math.isfinite(high)) or low > high:
+        raise L.unsupported(f"histc over [{low}, {high}] (torch raises)")
+    count = math.prod(x.shape)
+    v = b.reshape(x.v, (count,))
+    check = None
+    if low == high:  # the data's range
+        left = b.neg(b.max(b.neg(v), 0))
+        right = b.max(v, 0)
+        same = b.eq(left, right)
+        left, right = b.where(same, b.sub(left, 1.0), left), b.where(same, b.add(right, 1.0), right)
+        finite = b.mul(b.eq(b.sub(left, left), 0), b.eq(b.sub(right, right), 0))
+        # Index 1 into a 1-row table where the range is not finite: the run fails.
+        with b.checking_range("aten.histc.default: the range of the data is not finite (torch raises)"):
+            check = b.embedding(b.typecast(b.eq(finite, 0), _I32), b.full((1, 1), 0, _I32))
+        width: Any = b.sub(right, left)
+    else:
+        left, right = _f32(low), _f32(high)
+        if not left < right:
+            raise L.unsupported(f"histc over [{low}, {high}], one float32 value (torch divides by 0)")
+        width = _f32(right - left)
+    inside = b.mul(b.ge(v, left), b.le(v, right))
+    pos = b.typecast(b.div(b.mul(b.sub(v, left), float(n)), width), _I32)
+    pos = b.maximum(b.minimum(pos, n - 1), 0)
+    if check is not None:
+        pos = b.add(pos, b.reshape(check, (1,)))
+    counts = b.embedding_grad(pos, b.reshape(b.typecast(inside, _F32), (count, 1)), n)
+    return b.reshape(counts, (n,))
+
+
+_EMPTY[aten.histc.default] = 0  # nothing counted
 
 
 # -- order statistics ---------------------------------------------------------------------------------
