@@ -260,6 +260,8 @@ def _histc(L: _Lowering, node: torch.fx.Node, x: _T, bins: int = 100, min: float
     count = math.prod(x.shape)
     v = b.reshape(x.v, (count,))
     check = None
+    left: Any
+    right: Any
     if low == high:  # the data's range
         left = b.neg(b.max(b.neg(v), 0))
         right = b.max(v, 0)
@@ -271,10 +273,10 @@ def _histc(L: _Lowering, node: torch.fx.Node, x: _T, bins: int = 100, min: float
             check = b.embedding(b.typecast(b.eq(finite, 0), _I32), b.full((1, 1), 0, _I32))
         width: Any = b.sub(right, left)
     else:
-        left, right = _f32(low), _f32(high)
-        if not left < right:
+        first, last = _f32(low), _f32(high)
+        if not first < last:
             raise L.unsupported(f"histc over [{low}, {high}], one float32 value (torch divides by 0)")
-        width = _f32(right - left)
+        left, right, width = first, last, _f32(last - first)
     inside = b.mul(b.ge(v, left), b.le(v, right))
     pos = b.typecast(b.div(b.mul(b.sub(v, left), float(n)), width), _I32)
     pos = b.maximum(b.minimum(pos, n - 1), 0)
