@@ -503,3 +503,65 @@ def test_histc_matches_cpu(device, n, bins, seed, scale, given_range):
     x = rand(n, seed=seed) * scale
     kwargs = {"bins": bins, "min": -scale, "max": 1.5 * scale} if given_range else {"bins": bins}
     histc_equal(x, **kwargs)
+
+
+# -- the margin losses' backward ------------------------------------------------------------------------
+
+
+@MODES
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_multi_margin_loss_backward(on_device_only, compiled, reduction):
+    x, y, w = rand(5, 7), index(7, 5), rand(7, seed=3).abs()
+    check(lambda x, y: F.multi_margin_loss(x, y, reduction=reduction), x, y, compiled=compiled)
+    check(lambda x, y, w: F.multi_margin_loss(x, y, p=2, margin=0.5, weight=w.detach(), reduction=reduction), x, y,
+          w, compiled=compiled)
+    if reduction != "none":  # (see test_unreduced_margin_loss_of_one_sample_is_0_d)
+        check(lambda x, y: F.multi_margin_loss(x, y, reduction=reduction), rand(6), torch.tensor(2), compiled=compiled)
+
+
+@MODES
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_multilabel_margin_loss_backward(on_device_only, compiled, reduction):
+    x = rand(4, 6)
+    y = torch.tensor([[3, 0, -1, 1, 1, 1], [0, 1, 2, 3, 4, 5], [-1, 2, 2, 2, 2, 2], [5, 5, 2, -1, 0, 0]])
+    if compiled:
+        # Dynamo takes torch's refs decomposition of multilabel_margin_loss, which differs
+        # from CPU torch on a repeated target or a -1 (docs/torch-lowering.md): none here.
+        y = torch.stack([torch.randperm(6, generator=torch.Generator().manual_seed(k)) for k in range(4)])
+    check(lambda x, y: F.multilabel_margin_loss(x, y, reduction=reduction), x, y, compiled=compiled)
+    if reduction != "none":
+        check(lambda x, y: F.multilabel_margin_loss(x, y, reduction=reduction), rand(6), y[0], compiled=compiled)
+
+
+def test_unreduced_margin_loss_of_one_sample_is_0_d(device):
+    """CPU torch's unreduced loss of one sample (a 0-d target; a 1-d input) is 0-d, where its
+    decomposition and its meta kernel say [1]: eagerly the op runs on the CPU (the fallback),
+    so the shape is right; the backward still lowers."""
+    x, y = rand(6), torch.tensor(2)
+    got = F.multi_margin_loss(x.to("tt"), y.to("tt"), reduction="none")
+    _close(got, F.multi_margin_loss(x, y, reduction="none"))
+    labels = torch.tensor([3, 0, -1, 1, 1, 1])
+    got = F.multilabel_margin_loss(x.to("tt"), labels.to("tt"), reduction="none")
+    _close(got, F.multilabel_margin_loss(x, labels, reduction="none"))
+
+
+@settings(deadline=None)
+@given(n=st.integers(1, 5), dim=st.integers(1, 8), seed=st.integers(0, 2**16), p=st.sampled_from([1, 2]),
+       margin=st.sampled_from([0.0, 0.5, 1.0, 2.0]), weighted=st.booleans(),
+       reduction=st.sampled_from(["mean", "sum", "none"]))
+def test_multi_margin_loss_matches_cpu(device, n, dim, seed, p, margin, weighted, reduction):
+    x, y = rand(n, dim, seed=seed), index(dim, n, seed=seed + 1)
+    w = rand(dim, seed=seed + 2).abs() if weighted else torch.ones(dim)
+    with only_on_device():
+        check(lambda x, y, w: F.multi_margin_loss(x, y, p=p, margin=margin, weight=w.detach() if weighted else None,
+                                                  reduction=reduction), x, y, w)
+
+
+@settings(deadline=None)
+@given(n=st.integers(1, 5), dim=st.integers(1, 8), seed=st.integers(0, 2**16),
+       reduction=st.sampled_from(["mean", "sum", "none"]))
+def test_multilabel_margin_loss_matches_cpu(device, n, dim, seed, reduction):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(-1, dim, (n, dim), generator=g)
+    with only_on_device():
+        check(lambda x, y: F.multilabel_margin_loss(x, y, reduction=reduction), rand(n, dim, seed=seed), y)

@@ -153,6 +153,98 @@ def _logcumsumexp(x: torch.Tensor, dim: int) -> Any:
     return (m + _log1p(t)).to(x.dtype)
 
 
+def _f32(value: float) -> float:
+    return float(torch.tensor(value, dtype=torch.float32))
+
+
+def _times_grad_output(grad: torch.Tensor, grad_output: torch.Tensor, reduction: int) -> torch.Tensor:
+    """The margin losses' last step: a reduced (or 0-d) upstream gradient scales every element,
+    a per-sample one its row."""
+    if reduction != 0 or grad_output.dim() == 0:
+        return grad * grad_output.reshape(())
+    return grad * grad_output.reshape(-1, 1)
+
+
+def _multi_margin_loss_backward(grad_output: torch.Tensor, x: torch.Tensor, target: torch.Tensor, p: Any,
+                                margin: Any, weight: torch.Tensor | None = None, reduction: int = 1) -> Any:
+    """CPU torch's `multi_margin_loss_backward_cpu_kernel` in tensor ops: z = (margin - x[y]) + x
+    in float32; where z > 0 off the target, h = g (p 1) or (2 g) z (p 2), times weight[y]; the
+    target gets minus the row's sum of h; g = 1 / (N * dim) (mean) or 1 / dim, in float32."""
+    if x.dtype != torch.float32:
+        return NotImplemented
+    rows = x.reshape(-1, x.shape[-1] if x.dim() else 1)
+    nframe, dim = rows.shape
+    g = _f32(1.0 / (nframe * dim) if reduction == 1 else 1.0 / dim)
+    y = target.reshape(-1, 1)
+    z = (_f32(float(margin)) - rows.gather(1, y)) + rows
+    is_target = torch.arange(dim, device=x.device).reshape(1, dim) == y
+    h = torch.where(z > 0, z * (2 * g), 0.0) if int(p) == 2 else torch.where(z > 0, g, 0.0)
+    if weight is not None:
+        h = h * weight[y]
+    h = torch.where(is_target, 0.0, h)
+    grad = torch.where(is_target, -h.sum(1, keepdim=True), h)
+    return _times_grad_output(grad, grad_output, reduction).reshape(x.shape)
+
+
+def _multilabel_margin_loss_backward(grad_output: torch.Tensor, x: torch.Tensor, target: torch.Tensor,
+                                     reduction: int, is_target: torch.Tensor) -> Any:
+    """CPU torch's `multilabel_margin_loss_backward_out_frame` in tensor ops: for each target
+    k of a row's prefix before the first -1 and each non-target d with (1 - x[k]) + x[d] > 0,
+    g moves from x[k]'s gradient to x[d]'s; g = 1 / (N * dim) (mean) or 1 / dim, in float32.
+    Each gradient is g times its count (torch adds g count times: a few ulps apart)."""
+    if x.dtype != torch.float32:
+        return NotImplemented
+    dim = x.shape[-1] if x.dim() else 1
+    rows, targets = x.reshape(-1, dim), target.reshape(-1, dim)
+    marked = is_target.reshape(-1, dim) != 0
+    nframe = rows.shape[0]
+    g = _f32(1.0 / (nframe * dim) if reduction == 1 else 1.0 / dim)
+    valid = (targets < 0).cumsum(1) == 0
+    k = torch.where(valid, targets, 0)
+    z = (1 - rows.gather(1, k)).unsqueeze(2) + rows.unsqueeze(1)  # [N, target k, d]
+    hit = (z > 0) & valid.unsqueeze(2) & ~marked.unsqueeze(1)
+    gained = hit.sum(1).to(x.dtype) * g
+    lost = torch.zeros_like(rows).scatter_add(1, k, torch.where(valid, hit.sum(2).to(x.dtype) * g, 0.0))
+    grad = torch.where(marked, -lost, gained)
+    return _times_grad_output(grad, grad_output, reduction).reshape(x.shape)
+
+
+def _multi_margin_loss(x: torch.Tensor, target: torch.Tensor, p: Any = 1, margin: Any = 1,
+                       weight: torch.Tensor | None = None, reduction: int = 1) -> torch.Tensor:
+    """torch's decomposition, whose unreduced loss of a 0-d target is [1] where CPU torch's is 0-d."""
+    from torch._decomp import decomposition_table
+
+    loss = decomposition_table[aten.multi_margin_loss.default](x, target, p, margin, weight, reduction)
+    return loss.reshape(()) if reduction == 0 and target.dim() == 0 else loss
+
+
+def _multilabel_margin_loss_forward(x: torch.Tensor, target: torch.Tensor, reduction: int) -> Any:
+    """CPU torch's `multilabel_margin_loss_forward_out_frame` in tensor ops: a row's targets are
+    its prefix before the first -1 (a repeated one counts again); each target k and non-target
+    d add (1 - x[k]) + x[d] where positive; the sum over dim (and N for the mean). torch's own
+    decomposition reads the targets after a -1 and counts a repeated one once, and gives an
+    unreduced loss of a 1-d input as [1] where CPU torch's is 0-d."""
+    if x.dtype != torch.float32:
+        return NotImplemented
+    dim = x.shape[-1] if x.dim() else 1
+    rows, targets = x.reshape(-1, dim), target.reshape(-1, dim)
+    valid = (targets < 0).cumsum(1) == 0
+    k = torch.where(valid, targets, 0)
+    is_target = torch.zeros_like(rows).scatter_add(1, k, valid.to(x.dtype)) > 0
+    z = (1 - rows.gather(1, k)).unsqueeze(2) + rows.unsqueeze(1)  # [N, target k, d]
+    hit = (z > 0) & valid.unsqueeze(2) & ~is_target.unsqueeze(1)
+    per_row = torch.where(hit, z, 0.0).sum((1, 2)) / dim
+    if reduction == 0:
+        loss = per_row.reshape(()) if target.dim() <= 1 else per_row
+    else:
+        loss = per_row.sum() / rows.shape[0] if reduction == 1 else per_row.sum()
+    return loss, is_target.to(x.dtype).reshape(target.shape)
+
+
+def _multilabel_margin_loss(x: torch.Tensor, target: torch.Tensor, reduction: int = 1) -> Any:
+    return _multilabel_margin_loss_forward(x, target, reduction)[0]
+
+
 def _decompositions() -> dict[Any, Callable[..., Any]]:
     from torch._decomp import core_aten_decompositions, get_decompositions
 
@@ -177,6 +269,11 @@ def _decompositions() -> dict[Any, Callable[..., Any]]:
     table[aten._scaled_dot_product_flash_attention_for_cpu_backward.default] = _sdpa_cpu_backward
     table[aten.take.default] = _take
     table[aten.logcumsumexp.default] = _logcumsumexp
+    table[aten.multi_margin_loss.default] = _multi_margin_loss
+    table[aten.multilabel_margin_loss_forward.default] = _multilabel_margin_loss_forward
+    table[aten.multilabel_margin_loss.default] = _multilabel_margin_loss
+    table[aten.multi_margin_loss_backward.default] = _multi_margin_loss_backward
+    table[aten.multilabel_margin_loss_backward.default] = _multilabel_margin_loss_backward
     table[aten._logcumsumexp.default] = _logcumsumexp
     from .._fused import DECOMPOSITIONS as fused  # torch's fused attention fast paths
 
