@@ -372,3 +372,113 @@ def test_compiled_bessel_functions_match_cpu(on_device_only) -> None:
     p = torch.linspace(0, 1, 37)
     for got, expected in zip(compiled(x.to("tt"), p.to("tt")), fn(x, p)):
         assert_matches(got, expected)
+
+
+# -- orthogonal polynomials of a tensor degree -------------------------------------------------------
+
+
+POLYNOMIALS = {name: getattr(torch.special, name) for name in (
+    "chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_polynomial_v", "chebyshev_polynomial_w",
+    "shifted_chebyshev_polynomial_t", "shifted_chebyshev_polynomial_u", "shifted_chebyshev_polynomial_v",
+    "shifted_chebyshev_polynomial_w", "hermite_polynomial_h", "hermite_polynomial_he", "laguerre_polynomial_l",
+    "legendre_polynomial_p")}
+
+# x: the ends (+-1, 0, 1 - 2**-24: the closed forms' ties), inside, just outside (slow growth: the most
+# steps), far outside (overflow, then NaN stops torch's loop); n: negative, fractional (truncated), the
+# closed forms' thresholds, up to the unrolled 128, NaN and the infinities (0, as torch's casts give).
+POLY_X = [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 1 - 2.0**-24, 1 - 2.0**-23, -1 + 2.0**-24, 2.0**-24, 1e-30,
+          1.0001, -1.0001, 1.3, 3.0, -8.5, 9.0, 1e10, math.inf, -math.inf, 0.05, -0.95, 0.3, 0.7, 0.999]
+POLY_N = [-3.0, -0.5, 0.0, 0.7, 1.0, 1.9, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 9.9, 12.0, 20.0, 33.0, 64.0,
+          100.0, 127.0, 128.0, math.nan, -math.inf, math.inf]
+
+
+def _poly_grid() -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.tensor(POLY_X + torch.linspace(-1.1, 1.1, 23).tolist())
+    n = torch.tensor(POLY_N)
+    return x[:, None].expand(-1, len(n)).contiguous(), n[None, :].expand(len(x), -1).contiguous()
+
+
+@pytest.mark.parametrize("name", list(POLYNOMIALS))
+def test_polynomials_match_cpu_on_a_grid_of_x_and_degrees(on_device_only, name) -> None:
+    x, n = _poly_grid()
+    assert_matches(POLYNOMIALS[name](x.to("tt"), n.to("tt")), POLYNOMIALS[name](x, n))
+
+
+@settings(deadline=None)
+@given(st.lists(st.tuples(st.floats(width=32, allow_nan=False), st.integers(-2, 128)), min_size=1, max_size=8),
+       st.sampled_from(sorted(POLYNOMIALS)))
+def test_polynomials_match_cpu_on_any_float32(device, pairs, name) -> None:
+    x = torch.tensor([p[0] for p in pairs], dtype=torch.float32)
+    n = torch.tensor([float(p[1]) for p in pairs])
+    fn = POLYNOMIALS[name]
+    with only_on_device():
+        assert_matches(fn(x.to("tt"), n.to("tt")), fn(x, n))
+
+
+@settings(deadline=None)
+@given(st.lists(st.tuples(st.floats(-1.5, 1.5, width=32), st.integers(0, 128)), min_size=1, max_size=8),
+       st.sampled_from(["hermite_polynomial_h", "hermite_polynomial_he", "laguerre_polynomial_l",
+                        "legendre_polynomial_p", "chebyshev_polynomial_t", "shifted_chebyshev_polynomial_u"]))
+def test_polynomial_recurrences_are_torchs_fused_multiply_adds_bit_for_bit(device, pairs, name) -> None:
+    """torch's kernels are compiled with FMA contraction: the device's emulated fused step gives
+    the same float32 even where the recurrence amplifies one rounding (x near 1, high degrees)."""
+    x = torch.tensor([p[0] for p in pairs], dtype=torch.float32)
+    n = torch.tensor([float(p[1]) for p in pairs])
+    fn = POLYNOMIALS[name]
+    with only_on_device():
+        got = fn(x.to("tt"), n.to("tt")).cpu()
+    expected = fn(x, n)
+    closed = (n > 4) & ((2 * x - 1).abs() < 1 if name.startswith("shifted") else x.abs() < 1)
+    if name.startswith(("chebyshev", "shifted")):  # the closed forms' sin/cos differ by an ulp
+        torch.testing.assert_close(got[closed], expected[closed], equal_nan=True, **TOL)
+        got, expected = got[~closed], expected[~closed]
+    assert torch.equal(got.isnan(), expected.isnan())
+    assert torch.equal(got[~got.isnan()], expected[~expected.isnan()])
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool])
+def test_polynomials_of_integers_are_float32(on_device_only, dtype) -> None:
+    x = torch.tensor([-8, -1, 0, 1, 2, 9, 0, 0, 3, -2]).to(dtype)
+    n = torch.tensor([6, 5, 9, 10, 11, 7, 1, 0, -2, 4]).to(dtype)
+    for fn in POLYNOMIALS.values():
+        assert_matches(fn(x.to("tt"), n.to("tt")), fn(x, n))
+
+
+def test_polynomials_take_a_number_for_x_or_n(on_device_only) -> None:
+    x = torch.linspace(-1.5, 1.5, 31)
+    n = torch.tensor([0.0, 1.0, 3.0, 7.0, 12.0, 40.0, -1.0])
+    for fn in POLYNOMIALS.values():
+        assert_matches(fn(x.to("tt"), 5), fn(x, 5))
+        assert_matches(fn(x.to("tt"), 11.7), fn(x, 11.7))
+        assert_matches(fn(0.3, n.to("tt")), fn(0.3, n))
+
+
+def test_polynomials_past_the_unrolled_degree_fail_the_run_not_the_value(device) -> None:
+    s = torch.special
+    for fn, x in [(s.legendre_polynomial_p, 0.5), (s.laguerre_polynomial_l, 0.5), (s.chebyshev_polynomial_t, 1.0001),
+                  (s.shifted_chebyshev_polynomial_v, 1.00001)]:
+        with pytest.raises(tt.ProgramError, match="degree past 128"):
+            fn(torch.tensor([x, 0.25]).to("tt"), torch.tensor([129.0, 3.0]).to("tt")).cpu()
+    # lanes that need no more steps: torch's closed forms, NaN reached, Hermite's limit, x = 0
+    x = torch.tensor([0.3, 3.0, 0.5, -7.0])
+    n = torch.tensor([500.0, 200.0, 1000.0, 129.0])
+    with only_on_device():
+        for fn in (s.chebyshev_polynomial_t, s.chebyshev_polynomial_w, s.hermite_polynomial_h, s.hermite_polynomial_he):
+            assert_matches(fn(x.to("tt"), n.to("tt")), fn(x, n))
+        assert_matches(s.laguerre_polynomial_l(torch.zeros(2).to("tt"), n[:2].to("tt")),
+                       s.laguerre_polynomial_l(torch.zeros(2), n[:2]))
+
+
+def test_compiled_polynomials_match_cpu(on_device_only) -> None:
+    s = torch.special
+
+    def fn(x, n):
+        return (s.chebyshev_polynomial_t(x, n) + s.chebyshev_polynomial_u(x, 3), s.legendre_polynomial_p(x, n),
+                s.hermite_polynomial_h(x, n) - s.laguerre_polynomial_l(x, n), s.shifted_chebyshev_polynomial_w(x, n))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="tt")
+    x = torch.linspace(-1.2, 1.2, 25)
+    n = torch.arange(25.0) % 13
+    for got, expected in zip(compiled(x.to("tt"), n.to("tt")), fn(x, n)):
+        assert_matches(got, expected)
