@@ -482,3 +482,82 @@ def test_compiled_polynomials_match_cpu(on_device_only) -> None:
     n = torch.arange(25.0) % 13
     for got, expected in zip(compiled(x.to("tt"), n.to("tt")), fn(x, n)):
         assert_matches(got, expected)
+
+
+# -- frexp, nextafter ----------------------------------------------------------------------------------
+
+
+def _float32_specials() -> torch.Tensor:
+    powers = 2.0 ** torch.arange(-149, 128).float()  # every exponent, subnormals too
+    return torch.cat([
+        torch.tensor([0.0, -0.0, 0.75, 3.0, 1e-45, -2.8e-45, -1e-40, 1.1754942e-38, 3.4028235e38, -3.4028235e38,
+                      math.inf, -math.inf, math.nan, 0.99999994, 1.0000001]),
+        powers, -powers, powers * 1.5, powers * 0.99999994,
+    ])
+
+
+def _same_floats(got: torch.Tensor, expected: torch.Tensor) -> None:
+    """Bit for bit, a NaN for a NaN (its sign bit aside), a zero's sign."""
+    assert torch.equal(got.isnan(), expected.isnan())
+    numbers = ~expected.isnan()
+    assert torch.equal(got[numbers], expected[numbers])
+    assert torch.equal(torch.signbit(got[numbers]), torch.signbit(expected[numbers]))
+
+
+def test_frexp_is_exact_across_every_exponent(on_device_only) -> None:
+    x = _float32_specials()
+    mantissa, exponent = torch.frexp(x.to("tt"))
+    expected_mantissa, expected_exponent = torch.frexp(x)
+    assert exponent.dtype == torch.int32
+    _same_floats(mantissa.cpu(), expected_mantissa)
+    assert torch.equal(exponent.cpu(), expected_exponent)
+
+
+@settings(deadline=None)
+@given(st.lists(st.floats(width=32), min_size=1, max_size=16))
+def test_frexp_is_exact_on_any_float32(device, values) -> None:
+    x = torch.tensor(values, dtype=torch.float32)
+    with only_on_device():
+        mantissa, exponent = torch.frexp(x.to("tt"))
+    expected_mantissa, expected_exponent = torch.frexp(x)
+    _same_floats(mantissa.cpu(), expected_mantissa)
+    assert torch.equal(exponent.cpu(), expected_exponent)
+
+
+def test_frexp_gradient_matches_cpu(on_device_only) -> None:
+    a = torch.tensor([0.3, -7.5, 1e-20, 3e30, 1.0]).requires_grad_()
+    b = a.detach().to("tt").requires_grad_()
+    (ga,) = torch.autograd.grad(torch.frexp(a).mantissa.sum(), a)
+    (gb,) = torch.autograd.grad(torch.frexp(b).mantissa.sum(), b)
+    assert_matches(gb, ga)
+
+
+def test_nextafter_is_exact_toward_every_direction(on_device_only) -> None:
+    x = _float32_specials()
+    for y in (torch.zeros_like(x), -torch.zeros_like(x), torch.full_like(x, math.inf), torch.full_like(x, -math.inf),
+              x, x.flip(0), torch.full_like(x, math.nan)):
+        _same_floats(torch.nextafter(x.to("tt"), y.to("tt")).cpu(), torch.nextafter(x, y))
+
+
+@settings(deadline=None)
+@given(st.lists(st.tuples(st.floats(width=32), st.floats(width=32)), min_size=1, max_size=16))
+def test_nextafter_is_exact_on_any_float32(device, pairs) -> None:
+    x = torch.tensor([p[0] for p in pairs], dtype=torch.float32)
+    y = torch.tensor([p[1] for p in pairs], dtype=torch.float32)
+    with only_on_device():
+        got = torch.nextafter(x.to("tt"), y.to("tt")).cpu()
+    _same_floats(got, torch.nextafter(x, y))
+
+
+def test_compiled_frexp_and_nextafter_match_cpu(on_device_only) -> None:
+    def fn(x, y):
+        m, e = torch.frexp(x * 3)
+        return m, e, torch.nextafter(x, y), torch.nextafter(x[:1], y)  # broadcast
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="tt")
+    x = torch.linspace(-9, 9, 37)
+    y = torch.linspace(17, -17, 37)
+    for got, expected in zip(compiled(x.to("tt"), y.to("tt")), fn(x, y)):
+        assert got.dtype == expected.dtype
+        _same_floats(got.cpu().float(), expected.float())

@@ -721,3 +721,60 @@ def _lcm(L: _Lowering, node: torch.fx.Node, x: _T, other: _T) -> Any:
     zero = b.eq(g, 0)
     q = b.floor_divide(u, b.where(zero, 1, g))
     return b.where(zero, 0, b.abs(b.mul(q, w)))
+
+
+# -- frexp, nextafter: a float's exponent without a bitcast -----------------------------------------
+
+
+def _frexp_v(b: Any, a: Any) -> tuple[Any, Any]:
+    """m in [0.5, 1) and the INT32 e with a == m * 2**e, for finite a > 0 (subnormals too):
+    e from floor(log2 a) + 1, then corrected by one either way (log2 may round across a whole
+    number), m by the exact power-of-two scaling."""
+    e = b.typecast(b.add(b.floor(_log2_v(b, a)), 1.0), _I32)
+    m = _scale2_v(b, a, b.neg(e))
+    high = b.ge(m, 1.0)
+    m, e = b.where(high, b.mul(m, 0.5), m), b.add(e, b.typecast(high, _I32))
+    low = b.lt(m, 0.5)
+    return b.where(low, b.mul(m, 2.0), m), b.sub(e, b.typecast(low, _I32))
+
+
+@_register(aten.frexp.Tensor)
+def _frexp(L: _Lowering, node: torch.fx.Node, x: _T) -> Any:
+    """torch.frexp: x = mantissa * 2**exponent, |mantissa| in [0.5, 1) with x's sign; zeros
+    (signed), the infinities and NaN are their own mantissa with exponent 0, as C's frexp."""
+    b, v = L.b, L.f32(x)
+    a = b.abs(v)
+    ordinary = b.mul(b.gt(a, 0), b.lt(a, math.inf))  # NaN is neither
+    m, e = _frexp_v(b, b.where(ordinary, a, 1.0))
+    mantissa = b.where(ordinary, b.where(b.lt(v, 0), b.neg(m), m), v)
+    return mantissa, b.where(ordinary, e, 0)
+
+
+_F32_MAX = float(torch.finfo(torch.float32).max)
+
+
+@_register(aten.nextafter.default)
+def _nextafter(L: _Lowering, node: torch.fx.Node, x: _T, other: _T) -> Any:
+    """The float32 next to x toward other, as C's nextafterf: other itself where they are equal
+    (so nextafter(0, -0) is -0), NaN if either is; +-2**-149 from zero; else x plus or minus
+    one unit in the last place, exact (2**(e - 24) for x = m 2**e, 2**-149 at least, half that
+    toward zero from a power of two); +-inf steps to +-max, max steps to inf by the addition."""
+    if _out(node).dtype != torch.float32:
+        raise L.unsupported(f"nextafter of {_out(node).dtype} (float32 only)")
+    b = L.b
+    shape = _ishape(_out(node).shape)
+    u, w = (v if v.shape == shape else b.broadcast_to(v, shape) for v in (L.f32(x), L.f32(other)))
+    a = b.abs(u)
+    m, e = _frexp_v(b, b.where(b.mul(b.gt(a, 0), b.lt(a, math.inf)), a, 1.0))
+    one = b.full(u.shape, 1.0, _F32)
+    up = _scale2_v(b, one, b.maximum(b.sub(e, 24), -149))
+    down = b.where(b.eq(m, 0.5), _scale2_v(b, one, b.maximum(b.sub(e, 25), -149)), up)
+    away = b.eq(b.gt(w, u), b.gt(u, 0))  # the step grows |x| (x != 0)
+    step = b.where(away, up, down)
+    r = b.where(b.gt(w, u), b.add(u, step), b.sub(u, step))
+    r = b.where(b.eq(r, 0), b.mul(u, 0.0), r)  # -2**-149 steps up to -0
+    r = b.where(b.eq(a, math.inf), b.where(b.gt(u, 0), b.full(shape, _F32_MAX, _F32), -_F32_MAX), r)
+    r = b.where(b.eq(u, 0), b.mul(b.sub(b.typecast(b.gt(w, 0), _F32), 0.5), 2.0**-148), r)
+    r = b.where(b.eq(u, w), w, r)
+    nan = b.maximum(b.ne(u, u), b.ne(w, w))
+    return b.where(nan, b.add(u, w), r)
