@@ -282,17 +282,95 @@ def test_special_function_gradients_match_cpu(on_device_only) -> None:
         assert_matches(gb, ga)
 
 
-def test_polygamma_of_order_two_and_more_stays_on_the_cpu(device) -> None:
-    x = torch.tensor([0.5, 2.0])
-    with pytest.warns(UserWarning, match="ran on the CPU"):
-        got = torch.polygamma(2, x.to("tt"))
-    assert_matches(got, torch.polygamma(2, x))
+def _polygamma_domain() -> torch.Tensor:
+    # the poles (0, the negative integers, -inf), the half-integers (where the reflection's cot is 0),
+    # near them (its largest terms), large arguments (the Euler-Maclaurin tail alone)
+    return torch.cat([
+        torch.linspace(-21.5, 12, 1351), torch.logspace(-6, 8, 60),
+        torch.tensor([0.0, -0.0, -3.0, 1e-20, -1e-20, 1e-3, math.inf, -math.inf, math.nan, -2.5, -21.5,
+                      -1.4992589950561523, -8.478373527526855, -14.502222061157227, 3e38]),
+    ])
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 10])
+def test_polygamma_of_order_two_and_more_matches_cpu(on_device_only, n) -> None:
+    x = _polygamma_domain()
+    assert_matches(torch.polygamma(n, x.to("tt")), torch.polygamma(n, x))
+
+
+@settings(deadline=None)
+@given(st.lists(st.floats(-21.0, 1e6, width=32), min_size=1, max_size=12), st.integers(2, 7))
+def test_polygamma_matches_cpu_on_any_float32(device, values, n) -> None:
+    x = torch.tensor(values, dtype=torch.float32)
+    with only_on_device():
+        assert_matches(torch.polygamma(n, x.to("tt")), torch.polygamma(n, x))
+
+
+def test_polygamma_gradient_and_integer_arguments_match_cpu(on_device_only) -> None:
+    a = torch.tensor([0.3, -0.7, 2.5, 9.0, -3.3, 12.0]).requires_grad_()
+    b = a.detach().to("tt").requires_grad_()
+    for n in (1, 2, 4):
+        (ga,) = torch.autograd.grad(torch.polygamma(n, a).sum(), a)
+        (gb,) = torch.autograd.grad(torch.polygamma(n, b).sum(), b)
+        assert_matches(gb, ga)
+    for dtype in (torch.int64, torch.int32, torch.bool):
+        x = torch.tensor([-3, 0, 1, 2, 9, 40]).to(dtype)
+        assert_matches(torch.polygamma(3, x.to("tt")), torch.polygamma(3, x))
+
+
+def _zeta_grid() -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.tensor([1.0, 0.5, math.nan, math.inf, 1.0001, 1.5, 2.0, 3.0, 4.0, 7.0, 20.0, 50.0, 87.0, 2.7, 8.4])
+    q = torch.cat([torch.tensor([0.1, 0.01, 1.0, -3.0, -0.0, 0.0, math.inf, -math.inf, -2.5, -7.25, 0.3, 2.0, 0.9,
+                                 1e-20, 1e6, math.nan]), torch.linspace(-21.7, 12, 46)])
+    return x[:, None].expand(-1, len(q)).reshape(-1), q[None, :].expand(len(x), -1).reshape(-1)
+
+
+def test_zeta_matches_cpu_on_a_grid(on_device_only) -> None:
+    x, q = _zeta_grid()
+    keep = ~((q < 0) & (q != q.floor()) & (x % 2 == 1))  # refused below
+    x, q = x[keep], q[keep]
+    assert_matches(torch.special.zeta(x.to("tt"), q.to("tt")), torch.special.zeta(x, q))
+
+
+@settings(deadline=None)
+@given(st.lists(st.tuples(st.floats(1.0, 100.0, width=32), st.floats(-21.0, 1e6, width=32)), min_size=1, max_size=10))
+def test_zeta_matches_cpu_on_any_float32(device, pairs) -> None:
+    x = torch.tensor([p[0] for p in pairs], dtype=torch.float32)
+    q = torch.tensor([p[1] for p in pairs], dtype=torch.float32)
+    odd = (q < 0) & (q != q.floor()) & (x % 2 == 1)
+    if bool(odd.any()):
+        with pytest.raises(tt.ProgramError, match="negative q and an odd x"):
+            torch.special.zeta(x.to("tt"), q.to("tt")).cpu()
+        return
+    with only_on_device():
+        assert_matches(torch.special.zeta(x.to("tt"), q.to("tt")), torch.special.zeta(x, q))
+
+
+def test_zeta_refuses_what_float32_cannot_sum(device) -> None:
+    with pytest.raises(tt.ProgramError, match="negative q and an odd x"):  # terms of both signs cancel
+        torch.special.zeta(torch.tensor([11.0, 2.0]).to("tt"), torch.tensor([-2.5, 0.5]).to("tt")).cpu()
+    with pytest.raises(tt.ProgramError, match="q below -22"):  # more terms than unrolled
+        torch.special.zeta(torch.tensor([2.0]).to("tt"), torch.tensor([-30.5]).to("tt")).cpu()
+    with only_on_device():  # an even x sums terms of one sign; the polygamma reflects instead
+        x, q = torch.tensor([4.0, 2.0]), torch.tensor([-2.5, -20.5])
+        assert_matches(torch.special.zeta(x.to("tt"), q.to("tt")), torch.special.zeta(x, q))
+        assert_matches(torch.polygamma(3, torch.tensor([-40.5]).to("tt")), torch.polygamma(3, torch.tensor([-40.5])))
+
+
+def test_zeta_of_integers_and_numbers_matches_cpu(on_device_only) -> None:
+    for dtype in (torch.int64, torch.int32):
+        x, q = torch.tensor([2, 3, 5, 1, 0, 4]).to(dtype), torch.tensor([1, 2, 7, 3, -2, 0]).to(dtype)
+        assert_matches(torch.special.zeta(x.to("tt"), q.to("tt")), torch.special.zeta(x, q))
+    q = torch.linspace(0.1, 9, 12)
+    assert_matches(torch.special.zeta(3.0, q.to("tt")), torch.special.zeta(3.0, q))
+    assert_matches(torch.special.zeta(q.to("tt") + 1, 2.0), torch.special.zeta(q + 1, 2.0))
 
 
 def test_compiled_special_functions_match_cpu(on_device_only) -> None:
     def fn(x, y):
         return (torch.erfc(x), torch.special.erfcx(x), torch.erfinv(y), torch.gcd(x.long(), (y * 40).long()),
-                torch.round(x, decimals=2), torch.lgamma(x), torch.digamma(x), torch.special.i1e(x))
+                torch.round(x, decimals=2), torch.lgamma(x), torch.digamma(x), torch.special.i1e(x),
+                torch.polygamma(3, x), torch.special.zeta(x.abs() + 1, y.abs() + 0.5))
 
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend="tt")

@@ -17,7 +17,7 @@ import torch
 import ttflow as tt
 
 from .graph import _T, _ishape, _Lowering, _op_name, _out, _register, _user_line
-from .pointwise import _float_unary
+from .pointwise import _float_unary, _frexp_v
 
 aten = torch.ops.aten
 _F32 = tt.DataType.FLOAT32
@@ -326,12 +326,187 @@ for _op, _fn in [(aten.digamma.default, _digamma_v), (aten.lgamma.default, _lgam
 
 @_register(aten.polygamma.default)
 def _polygamma(L: _Lowering, node: torch.fx.Node, n: int, x: _T) -> Any:
+    """Orders 0 and 1 as digamma and trigamma; from 2 on torch's (-1)**(n+1) n! zeta(n + 1, x)
+    (its float n! is exp(lgamma(n + 1)), within an ulp of the exact one used here), the powers
+    (x + k)**-(n+1) by repeated multiplication."""
     if n == 0:
         return _digamma_v(L.b, L.f32(x))
     if n == 1:
         return _trigamma_v(L.b, L.f32(x))
-    raise L.unsupported(f"polygamma of order {n}: only orders 0 and 1 lower (higher ones need "
-                        "Hurwitz's zeta with a data-dependent number of terms)")
+    b = L.b
+    if n < 0 or n > 30:
+        raise L.unsupported(f"polygamma of order {n} (orders 0 to 30 lower)")
+    v = L.f32(x)
+    order = b.full(_ishape(x.shape), float(n + 1), _F32)
+
+    def power(a: Any) -> Any:  # a**-(n+1), the sign of a negative a's odd powers kept
+        return b.reciprocal(_integer_power_v(b, a, n + 1))
+
+    factor = float(math.factorial(n)) * (1.0 if n % 2 else -1.0)
+    # below 0 the reflection psi(n)(x) = (-1)**n psi(n)(1 - x) - pi**(n+1) P_n(cot(pi x)) (the
+    # direct sum would cancel terms far larger than the result in float32; torch's runs in double)
+    negative = b.lt(v, 0)
+    z = _hurwitz_zeta(L, order, b.where(negative, _rsub(b, 1.0, v), v), power, integer_x=True)
+    direct = b.mul(z, factor)
+    r = b.sub(v, b.round(v))  # exact; cot(pi x) = cot(pi r)
+    # cot(pi r) = cos / sin below |r| = 1/4, sign(r) tan(pi (1/2 - |r|)) above (1/2 - |r| is exact,
+    # so cot keeps its relative precision near its zero at 1/2, where cos(pi r) would not)
+    ar = b.abs(r)
+    t = b.mul(r, math.pi)
+    near = b.div(b.cos(t), b.sin(t))
+    u = b.mul(_rsub(b, 0.5, ar), math.pi)
+    far = b.div(b.sin(u), b.cos(u))
+    cot = b.where(b.le(ar, 0.25), near, b.where(b.lt(r, 0), b.neg(far), far))
+    c2 = b.mul(cot, cot)
+    coefficients = _cot_derivative(n)  # P_n(c) = c**(n % 2 == 0) * sum_k coefficients[k] c**(2k)
+    poly = _polevl(b, c2, coefficients[::-1]) if len(coefficients) > 1 else b.full(c2.shape, coefficients[0], _F32)
+    if n % 2 == 0:
+        poly = b.mul(poly, cot)
+    reflected = b.sub(b.mul(direct, 1.0 if n % 2 == 0 else -1.0), b.mul(poly, math.pi ** (n + 1)))
+    pole = b.mul(negative, b.maximum(b.eq(r, 0), b.eq(v, -math.inf)))
+    reflected = b.where(pole, factor * math.inf, reflected)  # torch's sign * n! * inf at the poles
+    return b.where(negative, reflected, direct)
+
+
+def _cot_derivative(n: int) -> list[float]:
+    """The n-th derivative of cot(u) is P_n(cot u), P_0(c) = c, P_(k+1) = -(1 + c**2) P_k'(c):
+    P_n's coefficients of c**(n%2==0 ? 1 : 0) * c**(2k) (its parity is n + 1's; one sign)."""
+    p = [0, 1]  # coefficients of c**j
+    for _ in range(n):
+        d = [j * p[j] for j in range(1, len(p))] + [0]
+        p = [-((d[j] if j < len(d) else 0) + (d[j - 2] if j >= 2 else 0)) for j in range(len(d) + 2)]
+        while p and p[-1] == 0:
+            p.pop()
+    start = 1 if n % 2 == 0 else 0
+    return [float(p[j]) if j < len(p) else 0.0 for j in range(start, len(p), 2)]
+
+
+# -- Hurwitz's zeta ------------------------------------------------------------------------------------
+
+_ZETA_A = (12.0, -720.0, 30240.0, -1209600.0, 47900160.0, -1.8924375803183791606e9, 7.47242496e10,
+           -2.950130727918164224e12, 1.1646782814350067249e14, -4.5979787224074726105e15,
+           1.8152105401943546773e17, -7.1661652561756670113e18)
+_MACHEP = 1.11022302462515654042e-16
+_ZETA_TERMS = 32
+"""torch's zeta sums (q + k)**-x for k = 0 to at least 9, on until q + k passes 9, before its
+Euler-Maclaurin tail: 32 unrolled terms reach every q > -22 (OpInfo's reach -9); a lane with q
+further below fails the run with a ProgramError naming the op, never a wrong value."""
+
+
+def _integer_power_v(b: Any, a: Any, p: int) -> Any:
+    """a**p for a whole p >= 1 by squaring, in float32."""
+    result = None
+    while p:
+        if p & 1:
+            result = a if result is None else b.mul(result, a)
+        p >>= 1
+        if p:
+            a = b.mul(a, a)
+    return result
+
+
+def _hurwitz_zeta(L: _Lowering, x: Any, q: Any, power: Any, integer_x: bool) -> Any:
+    """torch's zeta(x, q) (Cephes' zeta.c, which torch runs in double for float32): inf at x = 1,
+    NaN below; for q <= 0 inf at the integers and NaN for a fractional x; else the direct sum
+    of `power(q + k)` (= (q + k)**-x) for k up to max(9, 9 - q) and the Euler-Maclaurin tail
+    b w / (x - 1) - b / 2 + sum_i B_2i/(2i)! x(x+1)...(x+2i-1) b / w**2i over 12 Bernoulli
+    terms at w = q + k. torch returns the direct sum once a term is below 1.1e-16 of it (so at
+    infinite sums and exponents), and so does this (the float32 test may decide otherwise near
+    the threshold, where both results are the same float32); its tail's own stop is left out:
+    the terms it skips change no float32 sum."""
+    b = L.b
+    s = power(q)
+    a = q
+    last = s
+    done = b.full(s.shape, 0.0, _F32)  # torch's return from the direct sum
+    for i in range(1, _ZETA_TERMS + 1):
+        going = b.eq(done, 0)
+        if i > 9:  # torch's `while (i < 9 || a <= 9)`
+            going = b.mul(going, b.le(a, 9.0))
+        a_next = b.add(a, 1.0)
+        term = power(a_next)
+        total = b.add(s, term)
+        s, a, last = b.where(going, total, s), b.where(going, a_next, a), b.where(going, term, last)
+        small = b.mul(b.lt(b.mul(total, -_MACHEP), term), b.lt(term, b.mul(total, _MACHEP)))
+        done = b.where(b.mul(going, small), 1.0, done)
+    more = b.mul(b.le(a, 9.0), b.eq(done, 0))  # would need another term (NaN q: compares false)
+    direct = s
+    w = a
+    s = b.add(s, b.div(b.mul(last, w), b.sub(x, 1.0)))
+    s = b.sub(s, b.mul(last, 0.5))
+    c = b.div(b.mul(x, last), w)  # x (x+1) ... (x+2i) b / w**(2i+1), step by step
+    for i, coefficient in enumerate(_ZETA_A):
+        if i:
+            c = b.mul(b.mul(c, b.div(b.add(x, float(2 * i - 1)), w)), b.div(b.add(x, float(2 * i)), w))
+        s = b.add(s, b.div(c, coefficient))
+    s = b.where(b.ne(done, 0), direct, s)
+    # the domain
+    nan = b.sqrt(b.full(s.shape, -1.0, _F32))
+    nonpositive = b.le(q, 0)
+    whole_q = b.eq(q, b.floor(q))
+    r = s
+    if not integer_x:
+        r = b.where(b.mul(nonpositive, b.ne(x, b.floor(x))), nan, r)
+    r = b.where(b.mul(nonpositive, whole_q), math.inf, r)
+    r = b.where(b.eq(q, math.inf), nan, r)
+    r = b.where(b.lt(x, 1.0), nan, b.where(b.eq(x, 1.0), math.inf, r))
+    assert L.node is not None
+    needs_more = b.mul(more, b.eq(b.mul(nonpositive, whole_q), 0))
+    flag = b.typecast(needs_more, _F32)
+    with b.checking_range(f"{_op_name(L.node.target)} of q below -{_ZETA_TERMS - 10} (the tt device sums "
+                          f"{_ZETA_TERMS} terms of its series){_user_line(L.node)}"):
+        check = b.typecast(b.mul(flag, 3.0e9), _I32)  # 0, or a failed range check
+    r = b.where(b.eq(check, 0), r, r)
+    if not integer_x:  # polygamma reflects a negative argument instead
+        odd = b.mul(b.mul(b.lt(q, 0), b.ne(q, b.floor(q))), b.eq(b.fmod(x, 2.0), 1.0))
+        with b.checking_range(f"{_op_name(L.node.target)} of a negative q and an odd x (its terms of "
+                              f"both signs cancel in float32; torch sums in double){_user_line(L.node)}"):
+            check = b.typecast(b.mul(b.typecast(odd, _F32), 3.0e9), _I32)
+        r = b.where(b.eq(check, 0), r, r)
+    return r
+
+
+_LN2_HI = 0.693145751953125  # 16 bits: e * _LN2_HI is exact for |e| < 256
+_LN2_LO = 1.4286068203094172321e-06
+
+
+def _power_v(b: Any, a: Any, x: Any) -> Any:
+    """|a|**-x (x >= 1), accurate to about an ulp where exp(-x log|a|) in float32 would lose
+    |x log a| ulps: log|a| = e ln2 + log m (m in [sqrt 1/2, sqrt 2), e ln2 split in two), the
+    product with x exact by Dekker's, exp of its high part times (1 + the rest); for a negative
+    a (then torch's x is whole) the sign of the odd powers."""
+    aa = b.abs(a)
+    ordinary = b.mul(b.gt(aa, 0), b.lt(aa, math.inf))
+    m, e = _frexp_v(b, b.where(ordinary, aa, 1.0))
+    low = b.lt(m, 0.70710678)
+    m, e = b.where(low, b.mul(m, 2.0), m), b.sub(e, b.typecast(low, _I32))
+    ef = b.typecast(e, _F32)
+    hi = b.mul(ef, _LN2_HI)
+    lm = b.log(m)
+    log_hi = b.add(hi, lm)
+    log_lo = b.add(b.sub(lm, b.sub(log_hi, hi)), b.mul(ef, _LN2_LO))  # two-sum (|hi| >= |lm| or hi = 0)
+    p = b.mul(x, log_hi)
+    xh, xl = _split(b, b.where(b.lt(b.abs(x), 2.0**100), x, 0.0))
+    gh, gl = _split(b, log_hi)
+    pe = b.add(b.add(b.add(b.sub(b.mul(xh, gh), p), b.mul(xh, gl)), b.mul(xl, gh)), b.mul(xl, gl))
+    rest = b.add(pe, b.mul(x, log_lo))
+    big = b.exp(b.neg(p))
+    r = b.sub(big, b.mul(big, rest))
+    r = b.where(b.eq(b.sub(r, r), 0), r, big)  # the correction's own overflow or NaN
+    r = b.where(b.eq(aa, 0), math.inf, b.where(b.eq(aa, math.inf), 0.0, r))
+    r = b.where(b.eq(aa, 1.0), 1.0, r)  # 1**-x, x infinite too
+    odd = b.mul(b.lt(a, 0), b.eq(b.fmod(x, 2.0), 1.0))
+    r = b.where(odd, b.neg(r), r)
+    return b.where(b.ne(aa, aa), aa, r)
+
+
+@_register(aten.special_zeta.default, aten.special_zeta.self_scalar, aten.special_zeta.other_scalar)
+def _zeta(L: _Lowering, node: torch.fx.Node, x: Any, q: Any) -> Any:
+    b = L.b
+    shape = _ishape(_out(node).shape)
+    xv, qv = ((L.f32(v) if isinstance(v, _T) else b.full(shape, float(v), _F32)) for v in (x, q))
+    xv, qv = ((v if v.shape == shape else b.broadcast_to(v, shape)) for v in (xv, qv))
+    return _hurwitz_zeta(L, xv, qv, lambda a: _power_v(b, a, xv), integer_x=False)
 
 
 # -- Bessel functions of the first and second kind, modified of the second kind, Airy's Ai, ndtri ------
