@@ -44,7 +44,8 @@ def test_the_op_table() -> None:
     v4 = {"sin", "cos", "floor", "ceil", "round", "trunc"}
     v5 = {"remainder", "floor_divide", "fmod", "cumsum", "argsort", "atan2"}
     v6 = {"bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift", "prod"}
-    assert set(OPS) == v1 | v2 | v3 | v4 | v5 | v6
+    v7 = {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "point_to_point", "all_to_all"}
+    assert set(OPS) == v1 | v2 | v3 | v4 | v5 | v6 | v7
     assert {n for n, op in OPS.items() if op.int_only} == v6 - {"prod"}
     assert {n for n, op in OPS.items() if op.float_only} == {
         "gelu", "exp", "sqrt", "reciprocal", "softmax", "layer_norm", "rms_norm", "conv2d", "mean",

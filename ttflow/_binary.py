@@ -23,30 +23,41 @@ floor_divide, fmod, cumsum, argsort and atan2 (a version-4 file that names one o
 malformed).
 Version 6 adds bitwise_and, bitwise_or, bitwise_xor, left_shift, right_shift and prod, with no
 other change; versions 1 to 5 still load, and a version-5 file that names one of them is
-malformed. `save` always writes the newest version, whatever ops the programs use.
+malformed.
+Version 7 adds the collectives (all_gather, reduce_scatter, all_reduce, broadcast,
+point_to_point, all_to_all) and each program's `"mesh_shape"` ([rows, cols], or null: the
+mesh its collectives' shapes were resolved for, `ProgramBuilder(mesh_shape=)`); versions 1 to
+6 still load (with no mesh shape), and a version-6 file that names a collective is malformed.
+`save` always writes the newest version, whatever ops the programs use.
+
+`for_mesh` resolves a program's collectives for the mesh a submit runs it on: it replays the
+program through a builder of that mesh shape (the loader's replay), so every later step's
+shape is checked again, and keeps the result per (program, mesh shape).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
+import weakref
 import zlib
 from collections.abc import Sequence
 from typing import Any, final
 
 import numpy as np
 
-from ._errors import BinaryFormatError, ProgramError
+from ._errors import BinaryFormatError, LayoutError, ProgramError, ShapeError
 from ._ops import OPS
 from ._program import Program, ProgramBuilder, TensorSpec, Value
 from ._types import DataType, Layout, MemorySpace, TensorLayout, check_shape
 
-__all__ = ["Binary", "get_layout"]
+__all__ = ["Binary", "for_mesh", "get_layout"]
 
 _MAGIC = b"TTFLOWB\0"
-_VERSION = 6
-_READS = (1, 2, 3, 4, 5, 6)  # the versions `load` reads
+_VERSION = 7
+_READS = (1, 2, 3, 4, 5, 6, 7)  # the versions `load` reads
 _V1_OPS = frozenset({"add", "sub", "mul", "gt", "matmul", "relu", "neg", "gelu", "exp", "sqrt",
                      "reciprocal", "softmax", "sum", "max", "transpose", "reshape", "typecast"})
 _V2_OPS = _V1_OPS | {
@@ -58,8 +69,9 @@ _V3_OPS = _V2_OPS | {
     "conv2d_input_grad", "conv2d_weight_grad", "max_pool2d_backward", "avg_pool2d_backward"}
 _V4_OPS = _V3_OPS | {"sin", "cos", "floor", "ceil", "round", "trunc"}
 _V5_OPS = _V4_OPS | {"remainder", "floor_divide", "fmod", "cumsum", "argsort", "atan2"}
+_V6_OPS = _V5_OPS | {"bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift", "prod"}
 # The older versions' ops; the newest holds every op.
-_OPS_OF_VERSION = {1: _V1_OPS, 2: _V2_OPS, 3: _V3_OPS, 4: _V4_OPS, 5: _V5_OPS}
+_OPS_OF_VERSION = {1: _V1_OPS, 2: _V2_OPS, 3: _V3_OPS, 4: _V4_OPS, 5: _V5_OPS, 6: _V6_OPS}
 _HEADER = struct.Struct("<8sIQI")  # magic, version, payload length, crc32 of payload
 
 
@@ -181,6 +193,7 @@ def _program_to_json(p: Program) -> dict[str, Any]:
         "output_specs": [_spec_to_json(s) for s in p.output_specs],
         "donations": [list(pair) for pair in p.donations],
         "range_checks": [list(pair) for pair in p.range_checks],
+        "mesh_shape": None if p.mesh_shape is None else list(p.mesh_shape),
     }
 
 
@@ -264,7 +277,10 @@ def _program_from_json(j: Any, version: int = _VERSION) -> Program:
         for pair in _expect(j.get("range_checks", []), list, "range_checks"):
             value_id, note = _expect(pair, list, "a range check")
             checks[_expect(value_id, int, "a range check's value")] = _expect(note, str, "a range check's note")
-    b = ProgramBuilder(name)
+    mesh_shape = None
+    if version >= 7 and j.get("mesh_shape") is not None:
+        mesh_shape = [_expect(d, int, "mesh_shape") for d in _expect(j["mesh_shape"], list, "mesh_shape")]
+    b = ProgramBuilder(name, mesh_shape)
     built = [b.input(spec.shape, spec.layout) for spec in values[:num_inputs]]
     for index, raw in enumerate(_expect(j["steps"], list, "steps")):
         op, inputs, scalar, step_attrs, output = _expect(raw, list, f"step {index}")
@@ -314,6 +330,47 @@ def _program_from_json(j: Any, version: int = _VERSION) -> Program:
     if program.output_specs != tuple(specs):
         raise BinaryFormatError("an output spec does not match its value's shape")
     return program
+
+
+_FOR_MESH: weakref.WeakKeyDictionary[Program, dict[tuple[int, int], Program]] = weakref.WeakKeyDictionary()
+
+
+def for_mesh(program: Program, mesh_shape: tuple[int, int]) -> Program:
+    """`program` with its collectives' shapes resolved for a `mesh_shape` mesh (a single device
+    is a 1x1 mesh): the program itself when it has no collectives or was built for that shape,
+    else its replay through a builder of that mesh shape, kept per (program, mesh shape) while
+    the program lives. The replay checks every step again: a program whose groups do not fit
+    the mesh (an all_gather's result fed to a reshape of the old size, a reduce_scatter over a
+    dim the group does not divide, a sender outside the mesh) raises the builder's error here,
+    before anything is queued, its message naming the program and the mesh."""
+    if program.mesh_shape == mesh_shape or not program.has_collectives:
+        return program
+    kept = _FOR_MESH.get(program)
+    if kept is None:
+        kept = _FOR_MESH[program] = {}
+    resolved = kept.get(mesh_shape)
+    if resolved is None:
+        try:
+            resolved = kept[mesh_shape] = _rebuild(program, mesh_shape)
+        except (ShapeError, LayoutError, ProgramError) as exc:
+            rows, cols = mesh_shape
+            raise type(exc)(f"program {program.name!r} does not fit a {rows}x{cols} mesh: {exc}") from None
+    return resolved
+
+
+def _rebuild(program: Program, mesh_shape: tuple[int, int]) -> Program:
+    """`program` replayed step by step through a builder of `mesh_shape` (as `load` replays)."""
+    b = ProgramBuilder(program.name, mesh_shape)
+    built = [b.input(spec.shape, spec.layout) for spec in program.inputs]
+    checks = dict(program.range_checks)
+    for step in program.steps:
+        note = checks.get(step.output)
+        with b.checking_range(note) if note is not None else contextlib.nullcontext():
+            built.append(_replay(b, step.op, [built[i] for i in step.inputs], step.scalar, dict(step.attrs)))
+    donated = dict(program.donations)
+    for k, (value, spec) in enumerate(zip(program.outputs, program.output_specs)):
+        b.output(built[value], spec.layout, donates=built[donated[k]] if k in donated else None)
+    return b.build()
 
 
 def get_layout(binary: Binary, program_index: int, input_index: int) -> Layout:

@@ -45,6 +45,12 @@ left, the sign fill to the right; `>>` is arithmetic on int64, so logical on UIN
 non-negative values), which stored wrapped to 32 bits are torch's int32 ones (a count outside
 [0, 31] gives 0 to the left, the sign fill to the right). `prod` multiplies in the compute dtype
 in numpy's order (float32 left to right along the axis; int64 wrapping, as torch's int64 prod).
+
+The ops of format version 7 are the collectives (`COLLECTIVES`): all_gather, reduce_scatter,
+all_reduce, broadcast, point_to_point and all_to_all. What they compute depends on the chips
+of their group, so a chip's run hands them to the rendezvous of its SPMD submit (`_mesh`);
+the functions here are their meaning for a group of one chip (a single device, a 1x1 mesh,
+`run_on_host`), where each is the identity.
 """
 
 from __future__ import annotations
@@ -60,8 +66,8 @@ import numpy as np
 from ._errors import ProgramError
 from ._types import DataType
 
-__all__ = ["OpDef", "OPS", "erf", "philox4x32_10", "arange_length", "check_range", "checked", "compute_dtype",
-           "store_as", "to_host_dtype", "zero_divisor"]
+__all__ = ["OpDef", "OPS", "COLLECTIVES", "erf", "philox4x32_10", "arange_length", "check_range", "checked",
+           "compute_dtype", "store_as", "to_host_dtype", "zero_divisor"]
 
 Array = np.ndarray[Any, Any]
 
@@ -603,6 +609,12 @@ def _avg_pool2d_backward(arrays: list[Array], scalar: float | None, input_shape:
     return _crop(dx, padding, h, w)
 
 
+def _alone(arrays: list[Array], scalar: float | None, **attrs_: Any) -> Array:
+    """A collective in a group of one chip: every one is the identity there (the gather of one
+    shard, the sum of one term, a broadcast from and to the one chip)."""
+    return arrays[0]
+
+
 OPS: dict[str, OpDef] = {
     op.name: op
     for op in (
@@ -691,8 +703,15 @@ OPS: dict[str, OpDef] = {
         OpDef("left_shift", 2, _left_shift, int_only=True),
         OpDef("right_shift", 2, _right_shift, int_only=True),
         OpDef("prod", 1, _prod),
+        # Format version 7: the collectives, as a group of one chip computes them (see above).
+        *(OpDef(name, 1, _alone) for name in (
+            "all_gather", "reduce_scatter", "all_reduce", "broadcast", "point_to_point", "all_to_all")),
     )
 }
+
+COLLECTIVES = frozenset({"all_gather", "reduce_scatter", "all_reduce", "broadcast", "point_to_point",
+                         "all_to_all"})
+"""The ops whose result depends on the other chips of a mesh (run by `_mesh.collectives`)."""
 
 
 def compute_dtype(dtype: DataType) -> np.dtype[Any]:

@@ -49,6 +49,12 @@ Shape rules of the newer ops (`docs/ops.md` is the table, with numpy and PyTorch
   take the same arguments and layouts, the forward input's or weight's shape where it cannot be
   read off a value, and check that grad has the forward result's shape.
 
+Collectives (all_gather, reduce_scatter, all_reduce, broadcast, point_to_point, all_to_all)
+exchange a value with the other chips of a mesh: `cluster_axis=a` groups the chips that differ
+only in coordinate a (None: every chip), results are in mesh-coordinate order along the group,
+reductions are sums. Their shapes depend on the group's size, which a program carries as the
+builder's `mesh_shape` (None: one chip) and a submit resolves for its mesh.
+
 Every intermediate value is typed L1 TILE in its dtype; where it is really stored is the runtime's
 choice. `Program.last_use` says when each value can be freed, and `run_on_host` is the reference
 interpreter: the runtime's loop, on host arrays.
@@ -67,6 +73,7 @@ import numpy as np
 from ._errors import LayoutError, ProgramError, ShapeError
 from ._footprint import program_footprint
 from ._ops import (
+    COLLECTIVES,
     OPS,
     arange_length,
     check_range,
@@ -128,11 +135,20 @@ class Program:
     """(value id, note) pairs: the steps the emulator checks (`ProgramBuilder.checking_range`):
     an integer result that would wrap, a division by zero or an index out of range fails the run
     with a ProgramError that begins with the note."""
+    mesh_shape: tuple[int, int] | None = None
+    """The (rows, cols) of the mesh its collectives' shapes were resolved for (`ProgramBuilder`'s
+    `mesh_shape`), or None: a program without collectives, or one built for a group of one
+    chip. A submit resolves them again for the mesh it runs on (`_binary.for_mesh`)."""
 
     inputs: tuple[TensorSpec, ...] = attrs.field(init=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "inputs", self.values[: self.num_inputs])
+
+    @property
+    def has_collectives(self) -> bool:
+        """Whether a step exchanges values with other chips (a collective: `COLLECTIVES`)."""
+        return any(step.op in COLLECTIVES for step in self.steps)
 
     def last_use(self) -> tuple[int, ...]:
         """For each value id, the index of the last step that reads it, so the runtime can free
@@ -263,12 +279,20 @@ def _window_size(size: int, kernel: int, stride: int, padding: int, dilation: in
 
 @final
 class ProgramBuilder:
-    """Records a program op by op; `build()` returns the immutable `Program`."""
+    """Records a program op by op; `build()` returns the immutable `Program`.
 
-    def __init__(self, name: str) -> None:
+    `mesh_shape` (rows, cols): the mesh whose group sizes the collectives' shapes are resolved
+    for. Left out, a collective's group is one chip (an all_gather's result is its input's
+    shape); a submit to a mesh resolves the shapes again for that mesh, so one program runs on
+    any mesh whose groups fit it (see docs/mesh.md, "Collectives")."""
+
+    def __init__(self, name: str, mesh_shape: Sequence[int] | None = None) -> None:
         if not isinstance(name, str) or not name:
             raise ProgramError("a program needs a non-empty name")
         self.name = name
+        # The (rows, cols) of the mesh the collectives' shapes are resolved for; None: a group
+        # of one chip until a submit resolves them for its mesh (`_binary.for_mesh`).
+        self.mesh_shape = _mesh_shape(mesh_shape)
         self._values: list[TensorSpec] = []
         self._steps: list[Step] = []
         self._outputs: list[tuple[int, TensorSpec]] = []
@@ -416,6 +440,7 @@ class ProgramBuilder:
             num_inputs=self._num_inputs,
             donations=tuple((k, i) for k, i in enumerate(self._donated) if i >= 0),
             range_checks=tuple(self._range_checks),
+            mesh_shape=self.mesh_shape if any(step.op in COLLECTIVES for step in self._steps) else None,
         )
 
     # -- ops ---------------------------------------------------------------------------------
@@ -1093,6 +1118,93 @@ class ProgramBuilder:
         return self._emit("embedding_grad", [ids, grad], (rows, grad.shape[-1]), grad.dtype,
                           num_rows=rows, padding_idx=pad)
 
+    # -- collectives (format version 7): values exchanged with the other chips of a mesh -------
+
+    def _collective(self, op: str, x: Value, cluster_axis: Any) -> tuple[Value, int | None, int]:
+        """x checked for a collective, the group's axis and its size: the chips that differ only
+        in coordinate `cluster_axis` (0: a column's, 1: a row's), or every chip (None). The size
+        is the builder's mesh's (1 while it has none: resolved again at submit)."""
+        self._check_open()
+        x = self._value(op, x)
+        if x.dtype is DataType.BFLOAT8_B:
+            raise LayoutError(f"{op}: BFLOAT8_B values do not cross links here; typecast to BFLOAT16 first")
+        if cluster_axis is not None:
+            cluster_axis = _int(op, "cluster_axis", cluster_axis)
+            if cluster_axis not in (0, 1):
+                raise ShapeError(f"{op}: cluster_axis is 0 (the chips of a mesh column), 1 (of a mesh row) "
+                                 f"or None (every chip), got {cluster_axis}")
+        rows, cols = self.mesh_shape or (1, 1)
+        size = rows * cols if cluster_axis is None else (rows, cols)[cluster_axis]
+        return x, cluster_axis, size
+
+    def _coord(self, op: str, name: str, coord: Any) -> tuple[int, int]:
+        """A chip's mesh coordinate (row, col), inside the builder's mesh when it has one."""
+        if not isinstance(coord, (list, tuple)) or len(coord) != 2:
+            raise ShapeError(f"{op}: {name} is a mesh coordinate (row, col), got {coord!r:.40}")
+        r, c = _int(op, name, coord[0], 0), _int(op, name, coord[1], 0)
+        if self.mesh_shape is not None and not (r < self.mesh_shape[0] and c < self.mesh_shape[1]):
+            rows, cols = self.mesh_shape
+            raise ShapeError(f"{op}: {name} {(r, c)} is outside the {rows}x{cols} mesh")
+        return r, c
+
+    def all_gather(self, x: Value, dim: int, cluster_axis: int | None = None) -> Value:
+        """The group's values joined along `dim` in mesh-coordinate order along the group
+        (ttnn.all_gather): every chip of the group gets the same result, `dim` N times longer
+        for a group of N chips. Any dtype but BFLOAT8_B."""
+        x, axis_, n = self._collective("all_gather", x, cluster_axis)
+        dim = _normalise_axis("all_gather", dim, len(x.shape))
+        shape = x.shape[:dim] + (x.shape[dim] * n,) + x.shape[dim + 1:]
+        return self._emit("all_gather", [x], shape, x.dtype, dim=dim, cluster_axis=axis_)
+
+    def reduce_scatter(self, x: Value, dim: int, cluster_axis: int | None = None) -> Value:
+        """The sum of the group's values, split along `dim` into N equal parts, the k-th chip
+        of the group (in mesh-coordinate order) keeping part k (ttnn.reduce_scatter, Sum only).
+        `dim` must split evenly over the group (ShapeError, here or at submit)."""
+        x, axis_, n = self._collective("reduce_scatter", x, cluster_axis)
+        dim = _normalise_axis("reduce_scatter", dim, len(x.shape))
+        if x.shape[dim] % n:
+            raise ShapeError(f"reduce_scatter: dim {dim} of {x.shape} has size {x.shape[dim]}, which a group "
+                             f"of {n} chips cannot split evenly")
+        shape = x.shape[:dim] + (x.shape[dim] // n,) + x.shape[dim + 1:]
+        return self._emit("reduce_scatter", [x], shape, x.dtype, dim=dim, cluster_axis=axis_)
+
+    def all_reduce(self, x: Value, cluster_axis: int | None = None) -> Value:
+        """The sum of the group's values on every chip of the group (ttnn.all_reduce, Sum
+        only); x's shape and dtype. Integers wrap as the device's additions do."""
+        x, axis_, _ = self._collective("all_reduce", x, cluster_axis)
+        return self._emit("all_reduce", [x], x.shape, x.dtype, cluster_axis=axis_)
+
+    def broadcast(self, x: Value, sender: tuple[int, int]) -> Value:
+        """The value of the chip at mesh coordinate `sender` (row, col), on every chip
+        (ttnn.broadcast); x's shape and dtype."""
+        x, _, _ = self._collective("broadcast", x, None)
+        return self._emit("broadcast", [x], x.shape, x.dtype, sender=self._coord("broadcast", "sender", sender))
+
+    def point_to_point(self, x: Value, sender: tuple[int, int], receiver: tuple[int, int]) -> Value:
+        """x sent from the chip at mesh coordinate `sender` to the chip at `receiver`
+        (ttnn.point_to_point): the receiver's result is the sender's x, every other chip's its
+        own x (tt-mlir's rule). x's shape and dtype."""
+        x, _, _ = self._collective("point_to_point", x, None)
+        return self._emit("point_to_point", [x], x.shape, x.dtype,
+                          sender=self._coord("point_to_point", "sender", sender),
+                          receiver=self._coord("point_to_point", "receiver", receiver))
+
+    def all_to_all(self, x: Value, split_dim: int, concat_dim: int, cluster_axis: int | None = None) -> Value:
+        """Each chip splits x along `split_dim` into N parts, sends part k to the k-th chip of
+        the group, and joins the parts it receives along `concat_dim` in mesh-coordinate order
+        (ttnn.all_to_all): `split_dim` N times shorter, `concat_dim` N times longer."""
+        x, axis_, n = self._collective("all_to_all", x, cluster_axis)
+        split = _normalise_axis("all_to_all", split_dim, len(x.shape))
+        concat = _normalise_axis("all_to_all", concat_dim, len(x.shape))
+        if x.shape[split] % n:
+            raise ShapeError(f"all_to_all: split dim {split} of {x.shape} has size {x.shape[split]}, which a "
+                             f"group of {n} chips cannot split evenly")
+        shape = list(x.shape)
+        shape[split] //= n
+        shape[concat] *= n
+        return self._emit("all_to_all", [x], tuple(shape), x.dtype, split_dim=split, concat_dim=concat,
+                          cluster_axis=axis_)
+
     # -- gradients of conv2d and the pools (the same conventions as the forward ops) --------------
 
     def conv2d_input_grad(self, grad: Value, weight: Value, input_shape: Sequence[int],
@@ -1206,6 +1318,15 @@ def _conv_geometry(op: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...], 
     return {"stride": s, "padding": p, "dilation": d, "groups": g}
 
 
+def _mesh_shape(shape: Any) -> tuple[int, int] | None:
+    """A builder's mesh shape: None, or (rows, cols) of positive ints."""
+    if shape is None:
+        return None
+    if not isinstance(shape, (list, tuple)) or len(shape) != 2:
+        raise ShapeError(f"mesh_shape is (rows, cols), two positive ints, got {shape!r:.40}")
+    return _int("ProgramBuilder", "mesh_shape", shape[0], 1), _int("ProgramBuilder", "mesh_shape", shape[1], 1)
+
+
 def _slice_text(bounds: list[tuple[int, int, int]]) -> str:
     return ", ".join(f"{a}:{e}:{s}" for a, e, s in bounds)
 
@@ -1220,6 +1341,12 @@ def run_on_host(program: Program, arrays: Sequence[Any]) -> list[np.ndarray[Any,
     if len(arrays) != len(program.inputs):
         raise ProgramError(
             f"program {program.name!r} takes {len(program.inputs)} inputs, {len(arrays)} were given"
+        )
+    if program.mesh_shape not in (None, (1, 1)):
+        rows, cols = program.mesh_shape
+        raise ProgramError(
+            f"program {program.name!r} was built for a {rows}x{cols} mesh; run_on_host runs one chip "
+            "(its collectives as a group of one): build it without mesh_shape"
         )
     values: list[Any] = [None] * len(program.values)  # each set before any step reads it
     for index, (array, spec) in enumerate(zip(arrays, program.inputs)):

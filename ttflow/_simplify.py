@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from ._ops import COLLECTIVES
 from ._program import Program, Step, TensorSpec
 from ._types import DataType
 
@@ -328,4 +329,5 @@ def _renumbered(program: Program, specs: list[TensorSpec], steps: list[Step],
         num_inputs=program.num_inputs,
         range_checks=tuple(sorted((number[step.output], checks[step.output])
                                   for step in steps if step.output in checks)),
+        mesh_shape=program.mesh_shape if any(s.op in COLLECTIVES for s in steps) else None,
     )
