@@ -11,7 +11,10 @@ A record is a tuple of steps:
 - `Load(src, shape)`: a storage's value out to a host array (the result of `run`);
 - `Copy(src, dst, shape)`: a value between storages (a page copy, or a conversion of layout or
   dtype through the kernels);
-- `Compute(plan, sources, outputs, scratch)`: a program's steps over its input storages;
+- `Compute(plan, sources, outputs, scratch, ..., peers)`: a program's steps over its input
+  storages; `peers`, on a chip of an SPMD submit, is what its collective steps exchange values
+  through (its place in the submit's rendezvous, `_mesh.collectives`), None elsewhere (a
+  collective then runs as in a group of one chip);
 - `Slide(space, source, target, depth)`: a buffer's bytes, `depth` per bank in every bank, to a
   new address that may overlap the old one (compaction: the buffer keeps its storage).
 """
@@ -27,7 +30,7 @@ import numpy as np
 from . import _storage_io as io
 from ._kernels import _pointwise
 from ._memory import Storage
-from ._ops import OPS, check_range, compute_dtype
+from ._ops import COLLECTIVES, OPS, check_range, compute_dtype
 from ._types import DataType, Layout, MemorySpace, TensorLayout, least_padded_shape
 
 if TYPE_CHECKING:
@@ -94,7 +97,7 @@ class Plan:
                  "store_in_output", "copied_out", "compute", "value_dtypes", "scratch", "macs",
                  "page_code", "input_layouts", "output_layouts", "output_shapes", "input_checks",
                  "bound", "donated", "in_place", "output_states", "footprint", "schedule", "range_checks",
-                 "_built")
+                 "collectives", "_built")
 
     def __init__(self, program: Program) -> None:
         # The parts of the program a run reads (not the program: a plan cached under its program
@@ -110,6 +113,9 @@ class Plan:
         self.step_attrs = [dict(step.attrs) for step in program.steps]
         self.range_checks = dict(program.range_checks)
         self.compute = [OPS[step.op].fn for step in program.steps]  # run() silences FP warnings
+        # The steps that exchange values with other chips: such a plan never takes the fast
+        # paths (its record waits for its peers, so it runs on its queue's worker thread).
+        self.collectives = tuple(index for index, step in enumerate(program.steps) if step.op in COLLECTIVES)
         self.value_dtypes = [compute_dtype(spec.dtype) for spec in program.values]
         # A step value that is an output of the same dtype is stored straight into that output.
         self.store_in_output: dict[int, int] = {}
@@ -218,8 +224,11 @@ class _Schedule:
             cache = (plan.values[op.inputs[0]].shape, op.inputs[1], op.inputs[2]) if index in plan.in_place else None
             # A checked step (`ProgramBuilder.checking_range`): (note, op, dtype).
             check = (checks[value], op.op, spec.dtype) if value in checks else None
+            # A collective: (step index, op, dtype), for the peers it exchanges values with.
+            collective = (index, op.op, spec.dtype) if op.op in COLLECTIVES else None
             steps.append((plan.compute[index], op.inputs, op.scalar, plan.step_attrs[index], value, k,
-                          kept, spec.shape, plan.value_dtypes[value], dies, host_dtype, cache, check))
+                          kept, spec.shape, plan.value_dtypes[value], dies, host_dtype, cache, check,
+                          collective))
         self.steps = tuple(steps)
         self.copies = tuple((k, value) for k, value in enumerate(plan.outputs)
                             if plan.store_in_output.get(value) != k)
@@ -335,6 +344,9 @@ class Compute(NamedTuple):
     pagewise: bool = False  # run on the pages in place (see `pagewise_storages`)
     # For the C kernel: (memory space, code, operand addresses, bank rows, depth), or None.
     kernel: Kernel | None = None
+    # On a chip of an SPMD submit: its place in the submit's rendezvous (`_mesh.collectives.
+    # Peer`), through which the collective steps exchange values with the other chips.
+    peers: Any = None
 
 
 def page_kernel(plan: Plan, operands: tuple[Storage, ...], num_banks: int) -> Kernel | None:
@@ -496,17 +508,20 @@ def _compute(step: Compute, banks: Banks) -> None:
         _compute_pages(step, banks)
         return
     plan = step.plan
-    _run_schedule(plan.schedule, len(plan.values), step.sources, step.outputs, step.scratch, banks)
+    _run_schedule(plan.schedule, len(plan.values), step.sources, step.outputs, step.scratch, banks,
+                  step.peers)
 
 
 def _run_schedule(schedule: _Schedule, n_values: int, sources: tuple[Storage, ...],
-                  outputs: tuple[Storage, ...], scratch: dict[int, Storage], banks: Banks) -> None:
+                  outputs: tuple[Storage, ...], scratch: dict[int, Storage], banks: Banks,
+                  peers: Any = None) -> None:
     values: list[np.ndarray[Any, Any] | None] = [None] * n_values
     read, write, write_tiles, tile = io.read_array, io.write_array, io.write_tiles, TensorLayout.TILE
     for index, shape, dtype in schedule.reads:
         storage = sources[index]
         values[index] = read(banks[storage.layout.memory], storage, shape).astype(dtype, copy=False)
-    for fn, inputs, scalar, attrs, value, k, kept, shape, dtype, dies, host_dtype, cache, check in schedule.steps:
+    for (fn, inputs, scalar, attrs, value, k, kept, shape, dtype, dies, host_dtype, cache, check,
+         collective) in schedule.steps:
         storage = outputs[k] if k >= 0 else scratch[value]
         layout = storage.layout
         bank = banks[layout.memory]
@@ -517,7 +532,10 @@ def _run_schedule(schedule: _Schedule, n_values: int, sources: tuple[Storage, ..
             stored = None  # the rest of the buffer was not written here: read back if needed
         else:
             operands = [values[v] for v in inputs]
-            result = fn(operands, scalar, **attrs)
+            if collective is not None and peers is not None:  # bytes to and from the other chips
+                result = peers.collective(collective[0], collective[1], operands[0], attrs, collective[2])
+            else:
+                result = fn(operands, scalar, **attrs)
             if check is not None:
                 check_range(check[0], check[1], operands, result, check[2], attrs)
             if host_dtype is not None and layout.tensor_layout is tile:

@@ -7,7 +7,9 @@ the result back to the scheduler. Small records run inline in the queue's task: 
 hand-off costs 85-180 us here, more than a tiny program. Records estimated above the queue's
 `inline_seconds` (the device's setting, `INLINE_SECONDS` by default) go to the queue's own
 worker thread (`_worker.py`), so the event loop is never
-blocked by a large kernel and a CQ1 write overlaps a CQ0 program. Consecutive ready host writes
+blocked by a large kernel and a CQ1 write overlaps a CQ0 program. A program whose collectives
+wait for other chips (`Command.peers`, an SPMD submit's) always runs on the worker: inline, its
+wait would block the loop that must run the other chips' queues. Consecutive ready host writes
 travel together: one hand-off carries up to 32 of them, and no more than about a millisecond of
 work (none completes before the whole batch has run, so a larger batch would only delay the
 program waiting for its first write).
@@ -357,7 +359,9 @@ class CommandQueue:
                             command.rollback(record)
                             error = exc
                 if error is None and record is not None:
-                    if estimate(record.nbytes, record.kernel_bytes, record.macs) > self.inline_seconds:
+                    # A record whose collectives wait for other chips never blocks the loop.
+                    if (estimate(record.nbytes, record.kernel_bytes, record.macs) > self.inline_seconds
+                            or command.peers is not None):
                         error = await self._run_on_worker(command, record)
                         # The loop was free while the worker ran: go straight on to the next
                         # command, whose hand-off would otherwise wait for every task the
@@ -538,7 +542,8 @@ class CommandQueue:
             return
         steps = record.steps
         compute = steps[0]
-        ahead = len(steps) == 1 and type(compute) is Compute and record.seconds > self.inline_seconds
+        ahead = (len(steps) == 1 and type(compute) is Compute
+                 and (record.seconds > self.inline_seconds or command.peers is not None))
         ticket = self._worker.send(run, record, self._banks) if ahead else None
         if ticket is None:  # a conversion, a small record or no free token: undo
             command.rollback(record)

@@ -20,7 +20,7 @@ from ._kernels import _bfp8, _pointwise
 from ._memory import Storage
 from ._queue import NO_DEPS
 from ._sched import ProgramCommand, TensorState
-from ._binary import Binary
+from ._binary import Binary, for_mesh
 from ._program import Program
 from ._tensor import Tensor
 from ._types import DataType, Layout, MemorySpace, check_shape
@@ -294,5 +294,7 @@ def _submit_checked(device: Device, binary: Binary, program_index: int,
         _check_dtype(tensor, spec.dtype, index)
     for _, index in program.donations:
         _check_donation(program, program_index, inputs, index)
+    # A device is a 1x1 mesh: its collectives run as in a group of one chip (identities).
+    program = for_mesh(program, (1, 1))
     states = device._scheduler.submit(program, tuple(tensor._state for tensor in inputs))
     return [Tensor._wrap(device, state) for state in states]

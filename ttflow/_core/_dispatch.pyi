@@ -35,6 +35,7 @@ class CommandCore:
     sent: Any
     footprint: int
     spill: bool
+    peers: Any
 
 class StateCore:
     shape: tuple[int, ...]

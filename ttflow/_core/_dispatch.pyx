@@ -108,6 +108,7 @@ cdef class CommandCore:
     cdef public object sent  # the worker's ticket of a command decided ahead (`_queue`)
     cdef public Py_ssize_t footprint  # per-core L1 circular-buffer bytes it holds while it runs
     cdef public bint spill  # its L1 allocations go to DRAM (L1 cannot hold them: `make_room`)
+    cdef public object peers  # a chip's place in its SPMD submit's rendezvous (collectives), or None
     cdef object __weakref__
 
 
@@ -349,7 +350,7 @@ def submit(device, binary, program_index, inputs):
         given = list(inputs)
     else:
         return None
-    if plan.donated:
+    if plan.donated or plan.collectives:  # a donation; collectives resolved for the device's group
         return None
     cdef Py_ssize_t n = len(checks), k
     if len(given) != n:

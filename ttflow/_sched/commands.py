@@ -337,10 +337,10 @@ class ProgramCommand(_Scheduled):
             space, code, rows, depth = bound.kernel
             sources.extend(outputs)
             kernel = (space, code, tuple([storage.address for storage in sources]), rows, depth)
-            compute = _new_tuple(Compute, (plan, sources_, outputs_, _NO_SCRATCH, True, kernel))
+            compute = _new_tuple(Compute, (plan, sources_, outputs_, _NO_SCRATCH, True, kernel, None))
             return _new_tuple(Record, ((compute,), bound.nbytes, plan.macs, False, bound.nbytes))
         pagewise = pagewise_storages(plan, (*sources_, *outputs_))
-        compute = _new_tuple(Compute, (plan, sources_, outputs_, _NO_SCRATCH, pagewise, None))
+        compute = _new_tuple(Compute, (plan, sources_, outputs_, _NO_SCRATCH, pagewise, None, None))
         return _new_tuple(Record, ((compute,), bound.nbytes, plan.macs, False, 0))
 
     def _decide(self) -> Record:
@@ -408,7 +408,7 @@ class ProgramCommand(_Scheduled):
         kernel = None
         if pagewise:
             kernel = page_kernel(self.plan, operands, s.num_banks(operands[0].layout.memory))
-        steps.append(Compute(self.plan, sources_, outputs_, scratch, pagewise, kernel))
+        steps.append(Compute(self.plan, sources_, outputs_, scratch, pagewise, kernel, self.peers))
         return Record(tuple(steps), nbytes=nbytes, macs=self.plan.macs)
 
     def commit(self, record: Record, result: Any) -> None:

@@ -90,7 +90,7 @@ class Scheduler(SchedulerState):
         intern = self.intern
         input_layouts = tuple([intern(layout) for layout in plan.input_layouts])
         output_layouts = tuple([intern(layout) for layout in plan.output_layouts])
-        if plan.donated:
+        if plan.donated or plan.collectives:  # decided by the general path (`_decide`)
             return plan.bound_to(footprint, input_layouts, output_layouts, None)
         inputs = [self.geometry(layout, spec.shape)
                   for layout, spec in zip(input_layouts, plan.inputs)]
@@ -223,6 +223,11 @@ class Scheduler(SchedulerState):
             listener(command, error)
         if isinstance(command, _Scheduled):
             self.settle_all(command, error)
+        peers = command.peers
+        if peers is not None:  # a chip's program of an SPMD submit with collectives
+            if error is not None:
+                peers.abort(error)  # its peers' collectives fail typed instead of waiting for it
+            command.peers = None
         command.complete(error)
 
     def shutdown(self, abort: BaseException) -> None:
