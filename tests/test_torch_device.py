@@ -310,13 +310,13 @@ def test_an_op_with_no_device_lowering_warns_once_and_runs_on_the_cpu(fresh):
     from ttflow.torch import _fallback
 
     _fallback.warned.clear()  # once per op and process, as torch's own warn-once
-    x = torch.tensor([[0.5, 1.5]])
+    x, a = torch.tensor([[0.5, 1.5]]), torch.tensor([[2.0, 3.0]])  # igamma: no device lowering
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        r1 = torch.lgamma(x.to("tt"))
-        r2 = torch.lgamma(x.to("tt") * 2)
-    assert torch.equal(r1.cpu(), torch.lgamma(x)) and torch.equal(r2.cpu(), torch.lgamma(x * 2))
-    cpu_warnings = [w for w in caught if "lgamma" in str(w.message) and "ran on the CPU" in str(w.message)]
+        r1 = torch.igamma(a.to("tt"), x.to("tt"))
+        r2 = torch.igamma(a.to("tt"), x.to("tt") * 2)
+    assert torch.equal(r1.cpu(), torch.igamma(a, x)) and torch.equal(r2.cpu(), torch.igamma(a, x * 2))
+    cpu_warnings = [w for w in caught if "igamma" in str(w.message) and "ran on the CPU" in str(w.message)]
     assert len(cpu_warnings) == 1
 
 
@@ -326,18 +326,18 @@ def test_fallback_warnings_name_the_users_line(fresh):
     from ttflow.torch import _fallback
 
     _fallback.warned.clear()
-    x = torch.tensor([[0.5, 1.5, 2.0]])
+    x, k = torch.tensor([[0.5, 1.5, 2.0]]), torch.tensor([[2.0, 3.0, 1.0]])  # igamma stays on the CPU
 
     def f(a):
-        return torch.lgamma(a) * 2  # the line the compiled graph's warnings name
+        return torch.igamma(k.to(a.device), a) * 2  # the line the compiled graph's warnings name
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         eager_line = inspect.currentframe().f_lineno + 1
-        r1 = torch.lgamma(x.to("tt"))
+        r1 = torch.igamma(k.to("tt"), x.to("tt"))
         compiled_line = inspect.currentframe().f_lineno + 1
         r2 = torch.compile(f, backend="tt")(x.to("tt") + 1)
-    assert torch.equal(r1.cpu(), torch.lgamma(x)) and torch.equal(r2.cpu(), f(x + 1))
+    assert torch.equal(r1.cpu(), torch.igamma(k, x)) and torch.equal(r2.cpu(), f(x + 1))
     where = {(w.filename, w.lineno) for w in caught
              if "ran on the CPU" in str(w.message) or "runs eagerly" in str(w.message)}
     assert where and all(filename == __file__ for filename, _ in where), where

@@ -286,16 +286,22 @@ def tiled_elements(shape: Sequence[int]) -> int:
     return math.prod(shape[:-2]) * -(-rows // TILE) * TILE * -(-cols // TILE) * TILE
 
 
+@functools.lru_cache(maxsize=4096)
 def least_padded_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     """The shape to store a value of `shape` in TILE layout with: itself, unless tiles would pad
-    it to more than twice its size; then the 2-D split [rows, cols] of its dims that pads least.
+    it to more than twice its size; then the 2-D [rows, cols] view of its elements that pads
+    least: a split between two of its dims, or all its elements as rows of a multiple of 32
+    (a 1-D value of 20,000 elements as 625 x 32, not one row padded to 32).
 
     Tiles pad the last two dims to 32: an NCHW activation of 8x8 (or a 3x3 conv kernel) would
     fill a 32x32 tile with 16 (113) times its bytes. ttnn flattens such tensors (convolution
     activations to [1, 1, N*H*W, C]); the element order is the same, so a value stored this way
     reads back as itself."""
-    if len(shape) < 2 or tiled_elements(shape) <= 2 * math.prod(shape):
+    dims = (1, *shape) if len(shape) == 1 else shape
+    if len(dims) < 2 or tiled_elements(dims) <= 2 * math.prod(dims):
         return shape
-    splits = [(math.prod(shape[:k]), math.prod(shape[k:])) for k in range(1, len(shape))]
-    best = min(splits, key=tiled_elements)
-    return best if tiled_elements(best) < tiled_elements(shape) else shape
+    count = math.prod(dims)
+    splits = [(math.prod(dims[:k]), math.prod(dims[k:])) for k in range(1, len(dims))]
+    splits += [(count // cols, cols) for cols in range(TILE, min(count, 64 * TILE) + 1, TILE) if count % cols == 0]
+    best = min(splits, key=tiled_elements)  # the first of the least padded: a split of dims first
+    return best if tiled_elements(best) < tiled_elements(dims) else shape

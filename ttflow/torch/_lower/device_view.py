@@ -65,6 +65,8 @@ def _device_shape(dims: tuple[int, ...]) -> tuple[int, ...]:
         return (1, 1)
     if len(dims) == 1:
         return (1, dims[0])
+    if len(dims) == 2:
+        return dims  # torch's 2-D tensors are the device's 2-D tensors (a rank-1 one's (1, n) too)
     # Tiles pad the last two dims to 32: a conv weight's 3x3 kernel would take a whole 32x32
     # tile (113x its bytes), NCHW activations' small trailing dims likewise. Such a tensor lives
     # as the 2-D split of its dims that pads least, as a program's scratch does (ttnn flattens
