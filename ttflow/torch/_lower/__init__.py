@@ -26,13 +26,14 @@ Conventions (the caller's contract, `InputSpec` and `OutputSpec` restate them pe
 The package is split as tt-mlir's runtime groups its operations: `graph` walks a graph and holds
 the registry, `device_view` says what a torch tensor is on the device, `decompositions` what
 AOTAutograd decomposes first, and one module per op family registers its lowerings (pointwise,
-creation, index_shape, reduce, matmul_conv, norm). Below it in `ttflow.torch` are only the
+creation, index_shape, reduce, matmul_conv, norm; the special functions in special, bessel
+and polynomials, over series' evaluation helpers). Below it in `ttflow.torch` are only the
 pieces everything uses (`_errors`, and `_fused`/`_foreach_decomp`'s decompositions): the lowering
 is pure, no device, no session.
 """
 
 from .._errors import UnsupportedOpError as UnsupportedOpError
-from . import creation, index_shape, matmul_conv, norm, pointwise, reduce, special  # noqa: F401  (register the lowerings)
+from . import bessel, creation, index_shape, matmul_conv, norm, pointwise, polynomials, reduce, special  # noqa: F401  (register the lowerings)
 from .decompositions import DECOMPOSITIONS as DECOMPOSITIONS
 from .decompositions import TRACING as TRACING
 from .device_view import InputSpec as InputSpec
