@@ -23,13 +23,14 @@ from ._errors import ProgramError as ProgramError
 from ._errors import ShapeError as ShapeError
 from ._errors import TTFlowError as TTFlowError
 from ._errors import TraceError as TraceError
+from ._errors import MeshError as MeshError
 from ._device import Device as Device
 from ._device import DeviceStatistics as DeviceStatistics
 from ._device import open_device as open_device
 from ._trace import Trace as Trace
-from ._trace import capture_trace as capture_trace
-from ._trace import execute_trace as execute_trace
-from ._trace import release_trace as release_trace
+from ._mesh.api import capture_trace as capture_trace
+from ._mesh.api import execute_trace as execute_trace
+from ._mesh.api import release_trace as release_trace
 from ._memory import BufferInfo as BufferInfo
 from ._memory import BufferView as BufferView
 from ._memory import MemoryView as MemoryView
@@ -42,17 +43,33 @@ from ._program import Program as Program
 from ._program import ProgramBuilder as ProgramBuilder
 from ._simplify import simplify as simplify
 from ._binary import get_layout as get_layout
-from ._runtime import deallocate as deallocate
-from ._runtime import empty as empty
-from ._runtime import submit as submit
-from ._runtime import to_device as to_device
-from ._runtime import to_host as to_host
-from ._runtime import to_layout as to_layout
-from ._runtime import wait as wait
-from ._runtime import write as write
+from ._mesh.api import deallocate as deallocate
+from ._mesh.api import empty as empty
+from ._mesh.api import submit as submit
+from ._mesh.api import to_device as to_device
+from ._mesh.api import to_host as to_host
+from ._mesh.api import to_layout as to_layout
+from ._mesh.api import wait as wait
+from ._mesh.api import write as write
 from ._tensor import Tensor as Tensor
 from ._timeline import TimelineRecorder as TimelineRecorder
-from ._timeline import record_timeline as record_timeline
+from ._mesh.api import record_timeline as record_timeline
+from ._mesh.device import MeshDevice as MeshDevice
+from ._mesh.device import MeshStatistics as MeshStatistics
+from ._mesh.device import create_submesh as create_submesh
+from ._mesh.device import open_mesh_device as open_mesh_device
+from ._mesh.device import release_submesh as release_submesh
+from ._mesh.placement import concat as concat
+from ._mesh.placement import concat_2d as concat_2d
+from ._mesh.placement import replicate as replicate
+from ._mesh.placement import shard as shard
+from ._mesh.placement import shard_2d as shard_2d
+from ._mesh.spec import MeshSpec as MeshSpec
+from ._mesh.tensor import MeshTensor as MeshTensor
+from ._mesh.tensor import device_tensors as device_tensors
+from ._mesh.timeline import MeshTimelineRecorder as MeshTimelineRecorder
+from ._mesh.trace import MeshTrace as MeshTrace
+from ._mesh.transfer import from_shards as from_shards
 from ._timeline import record_trace as record_trace
 from ._types import DataType as DataType
 from ._types import DeviceSpec as DeviceSpec
@@ -78,7 +95,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BinaryFormatError", "DeallocatedTensorError", "DeviceClosedError", "LayoutError",
-    "OutOfMemoryError", "ProgramError", "ShapeError", "TTFlowError", "TraceError",
+    "OutOfMemoryError", "ProgramError", "ShapeError", "TTFlowError", "TraceError", "MeshError",
     "Trace", "capture_trace", "execute_trace", "release_trace",
     "Device", "DeviceStatistics", "open_device", "BufferInfo",
     "MemoryView", "BufferView", "MemoryMapRecorder", "record_memory_map", "draw_memory_map",
@@ -87,4 +104,7 @@ __all__ = [
     "deallocate", "empty", "submit", "to_device", "to_host", "to_layout", "wait", "write",
     "Tensor", "TimelineRecorder", "record_timeline", "record_trace", "TraceRecorder",
     "DataType", "DeviceSpec", "Layout", "MemorySpace", "TensorLayout", "kernels",
+    "MeshSpec", "MeshDevice", "MeshStatistics", "MeshTensor", "MeshTrace", "MeshTimelineRecorder",
+    "open_mesh_device", "create_submesh", "release_submesh", "device_tensors", "from_shards",
+    "replicate", "shard", "shard_2d", "concat", "concat_2d",
 ]

@@ -8,7 +8,8 @@
     ├── ProgramError           a program that cannot be built, submitted or run
     ├── BinaryFormatError      a binary file that is corrupt, truncated or foreign
     ├── DeviceClosedError      work sent to a device that is closed
-    └── TraceError             a trace captured or replayed where it cannot be
+    ├── TraceError             a trace captured or replayed where it cannot be
+    └── MeshError              a mesh, or a tensor of one, used where it cannot be
 
 Each class says what went wrong; each message says what to do next.
 """
@@ -29,6 +30,7 @@ __all__ = [
     "BinaryFormatError",
     "DeviceClosedError",
     "TraceError",
+    "MeshError",
 ]
 
 
@@ -87,6 +89,12 @@ class DeviceClosedError(TTFlowError):
 class TraceError(TTFlowError):
     """A trace cannot be captured or replayed: a host transfer inside a capture, a released
     trace, a traced input deallocated, or a captured command that failed."""
+
+
+class MeshError(TTFlowError):
+    """A mesh, or a tensor distributed over one, used where it cannot be: a released submesh, a
+    tensor of another mesh, sharded shards read without a composer, a reshape the chips'
+    links do not allow."""
 
 
 def detach_frames(error: BaseException, origin: str) -> None:
