@@ -267,3 +267,24 @@ def test_any_scale_factor_matches_cpu(device, h, factor, mode, seed) -> None:
         return
     with only_on_device():
         check(fn, x)
+
+
+@pytest.mark.parametrize(("mode", "shape"), [
+    ("linear", (1, 2, 2)), ("linear", (1, 2, 3)), ("bilinear", (1, 1, 1, 2)), ("bilinear", (1, 1, 4, 2)),
+    ("bilinear", (1, 1, 2, 4)), ("bicubic", (1, 1, 4, 2)), ("trilinear", (1, 1, 2, 3, 2)),
+])
+def test_an_axis_whose_size_stays_is_copied_as_cpu_torch_does(device, mode, shape) -> None:
+    """A factor of 1.25 on 2 (or 3) pixels keeps 2 (3): CPU torch's kernels copy that axis, where
+    torch's own decompositions blend it at the 0.8 spacing. Eager tt follows the kernels;
+    compiled, torch decomposes `upsample_*.vec` itself before any backend sees it, so tt gives
+    what `backend="aot_eager"` gives on the CPU (docs/torch-lowering.md)."""
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(x, scale_factor=1.25, mode=mode)
+
+    x = rand(*shape, seed=3)
+    with only_on_device():
+        check(fn, x)
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend="tt", dynamic=False)(x.to("tt"))
+    torch._dynamo.reset()
+    _close(compiled, torch.compile(fn, backend="aot_eager", dynamic=False)(x))

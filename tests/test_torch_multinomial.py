@@ -4,6 +4,7 @@ runs on the CPU, with the fallback's warning, and still gives the CPU's samples.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import pytest
@@ -31,7 +32,8 @@ def test_seeded_samples_equal_the_cpus(rows, categories, data, seed, dtype) -> N
     torch.manual_seed(seed)
     expected = torch.multinomial(probs, n, replacement)
     torch.manual_seed(seed)
-    with only_on_device():
+    on_device = only_on_device() if n == 1 or dtype == torch.float32 else contextlib.nullcontext()
+    with on_device:  # several from bfloat16 run on the CPU (top-k's order of ties)
         got = torch.multinomial(probs.to("tt"), n, replacement)
     assert got.device.type == "tt" and got.dtype == torch.int64
     assert torch.equal(got.cpu(), expected)

@@ -109,10 +109,13 @@ def _multinomial(probs: torch.Tensor, num_samples: int, replacement: bool = Fals
     without replacement or one sample a row: its checks, then the Gumbel trick, the argmax (or
     top-k) of probs / q for q ~ Exp(1). q is drawn on the host from the generator (as the
     random fills are), so a seed gives the CPU's very samples; the rest runs on tt. Sampling
-    several with replacement draws differently on the CPU (one uniform a sample): that case
-    runs there, with the fallback's warning."""
+    several with replacement draws differently on the CPU (one uniform a sample), and several
+    from bfloat16 scores meets ties whose order CPU torch's top-k leaves unspecified: those run
+    there, with the fallback's warning."""
     op = aten.multinomial.default
-    if (replacement and num_samples > 1) or not probs.dtype.is_floating_point or probs.dim() not in (1, 2):
+    several = num_samples > 1
+    if ((several and (replacement or probs.dtype != torch.float32))  # ties in bfloat16: top-k's order
+            or not probs.dtype.is_floating_point or probs.dim() not in (1, 2)):
         return _on_device(op, (probs, num_samples, replacement), {"generator": generator})
     if num_samples <= 0:
         raise RuntimeError(f"cannot sample n_sample <= 0 samples (got {num_samples})")

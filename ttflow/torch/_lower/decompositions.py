@@ -286,6 +286,15 @@ def _decompositions() -> dict[Any, Callable[..., Any]]:
     for op in (aten.native_dropout.default, aten.max_pool2d_with_indices_backward.default,
                aten.embedding.default, aten.gelu.default):
         table.pop(op, None)
+    # Lowered directly (matmul_conv's resampling matrices, CPU torch's kernels): torch's own
+    # decompositions of these blend an axis whose size does not change (a factor of 1.25 on 2
+    # pixels), which CPU torch's kernels copy; `backend="aot_eager"` differs from eager likewise.
+    for packet in (aten.upsample_linear1d, aten.upsample_trilinear3d, aten.upsample_bicubic2d,
+                   aten.upsample_linear1d_backward, aten.upsample_trilinear3d_backward,
+                   aten.upsample_bicubic2d_backward):
+        for overload in packet.overloads():
+            if overload != "vec":
+                table.pop(getattr(packet, overload), None)
     return table
 
 

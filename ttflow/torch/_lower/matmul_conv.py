@@ -555,6 +555,11 @@ def _source(scale: np.float32, dst: int, align_corners: bool, cubic: bool) -> np
 
 
 def _linear_matrix(n_in: int, n_out: int, align_corners: bool, scale: float | None) -> np.ndarray[Any, Any]:
+    """Linear interpolation's weights along one axis; an axis whose size does not change is
+    copied, whatever the scale factor says (CPU torch's kernels skip it: a factor of 1.25 on 2
+    pixels keeps 2, each itself, where the 0.8 spacing alone would blend them)."""
+    if n_in == n_out:
+        return np.eye(n_in)
     m = np.zeros((n_out, n_in))
     sc = _linear_scale(n_in, n_out, align_corners, scale)
     for o in range(n_out):
