@@ -19,7 +19,7 @@ EXPECTED = {
     "deallocate", "empty", "submit", "to_device", "to_host", "to_layout", "wait", "write",
     "Tensor", "TimelineRecorder", "record_timeline", "record_trace", "TraceRecorder",
     "DataType", "DeviceSpec", "Layout", "MemorySpace", "TensorLayout", "kernels",
-    "MeshError", "MeshSpec", "MeshDevice", "MeshStatistics", "MeshTensor", "MeshTrace",
+    "MeshError", "CollectiveError", "MeshSpec", "MeshDevice", "MeshStatistics", "MeshTensor", "MeshTrace",
     "MeshTimelineRecorder", "open_mesh_device", "create_submesh", "release_submesh",
     "device_tensors", "from_shards", "replicate", "shard", "shard_2d", "concat", "concat_2d",
 }

@@ -9,7 +9,8 @@
     ├── BinaryFormatError      a binary file that is corrupt, truncated or foreign
     ├── DeviceClosedError      work sent to a device that is closed
     ├── TraceError             a trace captured or replayed where it cannot be
-    └── MeshError              a mesh, or a tensor of one, used where it cannot be
+    ├── MeshError              a mesh, or a tensor of one, used where it cannot be
+    └── CollectiveError        a collective whose group could not complete it
 
 Each class says what went wrong; each message says what to do next.
 """
@@ -31,6 +32,7 @@ __all__ = [
     "DeviceClosedError",
     "TraceError",
     "MeshError",
+    "CollectiveError",
 ]
 
 
@@ -95,6 +97,23 @@ class MeshError(TTFlowError):
     """A mesh, or a tensor distributed over one, used where it cannot be: a released submesh, a
     tensor of another mesh, sharded shards read without a composer, a reshape the chips'
     links do not allow."""
+
+
+class CollectiveError(TTFlowError):
+    """A collective (all_gather, all_reduce, ...) whose group could not complete it: a peer
+    chip's command failed first (its error, an earlier command's, no memory, its device
+    closed, a cancelled block), or the group never met within the timeout. `chip` is the
+    coordinate of the chip that failed first (None when the submit was aborted as a whole or
+    timed out), `collective` the op; the message says both and the first error. The chips of
+    the submit fail their commands with it instead of waiting: fix the failing chip's error."""
+
+    def __init__(self, message: str, chip: tuple[int, int] | None = None, collective: str | None = None) -> None:
+        super().__init__(message)
+        self.chip = chip
+        self.collective = collective
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.args[0], self.chip, self.collective))
 
 
 def detach_frames(error: BaseException, origin: str) -> None:

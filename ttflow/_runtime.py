@@ -269,7 +269,9 @@ def _check_donation(program: Program, program_index: int, inputs: Sequence[Tenso
 
 
 def _submit_checked(device: Device, binary: Binary, program_index: int,
-                    inputs: Sequence[Tensor]) -> list[Tensor]:
+                    inputs: Sequence[Tensor], mesh_shape: tuple[int, int] = (1, 1)) -> list[Tensor]:
+    """`submit` with every check said aloud; `mesh_shape`: the mesh whose chip `device` is
+    (an SPMD submit's, `_mesh.collectives`), for which the program's collectives are resolved."""
     device.check_open()
     if not isinstance(binary, Binary):
         raise ProgramError(f"expected a tt.Binary, got {type(binary).__name__}")
@@ -295,6 +297,6 @@ def _submit_checked(device: Device, binary: Binary, program_index: int,
     for _, index in program.donations:
         _check_donation(program, program_index, inputs, index)
     # A device is a 1x1 mesh: its collectives run as in a group of one chip (identities).
-    program = for_mesh(program, (1, 1))
+    program = for_mesh(program, mesh_shape)
     states = device._scheduler.submit(program, tuple(tensor._state for tensor in inputs))
     return [Tensor._wrap(device, state) for state in states]

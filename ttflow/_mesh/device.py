@@ -15,6 +15,7 @@ and read by `MeshDevice.stats`; a view's shape and order are written by `reshape
 from __future__ import annotations
 
 import operator
+import weakref
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, final
@@ -58,6 +59,9 @@ class _System:
         self.closed = False
         # (from_id, to_id) -> collective payload bytes; every directed link starts at 0.
         self.link_bytes = dict.fromkeys(linked_pairs(spec, range(len(chips))), 0)
+        # The rendezvous of SPMD submits with collectives still running (`collectives.py`):
+        # aborted if the mesh closes on an error, so no chip waits for one that will not run.
+        self.rendezvous: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 @final
@@ -268,6 +272,11 @@ async def open_mesh_device(spec: MeshSpec | tuple[int, int], **open_device_kwarg
         mesh = MeshDevice._view(system, spec.shape, range(spec.num_chips), None)
         try:
             yield mesh
+        except BaseException as exc:  # an error or a cancellation: no collective waits any more
+            closed = DeviceClosedError(f"the mesh closed ({type(exc).__name__}) before this collective completed")
+            for rendezvous in list(system.rendezvous):
+                rendezvous.abort(None, closed)
+            raise
         finally:
             system.closed = True  # the chips close as the stack unwinds, the last first
 

@@ -6,8 +6,9 @@ each chip), in row-major order, each queued on its chip's CQ0. The chips then ru
 each has its own queues and worker threads, and kernels release the GIL.
 
 Part 2 of issue 26 (collectives as program ops) hooks in here: a program with collective steps
-gives every chip's run of this submit one shared collective context (the group, the links, the
-mesh's `_System.link_bytes`), made before the loop below and handed to each chip's command.
+goes to `collectives.submit_collective`, which resolves it for the mesh's shape and gives every
+chip's command of this submit its place in one shared `Rendezvous` (the group, the links, the
+mesh's `_System.link_bytes`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from .. import _runtime
 from .._binary import Binary
 from .._errors import MeshError
 from .._tensor import Tensor
+from .collectives import submit_collective
 from .device import MeshDevice
 from .tensor import MeshTensor, per_device
 
@@ -90,6 +92,9 @@ def submit_spmd(mesh: MeshDevice, binary: Binary, program_index: int,
         return _runtime.submit(chips[0], binary, program_index, inputs)
     per_chip = _shards_per_chip(mesh, inputs)
     _check_donations(binary, program_index, per_chip)
+    shared = submit_collective(mesh, binary, program_index, per_chip)  # None: no collectives
+    if shared is not None:
+        return [per_device(mesh, [chip_outputs[j] for chip_outputs in shared]) for j in range(len(shared[0]))]
     outputs: list[list[Tensor]] = []
     try:
         for chip, chip_inputs in zip(chips, per_chip):

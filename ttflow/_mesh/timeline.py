@@ -2,7 +2,12 @@
 
 Each chip records as `tt.record_timeline(device)` does (its own `TimelineRecorder`); the
 recorders share one time origin, and `to_json` gives chip k the process id k + 1, named after
-its coordinate and id. (Part 2's links can add their own processes to `to_json`'s events.)
+its coordinate and id. The links come last, as one more process ("links"): a track per directed
+link that carried collective bytes, and on it a slice per collective that used the link, from
+the moment the last chip of its group arrived, as long as a real mesh would take
+(`CollectiveRecord.modelled_seconds`, the link model), with its bytes on that link, so the trace
+shows where a real mesh would wait; each slice's `args` also say how long each chip waited
+for its group (`waited_us`).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any, final
 
 from .. import _timeline
 from .._timeline import TimelineRecorder
+from .collectives import records
 from .device import MeshDevice
 
 __all__ = ["MeshTimelineRecorder", "record_mesh_timeline"]
@@ -29,6 +35,9 @@ class MeshTimelineRecorder:
         self.mesh = mesh
         self.recorders = tuple(recorders)
         self._names = [f"chip {i} {coord}" for i, coord in zip(mesh.device_ids, mesh.coords)]
+        self._collectives = records(mesh)  # the system's collectives: those after `_first` are ours
+        self._first = len(self._collectives)
+        self._last: int | None = None  # set when the recording ends
 
     @property
     def commands(self) -> int:
@@ -47,7 +56,35 @@ class MeshTimelineRecorder:
                 if event.get("ph") == "M" and event["name"] == "process_name":
                     event["args"] = {"name": f"ttflow {label} {name}"}
                 events.append(event)
+        events += self._link_events(len(self.recorders) + 1)
         return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+    def _link_events(self, pid: int) -> list[dict[str, Any]]:
+        """The links' process: a track per directed link (chip ids), a slice per collective."""
+        origin = self.recorders[0].origin if self.recorders else 0.0
+        ours = self._collectives[self._first:self._last]
+        tracks: dict[tuple[int, int], int] = {}
+        slices: list[dict[str, Any]] = []
+        for record in ours:
+            for (a, b), nbytes in sorted(record.link_bytes.items()):
+                pair = (record.chip_ids[a], record.chip_ids[b])
+                tid = tracks.setdefault(pair, len(tracks))
+                slices.append({
+                    "name": record.op, "cat": "collective", "ph": "X", "pid": pid, "tid": tid,
+                    "ts": round((record.started - origin) * 1e6, 3),
+                    "dur": round(record.modelled_seconds * 1e6, 3),
+                    "args": {"program": record.program, "step": record.step, "bytes": nbytes,
+                             "chips": len(record.group), "topology": record.topology,
+                             "modelled_us": round(record.modelled_seconds * 1e6, 3),
+                             "waited_us": {f"{c}": round(w * 1e6, 1) for c, w in record.waited.items()}},
+                })
+        if not slices:
+            return []
+        meta: list[dict[str, Any]] = [
+            {"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"ttflow {self.mesh.spec.label} links"}}]
+        meta += [{"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
+                  "args": {"name": f"link chip {a} -> chip {b}"}} for (a, b), tid in tracks.items()]
+        return meta + slices
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes the trace; open it at ui.perfetto.dev or chrome://tracing."""
@@ -64,4 +101,8 @@ def record_mesh_timeline(mesh: MeshDevice) -> Iterator[MeshTimelineRecorder]:
         origin = time.perf_counter()
         for recorder in recorders:
             recorder.origin = origin
-        yield MeshTimelineRecorder(mesh, recorders)
+        recorder_of_mesh = MeshTimelineRecorder(mesh, recorders)
+        try:
+            yield recorder_of_mesh
+        finally:
+            recorder_of_mesh._last = len(recorder_of_mesh._collectives)
