@@ -431,7 +431,7 @@ def every_version_6_op(dtype: tt.DataType) -> tuple[tt.Program, list[Array], lis
 def test_every_version_6_op_saves_loads_and_runs_on_the_host(tmp_path: Path, dtype: tt.DataType) -> None:
     program, arrays, refs = every_version_6_op(dtype)
     assert len(program.range_checks) == 1  # prod's; right_shift is never checked
-    check_saved_and_on_host(tmp_path, program, arrays, refs)  # saved as version 6
+    check_saved_and_on_host(tmp_path, program, arrays, refs)  # saved as the newest version (7)
 
 
 @pytest.mark.anyio
@@ -456,7 +456,7 @@ def test_a_version_5_file_cannot_hold_a_version_6_op(tmp_path: Path, op: str) ->
     path = tmp_path / "p.ttb"
     tt.Binary([one_op_program(op)]).save(path)
     raw = path.read_bytes()
-    assert struct.unpack("<I", raw[8:12]) == (6,)
+    assert struct.unpack("<I", raw[8:12]) == (7,)  # the newest version
     path.write_bytes(with_version(raw, 5))
     with pytest.raises(tt.BinaryFormatError, match=f"step 0: {op} is not an op of format version 5"):
         tt.Binary.load(path)
