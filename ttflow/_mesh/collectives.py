@@ -42,17 +42,18 @@ sent), as the device's buffers hold them; integer sums wrap as the device's do.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, final
 
 import numpy as np
 
 from .. import _runtime
 from .._binary import Binary, for_mesh
-from .._errors import CollectiveError, DeviceClosedError, TraceError
+from .._errors import CollectiveError, TraceError
 from .._ops import store_as
 from .._tensor import Tensor
 from .._types import DataType
@@ -63,13 +64,13 @@ from .topology import physical
 
 __all__ = [
     "TIMEOUT_SECONDS",
+    "CollectiveLog",
     "CollectiveRecord",
     "Peer",
     "Rendezvous",
-    "abort_all",
+    "collective_log",
     "fabric_of",
     "modelled_seconds",
-    "records",
     "submit_collective",
 ]
 
@@ -172,7 +173,7 @@ class Rendezvous:
     model); `log`: where each completed collective's `CollectiveRecord` goes (or None)."""
 
     def __init__(self, fabric: Fabric, program: str, link_bytes_per_second: float = 12.5e9,
-                 hop_seconds: float = 711e-9, log: list[CollectiveRecord] | None = None,
+                 hop_seconds: float = 711e-9, log: list[CollectiveRecord] | CollectiveLog | None = None,
                  timeout: float | None = None) -> None:
         self.fabric = fabric
         self.program = program
@@ -524,7 +525,7 @@ def submit_collective(mesh: MeshDevice, binary: Binary, program_index: int,
     system = mesh._system
     spec = system.spec
     rendezvous = Rendezvous(fabric_of(mesh), program.name, spec.link_bytes_per_second, spec.hop_seconds,
-                            records(mesh))
+                            collective_log(mesh))
     system.rendezvous.add(rendezvous)
     outputs: list[list[Tensor]] = []
     try:
@@ -543,20 +544,38 @@ def submit_collective(mesh: MeshDevice, binary: Binary, program_index: int,
     return outputs
 
 
-_RECORDS: weakref.WeakKeyDictionary[Any, list[CollectiveRecord]] = weakref.WeakKeyDictionary()
+@final
+class CollectiveLog:
+    """Where a system's completed collectives go: into every list listening now (a timeline
+    recording, say), and nowhere when none listens, so a long run keeps no record it does not
+    need. Appended to from the chips' worker threads."""
+
+    __slots__ = ("_listeners",)
+
+    def __init__(self) -> None:
+        self._listeners: tuple[list[CollectiveRecord], ...] = ()
+
+    def append(self, record: CollectiveRecord) -> None:
+        for listener in self._listeners:
+            listener.append(record)
+
+    @contextlib.contextmanager
+    def listening(self) -> Iterator[list[CollectiveRecord]]:
+        """The collectives completed inside the block, in the order their last chip left them."""
+        records: list[CollectiveRecord] = []
+        self._listeners = (*self._listeners, records)
+        try:
+            yield records
+        finally:
+            self._listeners = tuple(r for r in self._listeners if r is not records)
 
 
-def records(mesh: MeshDevice) -> list[CollectiveRecord]:
-    """Every collective the mesh's system completed, in the order their last chip left them
-    (the timeline's link tracks, `ttflow bench mesh`)."""
-    log = _RECORDS.get(mesh._system)
+_LOGS: weakref.WeakKeyDictionary[Any, CollectiveLog] = weakref.WeakKeyDictionary()
+
+
+def collective_log(mesh: MeshDevice) -> CollectiveLog:
+    """The log of the mesh's system (shared by its submeshes and reshapes)."""
+    log = _LOGS.get(mesh._system)
     if log is None:
-        log = _RECORDS[mesh._system] = []
+        log = _LOGS[mesh._system] = CollectiveLog()
     return log
-
-
-def abort_all(mesh: MeshDevice, error: BaseException | None = None) -> None:
-    """Aborts every live rendezvous of the mesh's system (it is closing on an error, or its
-    block was cancelled): no chip's collective waits for a chip that will not run its part."""
-    for rendezvous in list(mesh._system.rendezvous):
-        rendezvous.abort(None, error or DeviceClosedError("the mesh was closed before this collective completed"))

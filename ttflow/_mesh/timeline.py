@@ -21,7 +21,7 @@ from typing import Any, final
 
 from .. import _timeline
 from .._timeline import TimelineRecorder
-from .collectives import records
+from .collectives import CollectiveRecord, collective_log
 from .device import MeshDevice
 
 __all__ = ["MeshTimelineRecorder", "record_mesh_timeline"]
@@ -31,13 +31,12 @@ __all__ = ["MeshTimelineRecorder", "record_mesh_timeline"]
 class MeshTimelineRecorder:
     """Every chip's `TimelineRecorder` (`recorders`, row-major), written as one trace."""
 
-    def __init__(self, mesh: MeshDevice, recorders: list[TimelineRecorder]) -> None:
+    def __init__(self, mesh: MeshDevice, recorders: list[TimelineRecorder],
+                 collectives: list[CollectiveRecord] | None = None) -> None:
         self.mesh = mesh
         self.recorders = tuple(recorders)
         self._names = [f"chip {i} {coord}" for i, coord in zip(mesh.device_ids, mesh.coords)]
-        self._collectives = records(mesh)  # the system's collectives: those after `_first` are ours
-        self._first = len(self._collectives)
-        self._last: int | None = None  # set when the recording ends
+        self._collectives = [] if collectives is None else collectives  # completed while recording
 
     @property
     def commands(self) -> int:
@@ -62,7 +61,7 @@ class MeshTimelineRecorder:
     def _link_events(self, pid: int) -> list[dict[str, Any]]:
         """The links' process: a track per directed link (chip ids), a slice per collective."""
         origin = self.recorders[0].origin if self.recorders else 0.0
-        ours = self._collectives[self._first:self._last]
+        ours = list(self._collectives)
         tracks: dict[tuple[int, int], int] = {}
         slices: list[dict[str, Any]] = []
         for record in ours:
@@ -98,11 +97,8 @@ def record_mesh_timeline(mesh: MeshDevice) -> Iterator[MeshTimelineRecorder]:
     mesh.check_open()
     with ExitStack() as stack:
         recorders = [stack.enter_context(_timeline.record_timeline(chip)) for chip in mesh._chips]
+        collectives = stack.enter_context(collective_log(mesh).listening())
         origin = time.perf_counter()
         for recorder in recorders:
             recorder.origin = origin
-        recorder_of_mesh = MeshTimelineRecorder(mesh, recorders)
-        try:
-            yield recorder_of_mesh
-        finally:
-            recorder_of_mesh._last = len(recorder_of_mesh._collectives)
+        yield MeshTimelineRecorder(mesh, recorders, collectives)
