@@ -18,7 +18,7 @@ import pytest
 
 import ttflow as tt
 from ttflow import _queue
-from ttflow.testing import hold_worker_threads
+from ttflow.testing import WorkerThreadHold, hold_worker_threads
 
 pytestmark = pytest.mark.anyio
 
@@ -27,6 +27,7 @@ F32, BF16 = tt.DataType.FLOAT32, tt.DataType.BFLOAT16
 DRAM, L1 = tt.MemorySpace.DRAM, tt.MemorySpace.L1
 TILE = tt.TensorLayout.TILE
 DRAM_TILE = tt.Layout(DRAM, TILE, F32)
+DRAM_RM = tt.Layout(DRAM, tt.TensorLayout.ROW_MAJOR, F32)
 L1_TILE = tt.Layout(L1, TILE, F32)
 
 
@@ -342,6 +343,115 @@ async def test_holes_each_too_small_for_any_buffer_are_merged_by_sliding_buffers
         assert all(a + d <= b for (a, d), (b, _) in zip(addresses, addresses[1:]))  # no overlap
 
 
+class _DeallocatedWhileWritten:
+    """DRAM full but for one tile a bank, with four tensors of 4 tiles a bank each, then every
+    worker thread held (`inline_seconds=-1`: every record goes to a worker, so holdable). A
+    test gives the four new values, queued on CQ1, and deallocates them, as the runtime
+    state machine's `fragment` does: a deallocated tensor keeps its buffer until the commands
+    queued on it have run, so those blocks come back only as CQ1's writes land. `x` (`tiles`
+    a bank, ROW_MAJOR) is idle, ready to be converted."""
+
+    def __init__(self, device: tt.Device, rng: np.random.Generator, tiles: int) -> None:
+        self.device, self.rng, self.tiles = device, rng, tiles
+
+    async def __aenter__(self) -> Self:
+        device = self.device
+        tile = F32.tile_bytes
+        self.value = self.rng.standard_normal((32, 32 * 4 * self.tiles)).astype(np.float32)
+        self.x = tt.to_device(self.value, device, DRAM_RM)
+        self.fragments = [tt.to_device(np.zeros((32, 32 * 16), np.float32), device, DRAM_TILE)
+                          for _ in range(4)]
+        free = device.memory_view(DRAM).free // 4 // tile
+        self.ballast = tt.empty((32, 32 * 4 * (free - 1)), F32, device, DRAM_TILE)
+        for t in (self.x, *self.fragments, self.ballast):
+            await t
+        assert device.memory_view(DRAM).free == 4 * tile
+        self.hold = WorkerThreadHold()
+        await self.hold.acquire()
+        return self
+
+    def write_and_deallocate(self, fragments: list[tt.Tensor]) -> None:
+        for t in fragments:
+            tt.write(t, np.ones((32, 32 * 16), np.float32))
+            tt.deallocate(t)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.hold.release()
+
+
+def _dram_bytes(*tensors: tt.Tensor) -> int:
+    return sum(t.buffer.num_pages * t.buffer.aligned_page_size for t in tensors)
+
+
+async def test_room_that_deallocated_tensors_give_back_when_their_writes_land_is_waited_for() -> None:
+    """The runtime state machine's finding (`capture`, `fragment` L1, `fragment` DRAM, `request`
+    L1, then a conversion of an L1 survivor into DRAM raised OutOfMemoryError, "asked for 16384
+    bytes per bank, largest free block is 6560 bytes", while the freed DRAM fragments' writes
+    were still queued; the trace played no part). A conversion that needs 4 tiles a bank,
+    decided while DRAM has one free, waits for the CQ1 writes after which the deallocated
+    tensors give their blocks back, then is made: as on tt-metal, where `deallocate` frees at
+    once, memory the user has let go of is free."""
+    async with tt.open_device(SMALL, inline_seconds=-1) as device, \
+            _DeallocatedWhileWritten(device, np.random.default_rng(11), tiles=4) as dram:
+        dram.write_and_deallocate(dram.fragments)
+        y = tt.to_layout(dram.x, DRAM_TILE)
+        await anyio.sleep(0.05)  # CQ0 decides it now: DRAM holds one tile a bank
+        assert not y.done(), "the conversion did not wait for the deallocated tensors' blocks"
+        assert device.memory_view(DRAM).free == 4 * F32.tile_bytes
+        dram.hold.release()
+        np.testing.assert_array_equal(await tt.to_host(y), dram.value)
+        np.testing.assert_array_equal(await tt.to_host(dram.x), dram.value)
+        assert device.memory_used(DRAM) == _dram_bytes(dram.x, y, dram.ballast)
+
+
+async def test_room_that_a_command_behind_it_still_needs_is_not_waited_for() -> None:
+    """The last deallocated tensor is read by a conversion queued on CQ0 behind the one that
+    needs the room, so its block cannot come back first: the first conversion (16 tiles a
+    bank; one free, and 12 that the other three give back) raises OutOfMemoryError, as it
+    would on tt-metal, where the fourth was still allocated when it was queued. The second
+    waits for the three and is made; nothing leaks, and the device stays usable."""
+    async with tt.open_device(SMALL, inline_seconds=-1) as device, \
+            _DeallocatedWhileWritten(device, np.random.default_rng(12), tiles=16) as dram:
+        *three, last = dram.fragments
+        dram.write_and_deallocate(three)
+        tt.write(last, np.ones((32, 32 * 16), np.float32))
+        y = tt.to_layout(dram.x, DRAM_TILE)
+        z = tt.to_layout(last, DRAM_RM)
+        tt.deallocate(last)
+        dram.hold.release()
+        with pytest.raises(tt.OutOfMemoryError, match="DRAM"):
+            await y
+        np.testing.assert_array_equal(await tt.to_host(z), np.ones((32, 32 * 16), np.float32))
+        np.testing.assert_array_equal(await tt.to_host(dram.x), dram.value)
+        assert device.memory_used(DRAM) == _dram_bytes(dram.x, z, dram.ballast)
+        tt.deallocate(z)
+        again = tt.to_layout(dram.x, DRAM_TILE)  # 17 tiles a bank free now
+        np.testing.assert_array_equal(await tt.to_host(again), dram.value)
+        assert device.memory_used(DRAM) == _dram_bytes(dram.x, again, dram.ballast)
+
+
+async def test_room_behind_a_write_that_waits_for_cq0_is_not_waited_for() -> None:
+    """A new value for `x`, queued on CQ1 after the conversions that read `x` (it waits for
+    the second, behind the first on CQ0), then the four tensors' writes and deallocations,
+    queued behind it on CQ1: their blocks cannot come back before CQ0 goes past the first
+    conversion, so it raises OutOfMemoryError at once instead of waiting for ever. The
+    second conversion reads the old value, and nothing leaks."""
+    with anyio.fail_after(30):  # a wait for CQ1 would be a deadlock: fail, cancelling the device
+        async with tt.open_device(SMALL, inline_seconds=-1) as device, \
+                _DeallocatedWhileWritten(device, np.random.default_rng(13), tiles=4) as dram:
+            y = tt.to_layout(dram.x, DRAM_TILE)
+            in_l1 = tt.to_layout(dram.x, tt.Layout(L1, tt.TensorLayout.ROW_MAJOR, F32))
+            new = np.full(dram.value.shape, 3.0, np.float32)
+            tt.write(dram.x, new)
+            dram.write_and_deallocate(dram.fragments)
+            dram.hold.release()
+            with pytest.raises(tt.OutOfMemoryError, match="DRAM"):
+                await y
+            np.testing.assert_array_equal(await tt.to_host(in_l1), dram.value)
+            np.testing.assert_array_equal(await tt.to_host(dram.x), new)
+            assert device.memory_used(DRAM) == _dram_bytes(dram.x, dram.ballast)
+
+
 class _TraceAmongHoles:
     """DRAM laid out as hole x hole y hole kept, then a ballast over the rest: x and kept hold
     random values, y = relu(x) is a captured trace's output (pagewise: the C kernel replays it
@@ -488,6 +598,7 @@ async def test_memory_view_names_every_buffer_and_adds_up() -> None:
     ((5, 33, 40), 6 * 2),        # as 165 x 40 (192 x 64 padded), not 5 x 64 x 64 (3.1x)
     ((4, 3, 32, 32), 12),        # no padding: its own shape
     ((2, 40, 64), 2 * 2 * 2),    # pads 1.6x: its own shape
+    ((2, 20000), 40),            # as 1250 x 32 (40 tiles), not 2 rows padded to 32 (625 tiles)
 ])
 async def test_a_programs_scratch_is_stored_as_its_least_padded_2d_split(shape: tuple[int, ...],
                                                                          stored_tiles: int) -> None:

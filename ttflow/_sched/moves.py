@@ -1,4 +1,5 @@
-"""Commands that move live buffers out of the way: evictions, relocations, compaction's slides.
+"""Commands that make room: evictions, relocations and compaction's slides move live buffers out
+of the way; a wait lets memory that deallocated tensors still hold come back.
 
 `room` decides which buffers move and where; these commands make the moves in CQ0's order, like
 any other command: `decide` allocates the targets (or checks that a slide's plan still matches
@@ -19,7 +20,7 @@ from .._types import Layout, MemorySpace
 from . import planning
 from .state import SchedulerState, TensorState
 
-__all__ = ["EvictCommand", "RelocateCommand", "SlideCommand"]
+__all__ = ["AwaitReleaseCommand", "EvictCommand", "RelocateCommand", "SlideCommand"]
 
 
 def in_flight(storages: Iterable[Storage]) -> Command | None:
@@ -305,3 +306,28 @@ class SlideCommand(Command):
         info = super().describe()
         info["tensors"] = len(self.plan)
         return info
+
+
+class AwaitReleaseCommand(Command):
+    """Room on its way: tensors the user deallocated still hold their buffers while writes
+    queued on CQ1 into them run; this waits for `until` (a CQ1 command that waits for nothing
+    on CQ0, `SchedulerState.releases_ahead`), whose completion frees enough of them, and moves
+    nothing. The command that asked then decides again (and relocates or compacts if the
+    freed bytes are not one block)."""
+
+    name = "await_release"
+    __slots__ = ("until",)
+
+    def __init__(self, until: Command) -> None:
+        super().__init__()
+        self.until: Command | None = until
+
+    def blocker(self) -> Command | None:
+        until = self.until
+        return until if until is not None and not until.done else None
+
+    def decide(self) -> Record:
+        return Record(())
+
+    def forget(self) -> None:
+        self.until = None

@@ -1,9 +1,10 @@
 """Making room: what runs before a command that ran out of memory decides again.
 
 The policy, in one place and in CQ0's order: take back the idle circular-buffer region, evict
-L1 buffers (farthest next use first), relocate buffers to make a free block, compact, and last
-spill the command's L1 allocations to DRAM (`make_room`); under the "eager" policy, evict before
-every program (`eviction_for`). The arithmetic over addresses is `planning`'s; the moves are
+L1 buffers (farthest next use first), relocate buffers to make a free block, compact, spill the
+command's L1 allocations to DRAM, and last wait for what deallocated tensors give back once the
+writes queued into them land (`make_room`); under the "eager" policy, evict before every
+program (`eviction_for`). The arithmetic over addresses is `planning`'s; the moves are
 `moves`' commands, queued like any other.
 
 These are plain functions of the scheduler's state, not methods of a scheduler class: the
@@ -25,7 +26,7 @@ from .._memory import Storage
 from .._queue import RETRY, Command
 from .._types import Layout, MemorySpace
 from . import planning
-from .moves import EvictCommand, RelocateCommand, SlideCommand
+from .moves import AwaitReleaseCommand, EvictCommand, RelocateCommand, SlideCommand
 from .state import FootprintClash, SchedulerState, TensorState
 
 if TYPE_CHECKING:
@@ -98,7 +99,13 @@ def make_room(s: SchedulerState, command: Command, error: OutOfMemoryError,
     2. any space: relocate live buffers to make a free block when the space's free bytes
        would hold it, cheapest block first; in L1 a buffer that does not fit elsewhere in L1
        moves to DRAM; for a clash with circular buffers, the block is the bottom of L1;
-    3. L1: spill, i.e. the command's L1 allocations go to DRAM (`RETRY`).
+    3. L1: spill, i.e. the command's L1 allocations go to DRAM (`RETRY`);
+    4. any space: wait for memory on its way back. A tensor the user deallocated keeps its
+       buffers until the commands queued on it complete; when CQ1's writes into such tensors,
+       which wait for nothing on CQ0, free enough (`SchedulerState.releases_ahead`), wait for
+       them (`AwaitReleaseCommand`), then decide again (relocating or compacting if what came
+       back is not one block). Memory that a command behind this one on CQ0 still needs is
+       not waited for: it cannot come back first.
 
     None when nothing helps; the error then carries the space's memory view."""
     s.collect_garbage()
@@ -165,6 +172,22 @@ def make_room(s: SchedulerState, command: Command, error: OutOfMemoryError,
     if space is MemorySpace.L1 and not command.spill and command.spillable:
         command.spill = True  # a move is not spilled: its targets are where it moves them
         return RETRY
+    until = _release_to_await(s, space, needed - free_bytes)
+    if until is not None:  # memory deallocated tensors give back once CQ1's writes into them run
+        return AwaitReleaseCommand(until)
+    return None
+
+
+def _release_to_await(s: SchedulerState, space: MemorySpace, short: int) -> Command | None:
+    """The first of CQ1's commands ahead (`SchedulerState.releases_ahead`) whose completion
+    frees `short` more bytes per bank in `space` than are free now, counting those before it
+    (at least one release when the free bytes would hold the request but are not one block: a
+    release may join them); None when even all of them would not."""
+    got = 0
+    for until, nbytes in s.releases_ahead(space):
+        got += nbytes
+        if got >= max(short, 1):
+            return until
     return None
 
 

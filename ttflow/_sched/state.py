@@ -496,6 +496,39 @@ class SchedulerState(SchedulerCore):
             state.last_writer = command
             state.pending += 1
 
+    def releases_ahead(self, space: MemorySpace) -> list[tuple[Command, int]]:
+        """What CQ1's queued commands give back in `space` as they complete, without CQ0 going
+        on: (command, bytes per bank freed when it completes) for each that frees something,
+        in CQ1's order. Only the commands at CQ1's head that wait for nothing on CQ0 count
+        (the first that does ends the run: the command asking is CQ0's head, so what waits for
+        CQ0 waits for it). A deallocated tensor's storages are freed when the last command
+        queued on it completes (`settle_all`), a storage freed under a record in flight when
+        the record lands; a storage a trace pins stays."""
+        sizes = self.allocator(space).allocations()
+        pins = self._pins
+        left: dict[TensorState, int] = {}  # queued commands on each state, the run's not counted
+        run: dict[Command, int] = {}  # each command of the run, with its place in CQ1
+        freed: dict[int, int] = {}  # bytes per bank freed as the command at each place completes
+        for command in self.cq1._pending:
+            blocker = command.blocker()
+            if (blocker is not None and blocker not in run) or any(
+                    not dep.done and dep not in run for dep in command.deps):
+                break
+            place = run[command] = len(run)
+            for state in (*(command.writes or ()), *(command.reads or ())):
+                count = left[state] = left.get(state, state.pending) - 1
+                if count == 0 and state.deallocated:
+                    freed[place] = freed.get(place, 0) + sum(
+                        sizes.get(storage.address, 0) for storage in state.storages
+                        if storage.layout.memory is space and storage not in pins)
+        for storage in self._free_on_landing:  # freed when the last record naming it lands
+            flights = storage.flights or ()
+            if storage.layout.memory is space and flights and all(c in run for c in flights):
+                place = max(run[c] for c in flights)
+                freed[place] = freed.get(place, 0) + sizes.get(storage.address, 0)
+        commands = list(run)
+        return [(commands[place], nbytes) for place, nbytes in sorted(freed.items()) if nbytes]
+
     def settle(self, state: TensorState) -> None:
         """One queued command that used the state is done; a deallocated one may now be freed."""
         state.pending -= 1

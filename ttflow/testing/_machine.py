@@ -31,10 +31,12 @@ class RuntimeStateMachine(TraceRules):
     (compares with the model), `wait` (`tt.wait` or `await t`) and `drain`; for memory
     planning, `fragment` (fill a share of L1 or DRAM with tensors, free every other one) and
     `request` (then a tensor larger than any hole but within the free bytes: the runtime must
-    relocate, evict or spill, never lose a byte). The waiting rules let the device run until
-    idle, then read every live tensor back and check it and the accounting exactly
-    (`drain_and_check`, `DeviceModel.check_drained`); the invariants run after every step and
-    wait for nothing: `memory_within_bounds` (`DeviceModel.check_bounds`) and
+    relocate, evict or spill, never lose a byte), `convert_while_dram_comes_back` (DRAM full
+    but for what tensors deallocated with writes still queued give back once those land, then a
+    conversion into DRAM: made exactly when the free bytes and those hold it). The waiting
+    rules let the device run until idle, then read every live tensor back and check it and the
+    accounting exactly (`drain_and_check`, `DeviceModel.check_drained`); the invariants run
+    after every step and wait for nothing: `memory_within_bounds` (`DeviceModel.check_bounds`) and
     `memory_views_consistent` (each space's `memory_view` adds up, nothing in it overlaps, every
     storage a tensor lists is in it). Teardown deallocates every handle, drains, checks that
     nothing is left allocated, and closes the device.

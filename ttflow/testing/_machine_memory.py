@@ -3,7 +3,9 @@
 `fragment` fills a share of L1 (or, on small devices, DRAM) and frees every other tensor;
 `request` then asks for a tensor larger than any hole but within the free bytes: the runtime must
 relocate, evict, compact or spill, never lose a byte, and say OutOfMemoryError only when the
-memory is not there.
+memory is not there. `convert_while_dram_comes_back` leaves DRAM full but for buffers that
+tensors deallocated with a write still queued give back once it lands: memory on its way back
+counts as there (the runtime waits for it), memory that is not coming does not.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from .._runtime import deallocate, empty, to_device, write
 from .._types import DataType, DeviceSpec, Layout, MemorySpace, TensorLayout
 from ._machine_base import MachineBase, _deallocate_all, arrays_zeros
 from ._model import ModelTensor, drain
-from ._reference import space_capacity, storage_geometry, stored
+from ._reference import buffer_footprint, space_capacity, storage_geometry, stored
 from ._strategies import INT_RANGE, _seeded_floats, _seeded_ints, arrays, layouts
 
 __all__ = ["MemoryRules"]
@@ -187,6 +189,62 @@ class MemoryRules(MachineBase):
               f"{'certain' if fits else 'may fail'}")
         if made is not None and not fits:
             made.may_fail = True
+        self.drain_and_check()
+        self._let_go_of_ballast()
+
+    @precondition(lambda self: self.room() and not self._fragmented and self._can_fragment_dram()
+                  and self.has(lambda e: e.usable))
+    @rule(data=st.data())
+    def convert_while_dram_comes_back(self, data: st.DataObject) -> None:
+        """On an idle device, one to six "holes" (INT32 tensors of 1 to 8 pages a bank) and a
+        ballast over the rest of DRAM's largest free block; then a new value written into
+        each hole, queued on CQ1, and the hole deallocated at once: its buffer comes back
+        only when its write lands. Then a tracked tensor converted into a DRAM layout. The
+        model's prediction is computed from DRAM's free bytes and the holes' buffers not
+        back yet, both read in one step of the loop just before: the conversion is made when
+        they hold it together (the runtime waits for the writes if it must, then relocates or
+        compacts), and raises OutOfMemoryError when they do not (docs/memory.md, "Wait for
+        memory on its way back"). Every value is checked at the drain after."""
+        source = self.pick(data, lambda e: e.usable, label="source")
+        layout = data.draw(layouts(source.dtype, memory=MemorySpace.DRAM), label="to")
+        pages = data.draw(st.lists(st.sampled_from([1, 2, 4, 8]), min_size=1, max_size=6),
+                          label="hole pages a bank")
+        slack = data.draw(st.sampled_from([4096, 4096, 16384, 65536]), label="slack a bank")
+        self.run(drain, self.device)
+        banks = self.spec.banks(MemorySpace.DRAM)
+        int32 = Layout(MemorySpace.DRAM, TensorLayout.ROW_MAJOR, DataType.INT32)
+        holes = []
+        for k in pages:
+            tensor = self.call(empty, (k * banks, _BALLAST_WIDTH), DataType.INT32, self.device, int32)
+            zeros = stored(arrays_zeros(tensor.shape, DataType.INT32), DataType.INT32)
+            entry = self.model.track(tensor, int32, zeros, label=f"{self._next_label()} = hole")
+            self._aside.add(entry)  # deallocated below, never picked
+            holes.append(entry)
+        if not self._fill_dram([], slack):
+            self.call(_deallocate_all, [e.tensor for e in holes])
+            for entry in holes:
+                entry.deallocated = True
+            return
+        for entry in holes:
+            self.call(write, entry.tensor, np.ones(entry.shape, np.int32))
+            self.call(deallocate, entry.tensor)
+            entry.deallocated = True
+        free, returning = self.call(_free_and_returning, self.device, [e.tensor for e in holes])
+        resolved = layout.resolve(source.dtype)
+        need = storage_geometry(source.shape, resolved, self.spec).depth * banks
+        left = free + returning - need
+        if left == 0 or free == need:
+            # Nothing would be left for the drain's fence (allocated at call time, before or
+            # after the conversion is made): not asked.
+            event("convert_while_dram_comes_back: an exact fit, not asked")
+        else:
+            converted = self.convert(source, resolved)
+            assert converted is not None
+            if left < 0:
+                converted.fails_with = OutOfMemoryError
+            event("convert_while_dram_comes_back: " + (
+                "fits in the free bytes" if need <= free else
+                "waits for the holes" if left > 0 else "more than comes back: OutOfMemoryError"))
         self.drain_and_check()
         self._let_go_of_ballast()
 
@@ -411,6 +469,15 @@ def _seeded_array(dtype: DataType, shape: tuple[int, ...], seed: int) -> np.ndar
 
 def _relocations(device: Device) -> int:
     return device.stats.relocations
+
+
+def _free_and_returning(device: Device, tensors: list[Any]) -> tuple[int, int]:
+    """DRAM's free bytes, and the bytes of the DRAM storages `tensors` (deallocated) still
+    hold until the commands queued on them complete, read in one step of the loop."""
+    free = device.memory_view(MemorySpace.DRAM).free
+    returning = sum(buffer_footprint(buffer, device.spec) for tensor in tensors
+                    for _, buffer in tensor.storages if buffer.space is MemorySpace.DRAM)
+    return free, returning
 
 
 def _allocating(device: Device, space: MemorySpace, layout: Layout, shape: tuple[int, ...],
