@@ -192,6 +192,24 @@ def test_bench_dispatch_skips_a_missing_backend_and_says_so(
     assert "asyncio" in table and "trio     skipped: trio is not installed" in table
 
 
+def test_bench_mesh_measures_links_submits_and_the_mlp(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "mesh", "--quick", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    cases = {(c["op"], c["topology"], c["chips"]) for c in result["collectives"]}
+    assert cases == {(op, t, n) for op in ("all_gather", "all_reduce")
+                     for t, ns in (("line", (2, 4, 8)), ("ring", (4, 8))) for n in ns}
+    for c in result["collectives"]:  # the bytes are the formula's, link by link
+        assert c["ratio"] == 1.0 and c["every_link_exact"] and c["modelled_us"] > 0, c
+    assert set(result["submit"]["vs_device"]) == {"1x1", "1x2", "2x4"}
+    assert all(r > 0 for r in result["submit"]["vs_device"].values())
+    mlp = result["mlp"]
+    assert list(mlp["chips"]) == ["1", "2", "8"] and mlp["chips"]["1"]["mesh"] == "one Device"
+    assert all(r["max_abs_error_vs_numpy"] < 1e-4 for r in mlp["chips"].values())
+    assert main(["bench", "mesh", "--quick"]) == 0
+    table = capsys.readouterr().out
+    assert "all_reduce  ring" in table and "2x4" in table and "tensor-parallel MLP" in table
+
+
 def test_dispatch_knows_which_backends_are_installed() -> None:
     assert dispatch.backend_available("asyncio")
     assert not dispatch.backend_available("no_such_event_loop_xyz")

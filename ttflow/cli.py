@@ -30,6 +30,9 @@ BENCHMARKS = {
               "--models: Hugging Face and torchvision models"),
     "memory": ("ttflow._bench.memory",
                "the L1 eviction policies' bytes moved against each other and the offline optimum"),
+    "mesh": ("ttflow._bench.mesh",
+             ("collectives' bytes per link against their formula and modelled time, SPMD submit "
+              "cost against one chip, the tensor-parallel MLP on 1, 2 and 8 chips against numpy")),
 }
 
 TORCH_INSTALL = ('pip install ".[torch]" --extra-index-url https://download.pytorch.org/whl/cpu '
