@@ -6,6 +6,10 @@
   on the whole batch: bit for bit when every sum is exact (small integers, power-of-two scales),
   within the documented sum tolerance otherwise (docs/mesh.md, "Sums: their order and their
   tolerance": a batch sum split N ways adds in another order).
+- examples/gpt_decode.py's decoder with its attention heads split across a T3000 (a head per
+  chip: W_qkv by columns, the K and V caches by heads, W_o by rows and one all_reduce per layer):
+  its greedy tokens equal the one-chip run's and numpy's, token for token, every chip picking
+  the same one.
 
 The other examples of the issue live beside the code they exercise: the tensor-parallel MLP in
 tests/test_collectives.py, two 1x1 submeshes driven by two tasks (tt-mlir's test_data_parallel)
@@ -13,6 +17,9 @@ in tests/test_mesh.py.
 """
 
 from __future__ import annotations
+
+import math
+from typing import Any
 
 import attrs
 import numpy as np
@@ -174,3 +181,130 @@ async def test_a_few_data_parallel_steps_keep_the_replicas_equal_and_the_loss_fa
         assert all(np.array_equal(c, chips[0]) for c in chips)  # the replicas never drift apart
         np.testing.assert_allclose(chips[0], single[index], rtol=1e-4, atol=1e-6)
         np.testing.assert_allclose(chips[0], want[index], rtol=1e-4, atol=1e-6)
+
+
+# -- GPT decode with its attention heads split across a T3000 (Megatron's attention) ------------------
+
+
+def tp_decoder(gpt: Any, cfg: Any, name: str, n: int, chips: int) -> tt.Program:
+    """examples/gpt_decode.py's program with each chip holding `n_head / chips` heads: its
+    columns of W_qkv (column-parallel), its heads' K and V caches, and its rows of W_o
+    (row-parallel), whose partial products one all_reduce sums before b_o is added. The rest
+    (embeddings, norms, the MLP, the head) is replicated, so every chip picks the same token."""
+    dl, dh, s = cfg.d_model // chips, cfg.d_head, cfg.max_seq
+    hl = cfg.n_head // chips
+    cache = tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, tt.DataType.FLOAT32)
+    b = tt.ProgramBuilder(name)
+    decode = name == "decode_step"
+    ids = b.input((n,), gpt.IDS)
+    pos = b.input((1,), gpt.IDS) if decode else None
+    w = {key: b.input(shape) for key, shape in local_shapes(gpt, cfg, chips).items()}
+    caches = [b.input((hl, s, dh), cache) for _ in range(2 * cfg.n_layer)]
+
+    def linear(x: Any, layer: str, name: str) -> Any:
+        return b.add(b.matmul(x, w[f"{layer}w_{name}"]), w[f"{layer}b_{name}"])
+
+    def heads(x: Any) -> Any:
+        return b.reshape(x, (hl, 1, dh)) if decode else b.permute(b.reshape(x, (n, hl, dh)), (1, 0, 2))
+
+    tok_emb = b.embedding(ids, w["wte"])
+    if decode:
+        assert pos is not None
+        pos_emb, mask = b.embedding(pos, w["wpe"]), b.le(b.arange(0, s), pos)
+    else:
+        pos_emb = b.slice(w["wpe"], [0], [n])
+        mask = b.le(b.reshape(b.arange(0, n), (1, n)), b.reshape(b.arange(0, n), (n, 1)))
+    x = b.add(tok_emb, pos_emb)
+    new_caches = []
+    for layer in range(cfg.n_layer):
+        p = f"h{layer}."
+        qkv = linear(b.layer_norm(x, w[p + "ln1_g"], w[p + "ln1_b"]), p, "qkv")  # [n, 3 dl]
+        q, k, v = (heads(b.slice(qkv, [0, i * dl], [n, (i + 1) * dl])) for i in range(3))
+        k_cache, v_cache = caches[2 * layer], caches[2 * layer + 1]
+        if decode:
+            assert pos is not None
+            k_cache, v_cache = b.update_cache(k_cache, k, pos), b.update_cache(v_cache, v, pos)
+            keys, values = k_cache, v_cache
+        else:
+            k_cache = b.concat([k, b.slice(k_cache, [0, n], [hl, s])], axis=1)
+            v_cache = b.concat([v, b.slice(v_cache, [0, n], [hl, s])], axis=1)
+            keys, values = k, v
+        new_caches += [k_cache, v_cache]
+        scores = b.mul(b.matmul(q, b.transpose(keys)), 1 / math.sqrt(dh))
+        attn = b.matmul(b.softmax(b.where(mask, scores, -1e9)), values)  # [hl, n, dh]
+        merged = b.reshape(attn, (1, dl)) if decode else b.reshape(b.permute(attn, (1, 0, 2)), (n, dl))
+        x = b.add(x, b.add(b.all_reduce(b.matmul(merged, w[p + "w_o"])), w[p + "b_o"]))
+        m = b.layer_norm(x, w[p + "ln2_g"], w[p + "ln2_b"])
+        x = b.add(x, linear(b.gelu(linear(m, p, "fc")), p, "proj"))
+    last = x if decode else b.slice(x, [n - 1], [n])
+    logits = b.matmul(b.layer_norm(last, w["lnf_g"], w["lnf_b"]), w["w_head"])
+    b.output(b.reshape(b.argmax(logits, -1), (1,)), gpt.IDS)
+    b.output(b.arange(n, n + 1) if pos is None else b.add(pos, 1), gpt.IDS)
+    for old, new in zip(caches, new_caches):
+        b.output(new, cache, donates=old)
+    return b.build()
+
+
+def local_shapes(gpt: Any, cfg: Any, chips: int) -> dict[str, tuple[int, ...]]:
+    shapes = dict(gpt.weight_shapes(cfg))
+    d, dl = cfg.d_model, cfg.d_model // chips
+    for layer in range(cfg.n_layer):
+        p = f"h{layer}."
+        shapes |= {p + "w_qkv": (d, 3 * dl), p + "b_qkv": (3 * dl,), p + "w_o": (dl, d)}
+    return shapes
+
+
+def shard_weights(cfg: Any, weights: dict[str, np.ndarray], chips: int) -> dict[str, list[np.ndarray] | np.ndarray]:
+    """Each chip's part of the split weights (its heads' q, k and v columns side by side, its rows
+    of W_o); the others whole, to replicate."""
+    d, dl = cfg.d_model, cfg.d_model // chips
+    out: dict[str, list[np.ndarray] | np.ndarray] = dict(weights)
+    for layer in range(cfg.n_layer):
+        p = f"h{layer}."
+        w_qkv, b_qkv, w_o = weights[p + "w_qkv"], weights[p + "b_qkv"], weights[p + "w_o"]
+        cols = [np.concatenate([np.arange(i * d + c * dl, i * d + (c + 1) * dl) for i in range(3)])
+                for c in range(chips)]
+        out[p + "w_qkv"] = [np.ascontiguousarray(w_qkv[:, c]) for c in cols]
+        out[p + "b_qkv"] = [np.ascontiguousarray(b_qkv[c]) for c in cols]
+        out[p + "w_o"] = [np.ascontiguousarray(w_o[c * dl:(c + 1) * dl]) for c in range(chips)]
+    return out
+
+
+async def test_gpt_decode_with_its_heads_split_across_a_t3000_equals_one_chip_and_numpy() -> None:
+    from test_use_cases import load_example
+
+    gpt = load_example("gpt_decode")
+    cfg = gpt.Config(n_head=8)  # a head per chip
+    spec = spec_of("t3000")
+    chips = spec.num_chips
+    weights = gpt.init_weights(cfg, seed=3)
+    prompt = np.random.default_rng(1).integers(0, cfg.vocab, 8).astype(np.int32)
+    new_tokens = 24
+    reference, margin = gpt.NumpyGPT(cfg, weights).generate(prompt, new_tokens)
+    one_chip_run = await gpt.run_on_device(cfg, weights, prompt, new_tokens, donate=True, spec=SMALL)
+    binary = tt.Binary([tp_decoder(gpt, cfg, "prefill", len(prompt), chips),
+                        tp_decoder(gpt, cfg, "decode_step", 1, chips)])
+    parts = shard_weights(cfg, weights, chips)
+    tokens: list[int] = []
+    async with tt.open_mesh_device(spec) as mesh:
+        on_mesh = [tt.from_shards(v, mesh) if isinstance(v, list) else tt.to_device(v, mesh)
+                   for v in (parts[key] for key in gpt.weight_names(cfg))]
+        tile = tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, tt.DataType.FLOAT32)  # as donated
+        caches = [tt.to_device(np.zeros((cfg.n_head, cfg.max_seq, cfg.d_head), np.float32), mesh, tile,
+                               mapper=tt.shard(0)) for _ in range(2 * cfg.n_layer)]  # each chip its heads
+        ids = tt.to_device(prompt, mesh, gpt.IDS)
+        token, pos, *caches = tt.submit(mesh, binary, gpt.PREFILL, [ids, *on_mesh, *caches])
+        outs = [token]
+        for _ in range(new_tokens - 1):
+            token, pos, *caches = tt.submit(mesh, binary, gpt.DECODE_STEP, [token, pos, *on_mesh, *caches])
+            outs.append(token)
+        for out in outs:
+            per_chip = [int((await tt.to_host(s))[0]) for s in tt.device_tensors(out)]
+            assert len(set(per_chip)) == 1, per_chip  # every chip picked the same token
+            tokens.append(per_chip[0])
+        links = {k: v for k, v in mesh.stats.link_bytes.items() if v}
+    assert tokens == one_chip_run["tokens"] == reference, (tokens, reference, margin)
+    # One all_reduce of a [n, d] float32 partial per layer and program, over the T3000's ring:
+    # 2 (N-1)/N of it per link (n = 8 in the prefill, 1 in each step).
+    elements = cfg.n_layer * cfg.d_model * (len(prompt) + new_tokens - 1)
+    assert len(links) == chips and sum(links.values()) == 2 * (chips - 1) * elements * 4
