@@ -54,7 +54,8 @@ def test_double_buffering_example() -> None:
 
 
 @pytest.mark.parametrize("name, says", [("resident_weights", "converted once"), ("stitching", "intermediate bytes through the host: 0"),
-                                        ("training_loop", "loss"), ("double_buffering", "overlap")])
+                                        ("training_loop", "loss"), ("double_buffering", "overlap"),
+                                        ("mesh_tensor_parallel", "within float32's rounding of one chip: True")])
 def test_examples_run_as_scripts(name: str, says: str) -> None:
     done = subprocess.run([sys.executable, str(ROOT / "examples" / f"{name}.py")],
                           capture_output=True, text=True, timeout=300)
