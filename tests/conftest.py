@@ -1,4 +1,6 @@
 import os
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -16,3 +18,24 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return request.param
+
+
+@pytest.fixture(scope="module")
+def device() -> Iterator[Any]:
+    """A fresh tt device (ttflow.torch's) for a torch test module, closed after it; a module may
+    define its own."""
+    import ttflow.torch as ttt
+
+    ttt.close()
+    ttt.open_device()
+    yield ttt.device()
+    ttt.close()
+
+
+@pytest.fixture
+def on_device_only(device: Any) -> Iterator[None]:
+    """The module's device, and the guard that fails the test on any op run on the CPU."""
+    from torch_support import only_on_device
+
+    with only_on_device():
+        yield

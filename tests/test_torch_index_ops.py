@@ -19,20 +19,6 @@ import torch.nn.functional as F
 from torch_support import only_on_device
 
 
-@pytest.fixture(scope="module")
-def device():
-    ttt.close()
-    ttt.open_device()
-    yield ttt.device()
-    ttt.close()
-
-
-@pytest.fixture
-def on_device_only(device):
-    with only_on_device():
-        yield
-
-
 def _flat(value: Any) -> list[torch.Tensor]:
     if isinstance(value, (tuple, list)):
         return [t for v in value for t in _flat(v)]

@@ -21,21 +21,6 @@ from torch_support import only_on_device
 
 import ttflow as tt
 
-
-@pytest.fixture(scope="module")
-def device():
-    ttt.close()
-    ttt.open_device()
-    yield ttt.device()
-    ttt.close()
-
-
-@pytest.fixture
-def on_device_only(device):
-    with only_on_device():
-        yield
-
-
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 
 EDGES = [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 1e-30, -1e-30, 1e-7, -1e-7, 2.0**-12, 3.0, -3.0, 8.9,

@@ -1,4 +1,5 @@
-"""What the PyTorch front-end's tests share: a guard that fails on any op run on the CPU."""
+"""What the PyTorch front-end's tests share: a guard that fails on any op run on the CPU (the
+fixtures `device` and `on_device_only` are in conftest.py)."""
 
 from __future__ import annotations
 

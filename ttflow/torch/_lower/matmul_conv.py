@@ -654,7 +654,11 @@ def _resampler(kind: str, spatial: int, backward: bool) -> Callable[..., Any]:
         scales = _scales(rest, spatial)
         mats = []
         for n_in, n_out, scale in zip(sizes_in, sizes_out, scales):
-            if kind == "linear":
+            if backward and kind == "cubic" and sizes_in == sizes_out:
+                # CPU torch's bicubic backward copies the gradient when no size changes (its
+                # forward does not: it applies the taps at the factor's spacing).
+                mats.append(np.eye(n_in))
+            elif kind == "linear":
                 mats.append(_linear_matrix(n_in, n_out, align, scale))
             elif kind == "cubic":
                 mats.append(_cubic_matrix(n_in, n_out, align, scale))
