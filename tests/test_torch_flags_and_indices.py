@@ -19,13 +19,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-
-@pytest.fixture(scope="module", autouse=True)
-def device():
-    ttt.close()
-    ttt.open_device()
-    yield ttt.device()
-    ttt.close()
+pytestmark = pytest.mark.usefixtures("device")  # a fresh device for the module (conftest.py)
 
 
 @pytest.fixture(autouse=True)

@@ -16,6 +16,7 @@ torch = pytest.importorskip(
 ttt = pytest.importorskip("ttflow.torch")
 
 import torch.nn.functional as F
+from torch_support import assert_matches_cpu as _close
 from torch_support import only_on_device
 
 
@@ -23,16 +24,6 @@ def _flat(value: Any) -> list[torch.Tensor]:
     if isinstance(value, (tuple, list)):
         return [t for v in value for t in _flat(v)]
     return [value]
-
-
-def _close(got: torch.Tensor, expected: torch.Tensor) -> None:
-    assert got.device.type == "tt"
-    got = got.cpu()
-    assert got.shape == expected.shape and got.dtype == expected.dtype, (got, expected)
-    if expected.dtype.is_floating_point:
-        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5, equal_nan=True)
-    else:
-        assert torch.equal(got, expected), (got, expected)
 
 
 def check(fn: Callable[..., Any], *inputs: Any, compiled: bool = False, grad: bool = True) -> None:

@@ -17,17 +17,8 @@ ttt = pytest.importorskip("ttflow.torch")
 
 
 import torch.nn.functional as F
+from torch_support import assert_matches_cpu as _close
 from torch_support import only_on_device
-
-
-def _close(got: torch.Tensor, expected: torch.Tensor) -> None:
-    assert got.device.type == "tt"
-    got = got.cpu()
-    assert got.shape == expected.shape and got.dtype == expected.dtype, (got, expected)
-    if expected.dtype.is_floating_point:
-        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5, equal_nan=True)
-    else:
-        assert torch.equal(got, expected), (got, expected)
 
 
 def check(fn: Callable[..., Any], *inputs: Any, compiled: bool = False, grad: bool = True) -> None:
