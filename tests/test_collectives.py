@@ -831,13 +831,19 @@ async def test_the_timeline_draws_link_tracks_timed_by_the_model(tmp_path) -> No
     assert all(set(e["args"]["waited_us"]) == {str((0, k)) for k in range(4)} for e in slices)
 
 
-async def test_a_mesh_trace_refuses_collectives_typed() -> None:
+async def test_a_mesh_trace_captures_collectives_and_replays_them() -> None:
+    # Once refused (TraceError); now captured and replayed with a fresh rendezvous per execute
+    # (tests/test_mesh_traces.py has the chains, the faults and the link bytes per replay).
     async with tt.open_mesh_device(mesh_spec((1, 2))) as mesh:
         x = tt.to_device(np.ones((4, 32), np.int32), mesh, mapper=tt.replicate())
-        with (pytest.raises(tt.TraceError, match="has collectives, and a mesh trace cannot capture them"),
-              tt.capture_trace(mesh)):
-            tt.submit(mesh, overflowing(), 0, [x])
-        await mesh.synchronize()
-        assert mesh.stats.total.programs_run == 0  # refused before any chip queued
-        (out,) = tt.submit(mesh, overflowing(), 0, [x])  # outside a capture: fine
+        with tt.capture_trace(mesh) as trace:
+            (out,) = tt.submit(mesh, overflowing(), 0, [x])
         assert all(np.array_equal(r, np.full((4, 32), 4)) for r in await outcomes(out))
+        before = sum(mesh.stats.link_bytes.values())
+        for k in range(2, 5):
+            tt.write(x, np.full((4, 32), k, np.int32))
+            tt.execute_trace(trace)
+            assert all(np.array_equal(r, np.full((4, 32), 4 * k)) for r in await outcomes(out))
+        # a 2-chip line all_reduce: the whole 4x32 int32 value each way, per replay
+        assert sum(mesh.stats.link_bytes.values()) - before == 3 * 2 * 4 * 32 * 4
+        tt.release_trace(trace)

@@ -19,11 +19,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, final
 
+from ._sched import capture as _capture
+
 if TYPE_CHECKING:
     from ._device import Device
     from ._sched import Capture
 
-__all__ = ["Trace", "capture_trace", "execute_trace", "release_trace"]
+__all__ = ["Trace", "capture_trace", "check_replay", "execute_trace", "execute_with_peers", "release_trace"]
 
 
 @final
@@ -107,6 +109,21 @@ def execute_trace(trace: Trace) -> None:
     """
     trace = _check(trace)
     trace.device._scheduler.replay(trace._capture)
+
+
+def check_replay(trace: Trace) -> None:
+    """Raises what `execute_trace` would before queuing (a mesh trace checks every chip's first)."""
+    trace = _check(trace)
+    _capture.check_replay(trace.device._scheduler, trace._capture)
+
+
+def execute_with_peers(trace: Trace, peers: Any) -> None:
+    """`execute_trace` for one chip of a mesh trace: its replay carries `peers`, its place in
+    this execute (`_mesh.collectives.ReplayPeers`), through which its collectives meet the
+    other chips' replays."""
+    trace = _check(trace)
+    scheduler = trace.device._scheduler
+    scheduler.enqueue(_capture.replay(scheduler, trace._capture, peers), scheduler.cq0)
 
 
 def release_trace(trace: Trace) -> None:

@@ -53,7 +53,7 @@ import numpy as np
 
 from .. import _runtime
 from .._binary import Binary, for_mesh
-from .._errors import CollectiveError, TraceError
+from .._errors import CollectiveError
 from .._ops import store_as
 from .._tensor import Tensor
 from .._types import DataType
@@ -68,6 +68,8 @@ __all__ = [
     "CollectiveRecord",
     "Peer",
     "Rendezvous",
+    "ReplayPeers",
+    "ReplayRendezvous",
     "collective_log",
     "fabric_of",
     "modelled_seconds",
@@ -189,6 +191,12 @@ class Rendezvous:
     def peer(self, coord: Coord) -> Peer:
         """The chip at `coord`'s place in the rendezvous (what its command carries)."""
         return Peer(self, coord)
+
+    def fresh(self) -> Rendezvous:
+        """A new rendezvous of the same chips, links and model, with nothing arrived, sent or
+        failed: what one execute of a trace gives a submit the trace captured."""
+        return Rendezvous(self.fabric, self.program, self.link_bytes_per_second, self.hop_seconds,
+                          self.log, self.timeout)
 
     @property
     def failed(self) -> tuple[Coord | None, BaseException] | None:
@@ -516,11 +524,6 @@ def submit_collective(mesh: MeshDevice, binary: Binary, program_index: int,
     program = binary.programs[program_index]
     if not program.has_collectives:
         return None
-    if any(chip._scheduler.capturing is not None for chip in mesh._chips):
-        raise TraceError(
-            f"program {program.name!r} has collectives, and a mesh trace cannot capture them yet (a "
-            "replay would need a new rendezvous of the chips each time): submit it outside the capture"
-        )
     for_mesh(program, mesh._shape)  # a program that does not fit the mesh: refused before any chip queues
     system = mesh._system
     spec = system.spec
@@ -542,6 +545,64 @@ def submit_collective(mesh: MeshDevice, binary: Binary, program_index: int,
                 _runtime.deallocate(output)
         raise
     return outputs
+
+
+# -- trace replays: a fresh rendezvous per captured submit and execute ---------------------------------
+
+
+@final
+class ReplayRendezvous:
+    """What the chips' replays of one execute of a mesh trace share: for each submit the trace
+    captured (each its own `Rendezvous`), a fresh one, made when the first chip's replay is
+    decided (`renew`), so that every execute meets anew and counts its bytes anew.
+
+    It stands in `_System.rendezvous` as a submit's rendezvous does: `abort(chip, error)` (a
+    chip's replay failed, or the mesh closes on an error) aborts every fresh rendezvous made so
+    far and those made later, so no chip of this execute waits for one that will not come."""
+
+    __slots__ = ("__weakref__", "_failed", "_fresh", "_lock")
+
+    def __init__(self) -> None:
+        self._fresh: dict[Rendezvous, Rendezvous] = {}
+        self._failed: tuple[Coord | None, BaseException] | None = None
+        self._lock = threading.Lock()
+
+    def renew(self, captured: Rendezvous) -> Rendezvous:
+        """This execute's rendezvous for a captured submit's (the same one for every chip)."""
+        with self._lock:
+            fresh = self._fresh.get(captured)
+            if fresh is None:
+                fresh = self._fresh[captured] = captured.fresh()
+                if self._failed is not None:
+                    fresh.abort(*self._failed)
+            return fresh
+
+    def abort(self, chip: Coord | None, error: BaseException) -> None:
+        with self._lock:
+            if self._failed is None:
+                self._failed = (chip, error)
+            fresh = list(self._fresh.values())
+        for rendezvous in fresh:
+            rendezvous.abort(chip, error)
+
+
+@final
+class ReplayPeers:
+    """One chip's place in one execute of a mesh trace: what its replay command carries
+    (`command.peers`). `replace` gives each captured collective step this execute's `Peer`;
+    `abort` (the replay failed) releases the chip's peers, as a submit's `Peer.abort` does."""
+
+    __slots__ = ("coord", "execution")
+
+    def __init__(self, execution: ReplayRendezvous, coord: Coord) -> None:
+        self.execution = execution
+        self.coord = coord
+
+    def replace(self, captured: Peer) -> Peer:
+        return self.execution.renew(captured.rendezvous).peer(captured.coord)
+
+    def abort(self, error: BaseException) -> None:
+        self.execution.abort(self.coord, error)
 
 
 @final

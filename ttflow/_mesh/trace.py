@@ -4,6 +4,12 @@
 chip, each recorded by its chip's capture); `tt.execute_trace` queues one replay per chip,
 `tt.release_trace` releases them all. Each chip's trace is an ordinary `tt.Trace`, with its
 guarantees (pinned storages, refills, byte-exact replays).
+
+Programs with collectives are captured too. A captured submit's chips met in its own
+`Rendezvous` (their `Compute` steps keep their `Peer`); every execute gives the chips' replays
+one `ReplayRendezvous`, in which each captured rendezvous gets a fresh one the first time a
+chip's replay is decided: the chips of one execute meet there, count their bytes on the links
+again, and a failing chip's replay aborts them (`tt.CollectiveError`), as a submit's does.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from typing import Any, final
 
 from .. import _trace
 from .._trace import Trace
+from .collectives import ReplayPeers, ReplayRendezvous
 from .device import MeshDevice
 
 __all__ = ["MeshTrace", "capture_mesh_trace", "execute_mesh_trace", "release_mesh_trace"]
@@ -61,10 +68,23 @@ def capture_mesh_trace(mesh: MeshDevice) -> Iterator[MeshTrace]:
 
 
 def execute_mesh_trace(trace: MeshTrace) -> None:
-    """Queues one replay on every chip (each on its CQ0)."""
-    trace.mesh.check_open()
+    """Queues one replay on every chip (each on its CQ0), each with its place in this execute
+    (`ReplayPeers`: its collectives meet the other chips' replays of this execute). Every chip's
+    trace is checked before any queues (released, failed, an input deallocated: TraceError)."""
+    mesh = trace.mesh
+    mesh.check_open()
     for chip_trace in trace.traces:
-        _trace.execute_trace(chip_trace)
+        _trace.check_replay(chip_trace)
+    execution = ReplayRendezvous()
+    mesh._system.rendezvous.add(execution)  # aborted if the mesh closes on an error
+    queued = 0
+    try:
+        for coord, chip_trace in zip(mesh.coords, trace.traces):
+            _trace.execute_with_peers(chip_trace, ReplayPeers(execution, coord))
+            queued += 1
+    except BaseException as exc:  # the chips queued so far must not wait for the others
+        execution.abort(mesh.coords[queued], exc)
+        raise
 
 
 def release_mesh_trace(trace: MeshTrace) -> None:

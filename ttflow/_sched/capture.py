@@ -21,7 +21,7 @@ from .commands import ConvertCommand, ProgramCommand, ReadCommand, _Scheduled
 from .moves import EvictCommand
 from .state import FootprintClash, SchedulerState, TensorState
 
-__all__ = ["Capture", "SealCommand", "ReplayCommand", "begin", "end", "replay", "release"]
+__all__ = ["Capture", "SealCommand", "ReplayCommand", "begin", "end", "check_replay", "replay", "release"]
 
 
 @final
@@ -37,7 +37,7 @@ class Capture:
 
     __slots__ = ("scheduler", "outputs", "inputs", "steps", "external", "pinned", "snapshot",
                  "programs", "nbytes", "kernel_bytes", "macs", "error", "released",
-                 "replays_pending", "footprint", "__weakref__")
+                 "replays_pending", "footprint", "collective_steps", "__weakref__")
 
     def __init__(self, scheduler: SchedulerState) -> None:
         self.scheduler = scheduler
@@ -55,6 +55,10 @@ class Capture:
         self.released = False
         self.replays_pending = 0
         self.footprint = 0  # the largest circular-buffer region of its programs
+        # The steps whose programs exchange values with other chips (a mesh trace's collectives:
+        # their `Compute.peers` is the captured submit's place in its rendezvous); each replay
+        # gives them a fresh one (`ReplayCommand.peers.replace`).
+        self.collective_steps: list[int] = []
 
     @staticmethod
     def admit_transfer() -> None:
@@ -107,6 +111,8 @@ class Capture:
                 self._read(state, source)
             for storage in (*compute.outputs, *compute.scratch.values()):
                 self._pin(storage)
+            if compute.peers is not None:
+                self.collective_steps.append(len(self.steps))
             self.steps.append(compute)
             self.programs.append(command.program.name)
             self.footprint = max(self.footprint, command.plan.footprint)
@@ -184,7 +190,12 @@ class SealCommand(Command):
 
 
 class ReplayCommand(_Scheduled):
-    """One replay of a trace: its frozen steps back to back, as a single queued command."""
+    """One replay of a trace: its frozen steps back to back, as a single queued command.
+
+    A replay of a mesh trace's chip carries `peers` (`_mesh.collectives.ReplayPeers`, one per
+    chip and execute): its captured collective steps meet the other chips' replays of the same
+    execute through it (`peers.replace(captured_peer)`), and its failure aborts them
+    (`Scheduler.complete`). A replay whose trace has no collectives drops it when decided."""
 
     name = "trace_replay"
     __slots__ = ("target", "refilled", "spans")
@@ -216,6 +227,16 @@ class ReplayCommand(_Scheduled):
             nbytes += source.nbytes + storage.nbytes
             self.refilled.append((state, source, storage))
         steps.extend(capture.steps)
+        if capture.collective_steps:  # each captured collective step meets this execute's peers
+            peers = self.peers
+            if peers is None:
+                raise TraceError(_ALONE)
+            base = len(steps) - len(capture.steps)
+            for index in capture.collective_steps:
+                step = steps[base + index]
+                steps[base + index] = step._replace(peers=peers.replace(step.peers))
+        elif self.peers is not None:  # nothing to meet: it may run inline like any replay
+            self.peers = None
         if capture.footprint:  # its programs' circular buffers, for the whole replay
             s = self.scheduler
             try:
@@ -285,8 +306,12 @@ def end(s: SchedulerState, capture: Capture, error: BaseException | None) -> Non
     s.cq0.push(SealCommand(capture))
 
 
-def replay(s: SchedulerState, capture: Capture) -> ReplayCommand:
-    """One replay of a captured trace, to queue on CQ0 (the capture counts it pending)."""
+_ALONE = ("this trace's programs exchange values with other chips (collectives): execute the mesh "
+          "trace (tt.execute_trace(mesh_trace)), whose chips replay together, not one chip's trace")
+
+
+def check_replay(s: SchedulerState, capture: Capture) -> None:
+    """Raises TraceError if the trace cannot be replayed now (what `replay` checks first)."""
     if capture.released:
         raise TraceError("the trace was released; capture a new one")
     if s.capturing is not None:
@@ -299,9 +324,20 @@ def replay(s: SchedulerState, capture: Capture) -> ReplayCommand:
                 f"an input {state.shape} {state.dtype.name} of the trace was deallocated since "
                 "capture; keep traced inputs alive until the trace is released"
             )
+
+
+def replay(s: SchedulerState, capture: Capture, peers: Any = None) -> ReplayCommand:
+    """One replay of a captured trace, to queue on CQ0 (the capture counts it pending); `peers`:
+    a mesh trace's chip's place in its execute (see `ReplayCommand`)."""
+    check_replay(s, capture)
+    if peers is None and capture.collective_steps:
+        raise TraceError(_ALONE)
     outputs = tuple(state for state in capture.outputs if not state.deallocated)
     capture.replays_pending += 1
-    return ReplayCommand(s, capture, tuple(capture.inputs), outputs)
+    command = ReplayCommand(s, capture, tuple(capture.inputs), outputs)
+    if peers is not None:
+        command.peers = peers
+    return command
 
 
 def release(capture: Capture) -> None:
