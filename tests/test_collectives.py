@@ -24,7 +24,7 @@ from ttflow._program import run_on_host
 
 pytestmark = pytest.mark.anyio
 
-F32, BF16, I32 = tt.DataType.FLOAT32, tt.DataType.BFLOAT16, tt.DataType.INT32
+F32, BF16, I32, BF8 = tt.DataType.FLOAT32, tt.DataType.BFLOAT16, tt.DataType.INT32, tt.DataType.BFLOAT8_B
 DRAM, L1 = tt.MemorySpace.DRAM, tt.MemorySpace.L1
 TILE, RM = tt.TensorLayout.TILE, tt.TensorLayout.ROW_MAJOR
 SMALL = tt.DeviceSpec.small()
@@ -61,6 +61,7 @@ def test_shapes_follow_the_group_size(mesh: tuple[int, int] | None, shapes: list
 def test_the_builder_refuses_what_no_mesh_runs() -> None:
     b = tt.ProgramBuilder("bad", mesh_shape=(2, 4))
     x = b.input((6, 4))
+    odd, even = b.input((32, 48 * 8)), b.input((32, 64 * 8))
     with pytest.raises(tt.ShapeError, match="reduce_scatter: dim 0 .* size 6, which a group of 8"):
         b.reduce_scatter(x, 0)
     with pytest.raises(tt.ShapeError, match="all_to_all: split dim 1 .* group of 4"):
@@ -73,8 +74,19 @@ def test_the_builder_refuses_what_no_mesh_runs() -> None:
         b.point_to_point(x, (0, 0), 3)
     with pytest.raises(tt.ShapeError, match="axis 2 is out of range"):
         b.all_gather(x, 2)
-    with pytest.raises(tt.LayoutError, match="BFLOAT8_B values do not cross links"):
-        b.all_gather(b.typecast(x, tt.DataType.BFLOAT8_B), 0)
+    # BFLOAT8_B crosses links as whole packed tiles: a dim cut or joined in chunks that are
+    # not multiples of 32 (in the last two dims) is refused; other dims, any size.
+    bf8 = b.typecast(b.reshape(x, (2, 3, 4)), BF8)
+    with pytest.raises(tt.ShapeError, match="all_gather: a BFLOAT8_B value of .* chunks of 4, not a multiple of 32"):
+        b.all_gather(bf8, 2)
+    assert b.all_gather(bf8, 0).shape == (16, 3, 4)
+    with pytest.raises(tt.ShapeError, match="reduce_scatter: .* along dim 1 in chunks of 48, not"):
+        b.reduce_scatter(b.typecast(odd, BF8), 1)
+    wide = b.typecast(even, BF8)
+    assert b.reduce_scatter(wide, 1).shape == (32, 64)  # parts of whole tiles
+    with pytest.raises(tt.ShapeError, match="all_to_all: .* along dim 0 in chunks of 4"):
+        b.all_to_all(wide, 0, 1)
+    assert b.all_reduce(bf8).shape == (2, 3, 4) and b.broadcast(bf8, (1, 1)).dtype is BF8
     with pytest.raises(tt.ShapeError, match="mesh_shape must be at least 1"):
         tt.ProgramBuilder("p", mesh_shape=(2, 0))
     with pytest.raises(tt.ShapeError, match="mesh_shape is"):
@@ -235,11 +247,62 @@ def route(spec: tt.MeshSpec, a: Coord, b: Coord) -> list[tuple[Coord, Coord]]:
     return hops[::-1]
 
 
+def padded_2d(a: np.ndarray) -> tuple[np.ndarray, int, int]:
+    """a as (batch, rows, cols) zero padded to whole 32x32 tiles (rank 1: one row), and (h, w)."""
+    h, w = (1, a.shape[0]) if a.ndim == 1 else a.shape[-2:]
+    batch = a.size // (h * w)
+    out = np.zeros((batch, -(-h // 32) * 32, -(-w // 32) * 32), np.float32)
+    out[:, :h, :w] = a.reshape(batch, h, w)
+    return out, h, w
+
+
+def bfp8_round(a: np.ndarray) -> np.ndarray:
+    """a as BFLOAT8_B holds it, by tests/reference.py's packer (tt-metal's rule, written apart
+    from ttflow's kernels): each 16-value row of a face, 16 aligned columns of a tile row, shares
+    its largest exponent; a byte's value is magnitude * 2^(exponent - 133), with its sign."""
+    from reference import bfp8_pack_rows
+
+    padded, h, w = padded_2d(np.asarray(a, np.float32))
+    rows = padded.reshape(*padded.shape[:2], -1, 16)
+    shared, byte = bfp8_pack_rows(rows)
+    magnitude = (byte & 0x7F).astype(np.float64)
+    value = np.ldexp(magnitude, shared.astype(np.int64)[..., None] - 133) * np.where(byte & 0x80, -1, 1)
+    return value.reshape(padded.shape)[:, :h, :w].astype(np.float32).reshape(a.shape)
+
+
+def tiles_of(a: np.ndarray) -> np.ndarray:
+    """a's 32x32 tiles, (tiles, 32, 32): batch, then tile rows, then tile columns."""
+    padded, _, _ = padded_2d(a)
+    b, ph, pw = padded.shape
+    return padded.reshape(b, ph // 32, 32, pw // 32, 32).transpose(0, 1, 3, 2, 4).reshape(-1, 32, 32)
+
+
+def from_tiles(tiles: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    h, w = (1, shape[0]) if len(shape) == 1 else shape[-2:]
+    ph, pw = -(-h // 32) * 32, -(-w // 32) * 32
+    b = tiles.shape[0] // (ph // 32 * (pw // 32))
+    padded = tiles.reshape(b, ph // 32, pw // 32, 32, 32).transpose(0, 1, 3, 2, 4).reshape(b, ph, pw)
+    return padded[:, :h, :w].reshape(shape)
+
+
+def payload(a: np.ndarray, dtype: tt.DataType) -> int:
+    """A chunk's bytes on a link: its elements times the dtype's size; BFLOAT8_B, its packed
+    tiles (SPEC: 1024 mantissa bytes + 64 exponent bytes per 32x32 tile)."""
+    if dtype is BF8:
+        h, w = (1, a.shape[0]) if a.ndim == 1 else a.shape[-2:]
+        return a.size // (h * w) * -(-h // 32) * -(-w // 32) * (1024 + 64) if a.size else 0
+    return a.size * np.dtype(dtype.host_dtype).itemsize
+
+
+def rounded(a: np.ndarray, dtype: tt.DataType) -> np.ndarray:
+    return bfp8_round(a) if dtype is BF8 else store_as(a, dtype)
+
+
 def host_values(rng: np.random.Generator, shape: tuple[int, ...], dtype: tt.DataType) -> np.ndarray:
     """Values as the device holds them in `dtype`, in its compute dtype (float32 or int64)."""
     if dtype is I32:
         return store_as(rng.integers(-(2**31), 2**31, shape), dtype)  # sums wrap
-    return store_as(rng.standard_normal(shape).astype(np.float32) * 100, dtype)
+    return rounded(rng.standard_normal(shape).astype(np.float32) * 100, dtype)
 
 
 def ordered_sums(path: list[Coord], ring: bool, terms: dict[Coord, dict[Coord, np.ndarray]],
@@ -247,7 +310,7 @@ def ordered_sums(path: list[Coord], ring: bool, terms: dict[Coord, dict[Coord, n
     """Each path chip's part summed in the documented order, every partial rounded to `dtype`:
     `terms[chip][home]` is chip's term of home's part."""
     def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return store_as(a + b, dtype)
+        return rounded(a + b, dtype) if a.size else a + b
 
     n = len(path)
     sums = {}
@@ -287,8 +350,8 @@ def near_sum(got: np.ndarray, terms: list[np.ndarray], dtype: tt.DataType) -> No
 
 def reference(op: str, spec: tt.MeshSpec, xs: dict[Coord, np.ndarray], attrs: dict,
               dtype: tt.DataType) -> tuple[dict[Coord, np.ndarray], Links]:
-    """Each chip's expected result of one collective, and the bytes each directed link carries."""
-    size = np.dtype(dtype.host_dtype).itemsize
+    """Each chip's expected result of one collective, and the bytes each directed link carries
+    (BFLOAT8_B: packed tiles, an all_reduce's parts whole tiles, partial sums packed)."""
     out: dict[Coord, np.ndarray] = {}
     links: Links = {}
 
@@ -298,7 +361,7 @@ def reference(op: str, spec: tt.MeshSpec, xs: dict[Coord, np.ndarray], attrs: di
     if op in ("broadcast", "point_to_point"):
         sender = tuple(attrs["sender"])
         receiver = tuple(attrs.get("receiver", sender))
-        nbytes = xs[sender].size * size
+        nbytes = payload(xs[sender], dtype)
         for c in grid(spec):
             out[c] = xs[sender] if op == "broadcast" or c == receiver else xs[c]
         parent = parents(spec, sender)
@@ -314,7 +377,7 @@ def reference(op: str, spec: tt.MeshSpec, xs: dict[Coord, np.ndarray], attrs: di
             split, concat = attrs["split_dim"], attrs["concat_dim"]
             for k, c in enumerate(group):
                 out[c] = np.concatenate([np.split(xs[m], n, axis=split)[k] for m in group], axis=concat)
-            part = xs[group[0]].size // n * size
+            part = payload(np.split(xs[group[0]], n, axis=split)[0], dtype)
             for a in group:
                 for b in group:
                     for pair in route(spec, a, b) if a != b else []:
@@ -323,7 +386,7 @@ def reference(op: str, spec: tt.MeshSpec, xs: dict[Coord, np.ndarray], attrs: di
         if op == "all_gather":
             for c in group:
                 out[c] = np.concatenate([xs[m] for m in group], axis=attrs["dim"])
-            shard = xs[group[0]].size * size
+            shard = payload(xs[group[0]], dtype)
             for p in range(n - 1 + ring):
                 a, b = path[p], path[(p + 1) % n]
                 if ring:  # (N-1)/N of the gathered tensor over each link of the ring, one way
@@ -337,8 +400,9 @@ def reference(op: str, spec: tt.MeshSpec, xs: dict[Coord, np.ndarray], attrs: di
             terms = {c: dict(zip(group, np.split(xs[c], n, axis=dim))) for c in group}
             out.update(ordered_sums(path, ring, terms, dtype))
             for k, c in enumerate(group):
-                near_sum(out[c], [np.split(xs[m], n, axis=dim)[k] for m in group], dtype)
-            chunk = xs[group[0]].size // n * size
+                if dtype is not BF8:  # a block's rounding is relative to its largest value
+                    near_sum(out[c], [np.split(xs[m], n, axis=dim)[k] for m in group], dtype)
+            chunk = payload(np.split(xs[group[0]], n, axis=dim)[0], dtype)
             for p in range(n - 1 + ring):
                 a, b = path[p], path[(p + 1) % n]
                 if ring:  # (N-1)/N of the tensor over each link, one way
@@ -349,13 +413,19 @@ def reference(op: str, spec: tt.MeshSpec, xs: dict[Coord, np.ndarray], attrs: di
             continue
         assert op == "all_reduce"
         shape = xs[group[0]].shape
-        terms = {c: dict(zip(path, np.array_split(xs[c].reshape(-1), n))) for c in group}
-        sums = ordered_sums(path, ring, terms, dtype)
-        total = np.concatenate([sums[c] for c in path]).reshape(shape)
-        near_sum(total, [xs[m] for m in group], dtype)
+        if dtype is BF8:  # parts of whole tiles, in tile order; each tile 1088 bytes
+            terms = {c: dict(zip(path, np.array_split(tiles_of(xs[c]), n))) for c in group}
+            sums = ordered_sums(path, ring, terms, dtype)
+            total = from_tiles(np.concatenate([sums[c] for c in path]), shape)
+            elements, size = len(tiles_of(xs[group[0]])), 1024 + 64
+        else:
+            terms = {c: dict(zip(path, np.array_split(xs[c].reshape(-1), n))) for c in group}
+            sums = ordered_sums(path, ring, terms, dtype)
+            total = np.concatenate([sums[c] for c in path]).reshape(shape)
+            near_sum(total, [xs[m] for m in group], dtype)
+            elements, size = xs[group[0]].size, np.dtype(dtype.host_dtype).itemsize
         for c in group:
             out[c] = total  # every chip of the group the same bits
-        elements = xs[group[0]].size
         lengths = [len(t) for t in np.array_split(np.empty(elements), n)]
         for p in range(n - 1 + ring):
             a, b = path[p], path[(p + 1) % n]
@@ -447,6 +517,58 @@ def test_every_collective_over_links_with_threads(spec: tt.MeshSpec, op: str, dt
         for pair, nbytes in record.link_bytes.items():
             merged[pair] = merged.get(pair, 0) + nbytes
     assert merged == links
+
+
+@st.composite
+def bf8_collectives(draw: st.DrawFn, spec: tt.MeshSpec, op: str) -> tuple[tuple[int, ...], dict]:
+    """A BFLOAT8_B input shape and attrs of one `op` step on `spec`: the dims a collective
+    cuts or joins are whole tiles among the last two (32, 64 per chunk), others any size
+    (batch dims 1-3, the last two 20, 32 or 40: padded tiles)."""
+    axis = draw(st.sampled_from([None, 0, 1]))
+    n = spec.num_chips if axis is None else spec.shape[axis]
+    rank = draw(st.integers(1, 3))
+    dim, other = draw(st.integers(0, rank - 1)), draw(st.integers(0, rank - 1))
+    whole = {"all_gather": {dim}, "reduce_scatter": {dim}, "all_to_all": {dim, other}}.get(op, set())
+    shape = [draw(st.sampled_from([32, 64]) if d in whole and d >= rank - 2 else
+                  st.sampled_from([20, 32, 40]) if d >= rank - 2 else st.integers(1, 3)) for d in range(rank)]
+    if op == "all_gather":
+        return tuple(shape), {"dim": dim, "cluster_axis": axis}
+    if op == "reduce_scatter":
+        shape[dim] *= n
+        return tuple(shape), {"dim": dim, "cluster_axis": axis}
+    if op == "all_to_all":
+        shape[dim] *= n
+        return tuple(shape), {"split_dim": dim, "concat_dim": other, "cluster_axis": axis}
+    if op == "all_reduce":
+        return tuple(shape), {"cluster_axis": axis}
+    sender = draw(st.sampled_from(grid(spec)))
+    if op == "broadcast":
+        return tuple(shape), {"sender": sender}
+    return tuple(shape), {"sender": sender, "receiver": draw(st.sampled_from(grid(spec)))}
+
+
+def test_bfp8_round_is_the_kernels_rounding() -> None:
+    # The test's reference packer (tests/reference.py) and ttflow's kernels agree, and blocks
+    # are 16 aligned columns of a tile row: a large value changes only its own block.
+    rng = np.random.default_rng(3)
+    a = (rng.standard_normal((3, 40, 72)) * 10).astype(np.float32)
+    np.testing.assert_array_equal(bfp8_round(a), store_as(a, BF8))
+    b = a.copy()
+    b[0, 5, 17] = 1e6
+    changed = np.argwhere(bfp8_round(b) != bfp8_round(a))
+    assert {(int(i), int(j), int(k) // 16) for i, j, k in changed} == {(0, 5, 1)}
+
+
+@given(meshes, st.sampled_from(OPS), st.data())
+def test_bfloat8_b_collectives_over_links_with_threads(spec: tt.MeshSpec, op: str, data: st.DataObject) -> None:
+    shape, attrs = data.draw(bf8_collectives(spec, op), label="shape, attrs")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+    xs = {c: host_values(rng, shape, BF8) for c in grid(spec)}
+    out, links, _ = run_threads(spec, op, xs, attrs, BF8)
+    want, want_links = reference(op, spec, xs, attrs, BF8)
+    for c in grid(spec):  # bit for bit: the partial sums packed as they cross
+        np.testing.assert_array_equal(out[c], want[c])
+    assert links == {k: v for k, v in want_links.items() if v}  # packed tiles, 1088 bytes each
 
 
 def test_a_t3000s_ring_and_the_formulas() -> None:
@@ -567,6 +689,39 @@ async def test_every_collective_on_a_mesh_against_numpy(
     for c in grid(spec):  # bit for bit: each chip's result as the documented algorithm gives it
         np.testing.assert_array_equal(got[c].astype(np.float64), want[c].astype(np.float64))
     assert links == {k: v for k, v in want_links.items() if v}  # host traffic never counts
+
+
+@given(st.sampled_from([(1, 2), (1, 3), (2, 2), (2, 4)]), st.booleans(), st.sampled_from(OPS),
+       st.sampled_from([DRAM, L1]), st.sampled_from([DRAM, L1]), st.data())
+async def test_bfloat8_b_collectives_on_a_mesh_against_numpy(
+        shape: tuple[int, int], ring: bool, op: str, space_in: tt.MemorySpace, space_out: tt.MemorySpace,
+        data: st.DataObject) -> None:
+    spec = mesh_spec(shape, ring)
+    in_shape, attrs = data.draw(bf8_collectives(spec, op), label="shape, attrs")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+    xs = {c: host_values(rng, in_shape, BF8) for c in grid(spec)}
+    layout, out_layout = tt.Layout(space_in, TILE, BF8), tt.Layout(space_out, TILE, BF8)
+    want, want_links = reference(op, spec, xs, attrs, BF8)
+    async with tt.open_mesh_device(spec) as mesh:
+        before = mesh.stats.link_bytes
+        got = await run_on_mesh(mesh, one_step(op, in_shape, layout, attrs, out_layout), xs, layout)
+        links = link_delta(before, mesh.stats.link_bytes)
+    for c in grid(spec):
+        np.testing.assert_array_equal(got[c], want[c])
+    assert links == {k: v for k, v in want_links.items() if v}
+
+
+async def test_bfloat8_b_shapes_that_split_tiles_are_refused_at_submit() -> None:
+    b = tt.ProgramBuilder("gather")  # built for a group of one: resolved, and refused, at submit
+    b.output(b.all_gather(b.input((32, 48), tt.Layout(tensor_layout=TILE, dtype=BF8)), 1))
+    binary = tt.Binary([b.build()])
+    async with tt.open_mesh_device(mesh_spec((1, 2))) as mesh:
+        x = tt.to_device(np.ones((32, 48), np.float32), mesh, tt.Layout(tensor_layout=TILE, dtype=BF8))
+        with pytest.raises(tt.ShapeError, match="does not fit a 1x2 mesh: all_gather: a BFLOAT8_B value"):
+            tt.submit(mesh, binary, 0, [x])
+        assert all(len(chip._cq0) == 0 for chip in mesh.chips)
+        (y,) = tt.submit(mesh.chips[0], binary, 0, [tt.device_tensors(x)[0]])  # a group of one: fine
+        np.testing.assert_array_equal(await tt.to_host(y), np.ones((32, 48), np.float32))
 
 
 async def test_a_one_chip_mesh_is_a_group_of_one() -> None:

@@ -1126,8 +1126,6 @@ class ProgramBuilder:
         is the builder's mesh's (1 while it has none: resolved again at submit)."""
         self._check_open()
         x = self._value(op, x)
-        if x.dtype is DataType.BFLOAT8_B:
-            raise LayoutError(f"{op}: BFLOAT8_B values do not cross links here; typecast to BFLOAT16 first")
         if cluster_axis is not None:
             cluster_axis = _int(op, "cluster_axis", cluster_axis)
             if cluster_axis not in (0, 1):
@@ -1136,6 +1134,23 @@ class ProgramBuilder:
         rows, cols = self.mesh_shape or (1, 1)
         size = rows * cols if cluster_axis is None else (rows, cols)[cluster_axis]
         return x, cluster_axis, size
+
+    @staticmethod
+    def _whole_tiles(op: str, x: Value, n: int, dims: dict[int, int]) -> None:
+        """A BFLOAT8_B value crosses links as its packed tiles are (each 16-value face row shares
+        one exponent, so a chunk cut inside a tile would pack to other bytes and values): when a
+        group of `n` > 1 chips cuts or joins it along one of its last two dims, each chunk's size
+        along that dim (`dims`: dim -> size) must be whole 32-wide tiles (ShapeError)."""
+        if x.dtype is not DataType.BFLOAT8_B or n <= 1:
+            return
+        rank = len(x.shape)
+        for dim, size in dims.items():
+            if dim >= rank - 2 and size % 32:
+                raise ShapeError(
+                    f"{op}: a BFLOAT8_B value of {x.shape} crosses links as whole packed 32x32 tiles, "
+                    f"but a group of {n} chips cuts or joins it along dim {dim} in chunks of {size}, not a "
+                    "multiple of 32 (a chunk would split tiles, whose rows share exponents): make that "
+                    "dim's chunks whole tiles, or typecast to BFLOAT16 first")
 
     def _coord(self, op: str, name: str, coord: Any) -> tuple[int, int]:
         """A chip's mesh coordinate (row, col), inside the builder's mesh when it has one."""
@@ -1150,27 +1165,33 @@ class ProgramBuilder:
     def all_gather(self, x: Value, dim: int, cluster_axis: int | None = None) -> Value:
         """The group's values joined along `dim` in mesh-coordinate order along the group
         (ttnn.all_gather): every chip of the group gets the same result, `dim` N times longer
-        for a group of N chips. Any dtype but BFLOAT8_B."""
+        for a group of N chips. A BFLOAT8_B value moves as its packed tiles: along one of its
+        last two dims each chip's size must be a multiple of 32 (ShapeError)."""
         x, axis_, n = self._collective("all_gather", x, cluster_axis)
         dim = _normalise_axis("all_gather", dim, len(x.shape))
+        self._whole_tiles("all_gather", x, n, {dim: x.shape[dim]})
         shape = x.shape[:dim] + (x.shape[dim] * n,) + x.shape[dim + 1:]
         return self._emit("all_gather", [x], shape, x.dtype, dim=dim, cluster_axis=axis_)
 
     def reduce_scatter(self, x: Value, dim: int, cluster_axis: int | None = None) -> Value:
         """The sum of the group's values, split along `dim` into N equal parts, the k-th chip
         of the group (in mesh-coordinate order) keeping part k (ttnn.reduce_scatter, Sum only).
-        `dim` must split evenly over the group (ShapeError, here or at submit)."""
+        `dim` must split evenly over the group (ShapeError, here or at submit); a BFLOAT8_B
+        value's parts along one of its last two dims must be whole tiles (multiples of 32), and its
+        partial sums are rounded to BFLOAT8_B before they cross a link."""
         x, axis_, n = self._collective("reduce_scatter", x, cluster_axis)
         dim = _normalise_axis("reduce_scatter", dim, len(x.shape))
         if x.shape[dim] % n:
             raise ShapeError(f"reduce_scatter: dim {dim} of {x.shape} has size {x.shape[dim]}, which a group "
                              f"of {n} chips cannot split evenly")
+        self._whole_tiles("reduce_scatter", x, n, {dim: x.shape[dim] // n})
         shape = x.shape[:dim] + (x.shape[dim] // n,) + x.shape[dim + 1:]
         return self._emit("reduce_scatter", [x], shape, x.dtype, dim=dim, cluster_axis=axis_)
 
     def all_reduce(self, x: Value, cluster_axis: int | None = None) -> Value:
         """The sum of the group's values on every chip of the group (ttnn.all_reduce, Sum
-        only); x's shape and dtype. Integers wrap as the device's additions do."""
+        only); x's shape and dtype. Integers wrap as the device's additions do; a BFLOAT8_B
+        value's parts are whole tiles, its partial sums rounded to BFLOAT8_B as they cross."""
         x, axis_, _ = self._collective("all_reduce", x, cluster_axis)
         return self._emit("all_reduce", [x], x.shape, x.dtype, cluster_axis=axis_)
 
@@ -1199,6 +1220,9 @@ class ProgramBuilder:
         if x.shape[split] % n:
             raise ShapeError(f"all_to_all: split dim {split} of {x.shape} has size {x.shape[split]}, which a "
                              f"group of {n} chips cannot split evenly")
+        part = list(x.shape)
+        part[split] //= n
+        self._whole_tiles("all_to_all", x, n, {split: part[split], concat: part[concat]})
         shape = list(x.shape)
         shape[split] //= n
         shape[concat] *= n

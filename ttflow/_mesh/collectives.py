@@ -37,7 +37,12 @@ group's mesh-coordinate order, positions the path's order):
 - all_to_all: each part along the shortest route from its chip to its destination.
 
 Partial sums cross links in the value's dtype (a BFLOAT16 partial is rounded before it is
-sent), as the device's buffers hold them; integer sums wrap as the device's do.
+sent), as the device's buffers hold them; integer sums wrap as the device's do. A BFLOAT8_B
+value crosses as its packed tiles (`payload_bytes`: 1088 bytes per 32x32 tile, padding
+included): the builder lets a collective cut or join it only along whole tiles, an
+all_reduce cuts it into parts of whole tiles (in tile order, `_tiles`) rather than flat
+elements, and each partial sum is packed (its 16-value face rows sharing exponents) before it
+crosses.
 """
 
 from __future__ import annotations
@@ -73,6 +78,7 @@ __all__ = [
     "collective_log",
     "fabric_of",
     "modelled_seconds",
+    "payload_bytes",
     "submit_collective",
 ]
 
@@ -322,8 +328,8 @@ class Peer:
         group = fabric.group(self.coord, axis)
         path, ring = fabric.path(group)
         topology = ("ring" if ring else "line") if op in _ALONG_PATH else "routes"
-        itemsize = np.dtype(dtype.host_dtype).itemsize
-        record = r._arrive(op, step, group, topology, self.coord, x.size * itemsize)
+        itemsize = 0 if dtype is DataType.BFLOAT8_B else np.dtype(dtype.host_dtype).itemsize
+        record = r._arrive(op, step, group, topology, self.coord, payload_bytes(x, itemsize))
         exchange = _Exchange(r, step, op, self.coord, group, path, ring, itemsize, dtype, record)
         result = _ALGORITHMS[op](exchange, x, **{k: v for k, v in attrs.items() if k != "cluster_axis"})
         r._leave(record)
@@ -351,13 +357,16 @@ class _Exchange:
         """`chunk` to `to` (a neighbour, unless `links` is its route)."""
         if links is None:
             links = (self.r.fabric.link(self.me, to),)
-        self.r._send(self.step, tag, to, chunk, chunk.size * self.itemsize, links, self.record)
+        self.r._send(self.step, tag, to, chunk, payload_bytes(chunk, self.itemsize), links, self.record)
 
     def receive(self, tag: Any) -> Array:
         return self.r._receive(self.op, self.step, tag, self.me)
 
     def add(self, a: Array, b: Array) -> Array:
-        """a + b as the device stores a partial sum: in the value's dtype."""
+        """a + b as the device stores a partial sum: in the value's dtype (a BFLOAT8_B part is
+        whole tiles, so its rows share exponents as the device's buffer packs them)."""
+        if a.size == 0:
+            return a + b
         return store_as(a + b, self.dtype)
 
     # -- the building blocks of the ring and line algorithms ---------------------------------
@@ -427,16 +436,53 @@ def _reduce_scatter(ex: _Exchange, x: Array, dim: int) -> Array:
 def _all_reduce(ex: _Exchange, x: Array) -> Array:
     if len(ex.group) == 1:
         return x
+    if ex.dtype is DataType.BFLOAT8_B:  # parts of whole packed tiles, in tile order
+        tiles = _tiles(x)
+        mine = ex.reduce_scatter(dict(zip(ex.path, np.array_split(tiles, len(ex.path)))))
+        parts = ex.gather(mine)
+        return _untile(np.concatenate([parts[c] for c in ex.path]), x.shape)
     flat = x.reshape(-1)
     mine = ex.reduce_scatter(dict(zip(ex.path, np.array_split(flat, len(ex.path)))))
     parts = ex.gather(mine)
     return np.concatenate([parts[c] for c in ex.path]).reshape(x.shape)
 
 
+def _tiles(x: Array) -> Array:
+    """x's 32x32 tiles (zero padded; a rank-1 x is one row), (tiles, 32, 32) in tile order:
+    batch, then tile rows, then tile columns, as the device's pages hold them."""
+    h, w = (1, x.shape[0]) if x.ndim == 1 else x.shape[-2:]
+    batch = x.size // (h * w) if h * w else 0
+    ph, pw = -(-h // 32) * 32, -(-w // 32) * 32
+    padded = np.zeros((batch, ph, pw), x.dtype)
+    padded[:, :h, :w] = x.reshape(batch, h, w)
+    return padded.reshape(batch, ph // 32, 32, pw // 32, 32).transpose(0, 1, 3, 2, 4).reshape(-1, 32, 32)
+
+
+def _untile(tiles: Array, shape: tuple[int, ...]) -> Array:
+    """The value of `shape` whose tiles (`_tiles`' order) these are."""
+    h, w = (1, shape[0]) if len(shape) == 1 else shape[-2:]
+    ph, pw = -(-h // 32) * 32, -(-w // 32) * 32
+    batch = tiles.shape[0] // ((ph // 32) * (pw // 32))
+    padded = tiles.reshape(batch, ph // 32, pw // 32, 32, 32).transpose(0, 1, 3, 2, 4).reshape(batch, ph, pw)
+    return np.ascontiguousarray(padded[:, :h, :w]).reshape(shape)
+
+
+def payload_bytes(chunk: Array, itemsize: int) -> int:
+    """The bytes a chunk is on a link: its elements times `itemsize`, or, for BFLOAT8_B
+    (`itemsize` 0), its packed tiles: each 32x32 tile (zero padded) 1088 bytes, 64 shared
+    exponents and 1024 mantissas (a rank-1 chunk is one row of tiles)."""
+    if itemsize:
+        return chunk.size * itemsize
+    if chunk.size == 0:
+        return 0
+    h, w = (1, chunk.shape[0]) if chunk.ndim == 1 else chunk.shape[-2:]
+    return chunk.size // (h * w) * -(-h // 32) * -(-w // 32) * DataType.BFLOAT8_B.tile_bytes
+
+
 def _broadcast(ex: _Exchange, x: Array, sender: tuple[int, int]) -> Array:
     if ex.me != tuple(sender):
         return ex.receive("broadcast")
-    nbytes = x.size * ex.itemsize
+    nbytes = payload_bytes(x, ex.itemsize)
     held = {ex.me: x}
     route: dict[Coord, tuple[Link, ...]] = {ex.me: ()}
     for link in ex.r.fabric.tree(ex.me):  # parents before children: each link carries x once
