@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import threading
+from typing import Any
 
 import anyio
 import numpy as np
@@ -638,6 +639,55 @@ def test_the_timing_model_is_tt_metals_fits(op: str, n: int, nbytes: int, want_u
     # No published fit: hops * hop latency + the busiest link's bytes at 96% of the link rate.
     assert modelled_seconds("point_to_point", 4, 4096, 3, 4096, 12.5e9, 711e-9) == pytest.approx(
         3 * 711e-9 + 4096 / (0.96 * 12.5e9))
+
+
+@pytest.mark.parametrize("links", [1, 2, 4])  # n300's collectives, T3000, Galaxy
+@pytest.mark.parametrize(("op", "fixed_us", "per_chip_us", "gbps", "factor"), [
+    ("all_gather", 4.47, 1.91, 11.8, lambda n: n - 1),
+    ("reduce_scatter", 3.23, 3.97, 11.1, lambda n: (n - 1) / n),
+    ("all_reduce", 9.07, 5.82, 10.9, lambda n: 2 * (n - 1) / n),
+])
+def test_the_payload_is_split_across_a_pairs_links(links: int, op: str, fixed_us: float, per_chip_us: float,
+                                                    gbps: float, factor: Any) -> None:
+    from ttflow._mesh.collectives import modelled_seconds
+
+    for n, nbytes, rate in ((2, 1 << 16, 12.5e9), (8, 1 << 20, 12.5e9), (4, 3 << 18, 25e9)):
+        want_us = fixed_us + per_chip_us * (n - 1) + factor(n) * nbytes / (gbps * 1e9 * rate / 12.5e9 * links) * 1e6
+        got = modelled_seconds(op, n, nbytes, n - 1, 0, rate, 711e-9, links)
+        assert got * 1e6 == pytest.approx(want_us, rel=1e-12)
+    # No fit: the hops' latency plus the busiest pair's bytes over its links at 96% of the rate.
+    assert modelled_seconds("broadcast", 8, 4096, 7, 8192, 12.5e9, 711e-9, links) == pytest.approx(
+        7 * 711e-9 + 8192 / (0.96 * 12.5e9 * links), rel=1e-12)
+
+
+@pytest.mark.parametrize("links", [1, 2, 4])
+async def test_a_mesh_times_its_collectives_with_its_links_per_pair(links: int) -> None:
+    # The same all_gather and point_to_point on 1x4 lines whose pairs have 1, 2 or 4 links: the
+    # bytes per pair are the same (the sum over its links), the modelled payload time 1/links.
+    from ttflow._mesh.collectives import collective_log
+
+    spec = tt.MeshSpec((1, 4), chip=SMALL, links_per_pair=links)
+    b = tt.ProgramBuilder("timed")
+    v = b.all_gather(b.input((32, 64)), 0)
+    b.output(b.point_to_point(v, (0, 0), (0, 3)))
+    binary = tt.Binary([b.build()])
+    async with tt.open_mesh_device(spec) as mesh:
+        x = tt.to_device(np.ones((32, 64), np.float32), mesh)
+        with collective_log(mesh).listening() as records:
+            (y,) = tt.submit(mesh, binary, 0, [x])
+            await y
+        links_bytes = {k: v for k, v in mesh.stats.link_bytes.items() if v}
+    shard = 32 * 64 * 4
+    gather, p2p = sorted(records, key=lambda r: r.step)
+    assert gather.op == "all_gather" and p2p.op == "point_to_point"
+    assert gather.modelled_seconds * 1e6 == pytest.approx(
+        4.47 + 1.91 * 3 + 3 * shard / (11.8e9 * links) * 1e6, rel=1e-12)
+    assert p2p.modelled_seconds == pytest.approx(3 * 711e-9 + 4 * shard / (0.96 * 12.5e9 * links), rel=1e-12)
+    assert gather.links == p2p.links == links
+    # a line all_gather's bytes, plus the gathered value along the route (0,0) -> (0,3)
+    want = {((0, p), (0, p + 1)): (p + 1) * shard + 4 * shard for p in range(3)}
+    want.update({((0, p + 1), (0, p)): (3 - p) * shard for p in range(3)})
+    assert links_bytes == want
 
 
 # -- SPMD: collectives in programs on meshes, against numpy and the link formulas ---------------------

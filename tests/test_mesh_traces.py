@@ -19,6 +19,7 @@ import pytest
 from test_collectives import (
     F32,
     I32,
+    SMALL,
     Coord,
     Links,
     grid,
@@ -183,7 +184,7 @@ async def test_queued_replays_count_bytes_once_each() -> None:
 
 
 async def test_the_timeline_draws_the_links_of_replays(tmp_path: Any) -> None:
-    spec = mesh_spec((1, 4), ring=True)
+    spec = tt.MeshSpec((1, 4), chip=SMALL, topology="ring", links_per_pair=2)
     binary = chain(F32)
     with anyio.fail_after(LIMIT):
         async with tt.open_mesh_device(spec) as mesh:
@@ -206,6 +207,12 @@ async def test_the_timeline_draws_the_links_of_replays(tmp_path: Any) -> None:
     for op in ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "broadcast", "point_to_point"):
         assert ops.count(op) % 2 == 0 and ops.count(op) > 0
     assert sum(e["args"]["bytes"] for e in slices) == sum(carried.values())
+    # Timed by the model, the payload split across the pair's two links (as the submit's are).
+    shard = ROWS * COLS * 4
+    for e in slices:
+        assert e["args"]["links_per_pair"] == 2
+        if e["name"] == "all_gather":
+            assert e["dur"] == pytest.approx(4.47 + 1.91 * 3 + 3 * shard / (11.8e9 * 2) * 1e6, abs=1e-3)
     replays = [e for e in events if e.get("pid") == 1 and e.get("name") == "trace_replay"]
     assert len(replays) == 2
 

@@ -104,24 +104,31 @@ _FITS: dict[str, tuple[float, float, float]] = {
 
 
 def modelled_seconds(op: str, n: int, nbytes: int, hops: int, busiest_link_bytes: int,
-                     link_bytes_per_second: float, hop_seconds: float) -> float:
+                     link_bytes_per_second: float, hop_seconds: float, links: int = 1) -> float:
     """How long a real mesh takes for one collective (a model; the bytes moved are real).
 
     all_gather, reduce_scatter and all_reduce follow tt-metal's published fits, their payload
     term scaled by the spec's link rate against Wormhole's 12.5 GB/s: fixed + per_chip * (N - 1)
-    + factor * nbytes / rate, with `nbytes` one chip's input and factor N - 1 (all_gather: each
-    chip receives N - 1 shards), (N - 1) / N (reduce_scatter) and 2 (N - 1) / N (all_reduce).
-    broadcast, point_to_point and all_to_all have no published fit; they are derived from the
-    spec: `hops` (the longest route's hops) times `hop_seconds`, plus the busiest link's bytes at
-    the payload rate (`PAYLOAD_FRACTION` of `link_bytes_per_second`). A group of one chip: 0."""
+    + factor * nbytes / (rate * links), with `nbytes` one chip's input and factor N - 1
+    (all_gather: each chip receives N - 1 shards), (N - 1) / N (reduce_scatter) and 2 (N - 1) / N
+    (all_reduce). broadcast, point_to_point and all_to_all have no published fit; they are
+    derived from the spec: `hops` (the longest route's hops) times `hop_seconds`, plus the busiest
+    neighbour pair's bytes at the payload rate (`PAYLOAD_FRACTION` of `link_bytes_per_second`)
+    of its `links`. A group of one chip: 0.
+
+    `links`: the links of each neighbour pair the collective uses (the spec's `links_per_pair`,
+    ttnn's `num_links`): its chunks are split across them, which carry their slices in parallel,
+    so the payload term is divided by `links`; the fixed and per-chip terms (setup, handshakes,
+    hop latency) are not."""
     if n <= 1:
         return 0.0
     fit = _FITS.get(op)
     if fit is None:
-        return hops * hop_seconds + busiest_link_bytes / (PAYLOAD_FRACTION * link_bytes_per_second)
+        return hops * hop_seconds + busiest_link_bytes / (PAYLOAD_FRACTION * link_bytes_per_second * links)
     fixed, per_chip, rate = fit
     factor = {"all_gather": n - 1, "reduce_scatter": (n - 1) / n, "all_reduce": 2 * (n - 1) / n}[op]
-    return fixed + per_chip * (n - 1) + factor * nbytes / (rate * link_bytes_per_second / _WORMHOLE_LINK_BYTES_PER_SECOND)
+    scaled = rate * link_bytes_per_second / _WORMHOLE_LINK_BYTES_PER_SECOND
+    return fixed + per_chip * (n - 1) + factor * nbytes / (scaled * links)
 
 
 @final
@@ -139,6 +146,7 @@ class CollectiveRecord:
         "group",
         "hops",
         "link_bytes",
+        "links",
         "modelled_seconds",
         "nbytes",
         "op",
@@ -162,6 +170,7 @@ class CollectiveRecord:
         self.hops = 0  # the longest route a chunk took (point_to_point, broadcast, all_to_all)
         self.chip_ids: dict[Coord, int] = {}  # each coordinate's chip id in the system
         self.modelled_seconds = 0.0
+        self.links = 1  # links per neighbour pair the chunks were split across
         self._arrived: dict[Coord, float] = {}
         self._left = 0
 
@@ -177,13 +186,15 @@ class Rendezvous:
     chunks in transit (each addressed to a chip), and the first failure.
 
     `fabric`: the links of the mesh view the submit runs on; `program`: the program's name
-    (for messages); `link_bytes_per_second`, `hop_seconds`: the spec's link facts (the timing
-    model); `log`: where each completed collective's `CollectiveRecord` goes (or None)."""
+    (for messages); `link_bytes_per_second`, `hop_seconds`, `links_per_pair`: the spec's link
+    facts (the timing model); `log`: where each completed collective's `CollectiveRecord` goes
+    (or None)."""
 
     def __init__(self, fabric: Fabric, program: str, link_bytes_per_second: float = 12.5e9,
                  hop_seconds: float = 711e-9, log: list[CollectiveRecord] | CollectiveLog | None = None,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, links_per_pair: int = 1) -> None:
         self.fabric = fabric
+        self.links_per_pair = links_per_pair
         self.program = program
         self.link_bytes_per_second = link_bytes_per_second
         self.hop_seconds = hop_seconds
@@ -202,7 +213,7 @@ class Rendezvous:
         """A new rendezvous of the same chips, links and model, with nothing arrived, sent or
         failed: what one execute of a trace gives a submit the trace captured."""
         return Rendezvous(self.fabric, self.program, self.link_bytes_per_second, self.hop_seconds,
-                          self.log, self.timeout)
+                          self.log, self.timeout, self.links_per_pair)
 
     @property
     def failed(self) -> tuple[Coord | None, BaseException] | None:
@@ -273,9 +284,10 @@ class Rendezvous:
                 return
             del self._records[record.step, record.group[0]]
         hops = len(record.group) - 1 if record.topology != "routes" else record.hops
+        record.links = self.links_per_pair
         record.modelled_seconds = modelled_seconds(
             record.op, len(record.group), record.nbytes, hops, max(record.link_bytes.values(), default=0),
-            self.link_bytes_per_second, self.hop_seconds)
+            self.link_bytes_per_second, self.hop_seconds, self.links_per_pair)
         if self.log is not None:
             self.log.append(record)
 
@@ -574,7 +586,7 @@ def submit_collective(mesh: MeshDevice, binary: Binary, program_index: int,
     system = mesh._system
     spec = system.spec
     rendezvous = Rendezvous(fabric_of(mesh), program.name, spec.link_bytes_per_second, spec.hop_seconds,
-                            collective_log(mesh))
+                            collective_log(mesh), links_per_pair=spec.links_per_pair)
     system.rendezvous.add(rendezvous)
     outputs: list[list[Tensor]] = []
     try:

@@ -5,7 +5,8 @@ recorders share one time origin, and `to_json` gives chip k the process id k + 1
 its coordinate and id. The links come last, as one more process ("links"): a track per directed
 link that carried collective bytes, and on it a slice per collective that used the link, from
 the moment the last chip of its group arrived, as long as a real mesh would take
-(`CollectiveRecord.modelled_seconds`, the link model), with its bytes on that link, so the trace
+(`CollectiveRecord.modelled_seconds`, the link model, whose payload term is split across the
+pair's `links_per_pair` links), with its bytes on that link (the sum over the pair's links), so the trace
 shows where a real mesh would wait; each slice's `args` also say how long each chip waited
 for its group (`waited_us`).
 """
@@ -74,6 +75,7 @@ class MeshTimelineRecorder:
                     "dur": round(record.modelled_seconds * 1e6, 3),
                     "args": {"program": record.program, "step": record.step, "bytes": nbytes,
                              "chips": len(record.group), "topology": record.topology,
+                             "links_per_pair": record.links,
                              "modelled_us": round(record.modelled_seconds * 1e6, 3),
                              "waited_us": {f"{c}": round(w * 1e6, 1) for c, w in record.waited.items()}},
                 })
