@@ -217,6 +217,41 @@ async def test_the_timeline_draws_the_links_of_replays(tmp_path: Any) -> None:
     assert len(replays) == 2
 
 
+async def test_a_bfloat8_b_trace_replays_packed_tiles() -> None:
+    # BFLOAT8_B in a trace: an all_reduce (parts of whole tiles, partial sums packed) then an
+    # all_gather along rows; each replay bit for bit the reference, its bytes 1088 per tile.
+    from test_collectives import BF8
+
+    spec = mesh_spec((1, 4), ring=True)
+    lay = tt.Layout(tensor_layout=tt.TensorLayout.TILE, dtype=BF8)
+    b = tt.ProgramBuilder("bf8")
+    b.output(b.all_gather(b.all_reduce(b.input((32, 40), lay)), 0), lay)
+    binary = tt.Binary([b.build()])
+    rng = np.random.default_rng(9)
+    with anyio.fail_after(LIMIT):
+        async with tt.open_mesh_device(spec) as mesh:
+            xs = {c: host_values(rng, (32, 40), BF8) for c in grid(spec)}
+            x = tt.from_shards([tt.to_device(xs[c], chip, lay) for c, chip in zip(mesh.coords, mesh.chips)], mesh)
+            with tt.capture_trace(mesh) as trace:
+                (y,) = tt.submit(mesh, binary, 0, [x])
+            await y
+            for _ in range(3):
+                xs = {c: host_values(rng, (32, 40), BF8) for c in grid(spec)}
+                tt.write(x, [xs[c] for c in mesh.coords])
+                before = mesh.stats.link_bytes
+                tt.execute_trace(trace)
+                got = [await tt.to_host(s) for s in tt.device_tensors(y)]
+                reduced, links = reference("all_reduce", spec, xs, {"cluster_axis": None}, BF8)
+                gathered, more = reference("all_gather", spec, reduced, {"dim": 0, "cluster_axis": None}, BF8)
+                for pair, nbytes in more.items():
+                    links[pair] = links.get(pair, 0) + nbytes
+                for c, value in zip(mesh.coords, got):
+                    np.testing.assert_array_equal(value, gathered[c])
+                assert link_delta(before, mesh.stats.link_bytes) == {k: v for k, v in links.items() if v}
+                # a 32x40 value is 2 padded tiles: the ring all_reduce's parts are 1, 1, 0, 0 tiles
+                assert sum(links.values()) == 1088 * (2 * 2 * 4 - 2 * 2) + 4 * 3 * 2 * 1088
+
+
 # -- faults ---------------------------------------------------------------------------------------------
 
 

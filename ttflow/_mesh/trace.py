@@ -22,6 +22,7 @@ from .. import _trace
 from .._trace import Trace
 from .collectives import ReplayPeers, ReplayRendezvous
 from .device import MeshDevice
+from .spec import Coord
 
 __all__ = ["MeshTrace", "capture_mesh_trace", "execute_mesh_trace", "release_mesh_trace"]
 
@@ -30,10 +31,11 @@ __all__ = ["MeshTrace", "capture_mesh_trace", "execute_mesh_trace", "release_mes
 class MeshTrace:
     """A trace of mesh work: `traces`, one `tt.Trace` per chip, row-major."""
 
-    __slots__ = ("mesh", "traces")
+    __slots__ = ("coords", "mesh", "traces")
 
     mesh: MeshDevice
     traces: tuple[Trace, ...]
+    coords: tuple[Coord, ...]  # each trace's chip's coordinate at capture (its collectives')
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("tt.MeshTrace has no public constructor: use `with tt.capture_trace(mesh)`")
@@ -43,6 +45,7 @@ class MeshTrace:
         trace = object.__new__(cls)
         trace.mesh = mesh
         trace.traces = tuple(traces)
+        trace.coords = tuple(mesh.coords)
         return trace
 
     @property
@@ -79,11 +82,11 @@ def execute_mesh_trace(trace: MeshTrace) -> None:
     mesh._system.rendezvous.add(execution)  # aborted if the mesh closes on an error
     queued = 0
     try:
-        for coord, chip_trace in zip(mesh.coords, trace.traces):
+        for coord, chip_trace in zip(trace.coords, trace.traces):
             _trace.execute_with_peers(chip_trace, ReplayPeers(execution, coord))
             queued += 1
     except BaseException as exc:  # the chips queued so far must not wait for the others
-        execution.abort(mesh.coords[queued], exc)
+        execution.abort(trace.coords[queued], exc)
         raise
 
 
