@@ -20,6 +20,18 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
+@pytest.fixture(params=["c", "checked"])
+def spmd_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a mesh test on both implementations of an SPMD submit: the C fast path
+    (`_core._dispatch.submit_spmd`, one pass over every chip) and the checked path it falls back
+    to (one single-chip submit per chip), so the two cannot drift apart."""
+    if request.param == "checked":
+        from ttflow._core import _dispatch
+
+        monkeypatch.setattr(_dispatch, "submit_spmd", lambda *args: None)
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
 def device() -> Iterator[Any]:
     """A fresh tt device (ttflow.torch's) for a torch test module, closed after it; a module may

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import ttflow as tt
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("spmd_path")]
 
 F32, BF16, I32 = tt.DataType.FLOAT32, tt.DataType.BFLOAT16, tt.DataType.INT32
 DRAM, L1 = tt.MemorySpace.DRAM, tt.MemorySpace.L1

@@ -27,7 +27,7 @@ import pytest
 
 import ttflow as tt
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("spmd_path")]
 
 SMALL = tt.DeviceSpec.small()
 BATCH, D_IN, HIDDEN, D_OUT = 64, 32, 64, 16

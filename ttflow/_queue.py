@@ -39,7 +39,7 @@ import anyio
 import anyio.lowlevel
 
 from ._commands import INLINE_SECONDS, Banks, Compute, Record, estimate, run, run_all
-from ._core._dispatch import CommandCore, run_program
+from ._core._dispatch import CommandCore, QueueCore, run_program
 from ._errors import DeviceClosedError, OutOfMemoryError
 from ._worker import QueueWorker, Ticket
 
@@ -192,7 +192,7 @@ def _no_flight(command: Command, record: Record, start: bool) -> None:
     pass
 
 
-class CommandQueue:
+class CommandQueue(QueueCore):
     """An in-order queue served by one task; `close` makes it exit once empty.
 
     `makes_room`: whether an out-of-memory decision has room made (CQ0) or fails (CQ1).
@@ -217,6 +217,7 @@ class CommandQueue:
         self.room_requests = 0  # times a command of this queue asked for room (CQ0's only)
         self._banks = banks
         self._pending: collections.deque[Command] = collections.deque()
+        self._append = self._pending.append
         self._wakeup: anyio.Event | None = None
         self._closing = False
         self._aborted: BaseException | None = None

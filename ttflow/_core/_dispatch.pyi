@@ -64,6 +64,21 @@ class TensorCore:
 
 def wrap(cls: type, device: Any, state: StateCore) -> Any: ...
 
+class QueueCore:
+    _pending: Any
+    _append: Any
+    _wakeup: Any
+    _closing: bool
+
+class MeshTensorCore:
+    _mesh: Any
+    _chips: tuple[Any, ...]
+    _states: tuple[Any, ...]
+    _handles: tuple[Any, ...] | None
+    _placement: Any
+    _shape: tuple[int, ...]
+    _grid: Any
+
 class SchedulerCore:
     _spaces: dict[Any, Any]
     counters: Any
@@ -91,4 +106,6 @@ class SchedulerCore:
 def submit_program(s: SchedulerCore, queue: Any, program: Any, plan: Any,
                    inputs: tuple[Any, ...]) -> tuple[Any, ...]: ...
 def submit(device: Any, binary: Any, program_index: Any, inputs: Any) -> list[Any] | None: ...
+def submit_spmd(mesh: Any, chips: tuple[Any, ...], binary: Any, program_index: Any, inputs: Any,
+                mesh_tensor_type: type, placement: Any, grid: Any) -> list[Any] | None: ...
 def run_program(command: CommandCore, banks: Any, inline_seconds: float) -> bool: ...

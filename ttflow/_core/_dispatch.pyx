@@ -29,6 +29,11 @@ cimport cython
 cdef extern from "Python.h":
     void PyObject_GC_UnTrack(void *op)
 
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+
+from weakref import ref as _weak_ref
+
 from ttflow._errors import OutOfMemoryError
 
 cdef object _storage_type = None
@@ -165,6 +170,17 @@ cdef class TensorCore:
                 pass
 
 
+cdef class QueueCore:
+    """The fields of a command queue (`_queue.CommandQueue`) that every submit touches: its
+    pending commands (a deque, oldest first), the event its task sleeps on when there are
+    none, and whether it is closing."""
+
+    cdef public object _pending
+    cdef public object _append  # `_pending.append`, bound once
+    cdef public object _wakeup
+    cdef public bint _closing
+
+
 cdef class SchedulerCore:
     """The scheduler's tables (`_sched.state.SchedulerState`), and its bookkeeping that runs for
     every command: allocating, freeing, keeping a storage on its tensor, releasing and
@@ -274,16 +290,19 @@ def submit_program(SchedulerCore s, queue, program, plan, tuple inputs):
 cdef tuple _submit_program(SchedulerCore s, queue, program, plan, tuple inputs):
     cdef StateCore state
     cdef CommandCore writer
-    cdef list outputs = []
-    for shape, dtype, layout in plan.output_states:
+    cdef tuple specs = plan.output_states, spec
+    cdef Py_ssize_t n = len(specs), k
+    cdef tuple writes = PyTuple_New(n)
+    for k in range(n):
+        spec = specs[k]
         state = StateCore.__new__(_state_type)
         PyObject_GC_UnTrack(<void*>state)
-        state.shape = shape
-        state.dtype = dtype
-        state.declared = layout
+        state.shape = spec[0]
+        state.dtype = spec[1]
+        state.declared = spec[2]
         state.storages = []
-        outputs.append(state)
-    cdef tuple writes = tuple(outputs)
+        Py_INCREF(state)
+        PyTuple_SET_ITEM(writes, k, state)
     cdef CommandCore command = CommandCore.__new__(_program_type)
     PyObject_GC_UnTrack(<void*>command)
     command.deps = _no_deps
@@ -307,14 +326,15 @@ cdef tuple _submit_program(SchedulerCore s, queue, program, plan, tuple inputs):
     if capture is not None:
         capture.admit(command, queue)
     # `CommandQueue.push`, inline
-    if queue._closing:
+    cdef QueueCore q = queue
+    if q._closing:
         queue.push(command)  # raises DeviceClosedError
     command.queue = queue
-    queue._pending.append(command)
-    wakeup = queue._wakeup
+    q._append(command)
+    wakeup = q._wakeup
     if wakeup is not None:
         wakeup.set()
-        queue._wakeup = None
+        q._wakeup = None
     for state in inputs:
         state.last_reader = command
         state.pending += 1
@@ -373,6 +393,141 @@ def submit(device, binary, program_index, inputs):
     cdef list result = [None] * len(outputs)
     for k in range(len(outputs)):
         result[k] = _wrap(_tensor_type, device, outputs[k])
+    return result
+
+
+cdef class MeshTensorCore:
+    """The fields of a distributed tensor (`_mesh.tensor.MeshTensor`): its mesh, the chips its
+    shards were laid out on (row-major), each chip's tensor state, how they were laid out.
+
+    The per-chip `Tensor` handles (`_handles`) are made when first asked for: an SPMD submit
+    makes none, so its host cost per chip is the chip's command and output state alone. Until
+    then the mesh tensor owns its states' lifetimes (dropped, each is freed as a dropped
+    handle's is); once made, the handles own them, as any handle does."""
+
+    cdef public object _mesh
+    cdef public tuple _chips
+    cdef public tuple _states
+    cdef public object _handles
+    cdef public object _placement
+    cdef public tuple _shape
+    cdef public object _grid
+    cdef object __weakref__
+
+    def __del__(self):
+        # May run on any thread (garbage collection): each chip's scheduler frees on its loop thread.
+        cdef StateCore state
+        cdef Py_ssize_t c
+        if self._handles is not None or self._states is None:
+            return
+        for c in range(len(self._states)):
+            state = self._states[c]
+            if state is not None and not state.deallocated:
+                try:
+                    (<SchedulerCore?>self._chips[c]._scheduler)._dropped.append(state)
+                except Exception:
+                    pass
+
+
+def submit_spmd(mesh, tuple chips, binary, program_index, inputs, mesh_tensor_type, placement, grid):
+    """`tt.submit` on a mesh when every check passes at a glance on every chip: one per-device
+    mesh tensor (of `mesh_tensor_type`, laid out as `placement` on `grid`) per output, or None
+    (nothing queued) to let the checked path say what is wrong (or resolve collectives, or
+    handle a donation).
+
+    One pass decides for every chip (each chip's own plan, bound to its own memory, and each
+    shard's liveness, shape and dtype) before any chip queues, so a refusal queues nothing
+    anywhere; a second queues one program command per chip, as `submit` does on one device."""
+    if type(binary) is not _binary_type or type(program_index) is not int:
+        return None
+    programs = binary.programs
+    cdef Py_ssize_t index = program_index
+    if not 0 <= index < len(programs):
+        return None
+    program = programs[index]
+    cdef list given
+    if type(inputs) is list:
+        given = inputs
+    elif type(inputs) is tuple:
+        given = list(inputs)
+    else:
+        return None
+    cdef Py_ssize_t n_in = len(given), n_chips = len(chips), k, c
+    cdef list columns = [None] * n_in
+    cdef MeshTensorCore t
+    for k in range(n_in):
+        if type(given[k]) is not mesh_tensor_type:
+            return None
+        t = given[k]
+        # Shards in the mesh's own chip order (the very tuple; after a reshape the checked
+        # path pairs shards with chips by chip).
+        if t._mesh is not mesh or t._chips is not chips:
+            return None
+        columns[k] = t._states
+    # The decided record of this program on these chips: each chip's plan (bound to its own
+    # memory, made once per chip and program, as `Scheduler.plan` keeps them), reused by every
+    # later submit of the program on the mesh.
+    cdef tuple decided = mesh._decided
+    if decided is None or decided[0]() is not program or decided[1] is not chips:
+        schedulers = tuple([chip._scheduler for chip in chips])
+        plans = tuple([(<SchedulerCore>sched).plan(program) for sched in schedulers])
+        first_plan = plans[0]
+        decided = (_weak_ref(program), chips, schedulers, plans, first_plan.input_checks,
+                   not (first_plan.donated or first_plan.collectives))
+        mesh._decided = decided
+    if not decided[5]:  # a donation; collectives resolved for the mesh's groups
+        return None
+    cdef tuple schedulers_t = decided[2], plans_t = decided[3]
+    cdef tuple checks = decided[4], check
+    if len(checks) != n_in:
+        return None
+    cdef list reads = [None] * n_chips
+    cdef SchedulerCore s
+    cdef StateCore state
+    cdef tuple states, column
+    for k in range(n_in):
+        column = columns[k]
+        check = checks[k]
+        dtype = check[1]
+        shape = check[0]
+        for c in range(n_chips):
+            state = column[c]
+            if (state.deallocated or (state.shape is not shape and state.shape != shape)
+                    or (state.dtype is not dtype and not (check[2] and state.dtype.is_float))):
+                return None
+    for c in range(n_chips):
+        s = schedulers_t[c]
+        if (<QueueCore>s.cq0)._closing:  # closing or closed
+            return None
+        states = PyTuple_New(n_in)
+        for k in range(n_in):
+            state = (<tuple>columns[k])[c]
+            Py_INCREF(state)
+            PyTuple_SET_ITEM(states, k, state)
+        reads[c] = states
+    cdef tuple outputs
+    cdef list per_output = None
+    cdef Py_ssize_t n_out = 0
+    for c in range(n_chips):
+        s = schedulers_t[c]
+        outputs = _submit_program(s, s.cq0, program, plans_t[c], <tuple>reads[c])
+        if per_output is None:
+            n_out = len(outputs)
+            per_output = [[None] * n_chips for k in range(n_out)]
+        for k in range(n_out):
+            (<list>per_output[k])[c] = outputs[k]
+    cdef list result = [None] * n_out
+    cdef StateCore first
+    for k in range(n_out):
+        t = MeshTensorCore.__new__(mesh_tensor_type)
+        t._mesh = mesh
+        t._chips = chips
+        t._states = tuple(<list>per_output[k])
+        t._placement = placement
+        first = t._states[0]
+        t._shape = first.shape
+        t._grid = grid
+        result[k] = t
     return result
 
 

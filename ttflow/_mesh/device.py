@@ -74,7 +74,7 @@ class MeshDevice:
     work on a mesh runs on every chip.
     """
 
-    __slots__ = ("_children", "_chips", "_ids", "_parent", "_released", "_root", "_shape", "_system")
+    __slots__ = ("_children", "_chips", "_decided", "_ids", "_parent", "_released", "_root", "_shape", "_system")
 
     _system: _System
     _shape: Coord
@@ -84,6 +84,7 @@ class MeshDevice:
     _children: list[MeshDevice]
     _released: bool
     _root: bool
+    _decided: tuple[Any, ...] | None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("tt.MeshDevice has no public constructor: use tt.open_mesh_device or tt.create_submesh")
@@ -103,6 +104,9 @@ class MeshDevice:
         self._shape = shape
         self._ids = tuple(ids)
         self._chips = tuple(self._system.chips[i] for i in self._ids)
+        # The SPMD fast path's decided record (`_core._dispatch.submit_spmd`): the last program's
+        # plan on each chip, for these very chips.
+        self._decided = None
 
     # -- what it is -------------------------------------------------------------------------
 

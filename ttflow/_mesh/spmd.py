@@ -18,11 +18,12 @@ from typing import Any
 
 from .. import _runtime
 from .._binary import Binary
+from .._core import _dispatch
 from .._errors import MeshError
 from .._tensor import Tensor
 from .collectives import submit_collective
 from .device import MeshDevice
-from .tensor import MeshTensor, per_device
+from .tensor import PER_DEVICE, MeshTensor, per_device
 
 __all__ = ["submit_spmd"]
 
@@ -88,6 +89,11 @@ def submit_spmd(mesh: MeshDevice, binary: Binary, program_index: int,
     if type(inputs) is not list and type(inputs) is not tuple:
         raise TypeError(f"inputs must be a list or tuple of tensors, got {type(inputs).__name__}")
     chips = mesh._chips
+    # Every chip decided at a glance, then queued, in C; any doubt (and collectives, donations,
+    # a one-chip mesh given plain tensors) takes the checked path below, which says what is wrong.
+    fast = _dispatch.submit_spmd(mesh, chips, binary, program_index, inputs, MeshTensor, PER_DEVICE, mesh._shape)
+    if fast is not None:
+        return fast
     if len(chips) == 1 and all(type(t) is not MeshTensor for t in inputs):
         return _runtime.submit(chips[0], binary, program_index, inputs)
     per_chip = _shards_per_chip(mesh, inputs)

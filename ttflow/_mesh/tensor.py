@@ -15,6 +15,7 @@ from typing import Any, final
 
 import anyio.lowlevel
 
+from .._core._dispatch import MeshTensorCore, wrap
 from .._device import Device
 from .._errors import MeshError
 from .._tensor import Tensor
@@ -27,7 +28,7 @@ __all__ = ["MeshTensor", "device_tensors"]
 
 
 @final
-class MeshTensor:
+class MeshTensor(MeshTensorCore):
     """A tensor distributed over a mesh: one shard `tt.Tensor` per chip. Awaiting it waits for
     every shard.
 
@@ -38,14 +39,7 @@ class MeshTensor:
     `shape` is its shards' (`shard_shape`).
     """
 
-    __slots__ = ("_chips", "_grid", "_mesh", "_placement", "_shape", "_shards")
-
-    _mesh: MeshDevice
-    _shards: tuple[Tensor, ...]
-    _placement: Placement
-    _shape: tuple[int, ...]
-    _grid: Coord
-    _chips: tuple[Device, ...]
+    __slots__ = ()  # the fields are the C record `MeshTensorCore`'s
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError(
@@ -56,14 +50,24 @@ class MeshTensor:
     @classmethod
     def _make(cls, mesh: MeshDevice, shards: Sequence[Tensor], placement: Placement,
               shape: tuple[int, ...] | None = None) -> MeshTensor:
-        tensor = object.__new__(cls)
+        """A mesh tensor of `shards`, one handle per chip of `mesh`, row-major."""
+        tensor: MeshTensor = MeshTensorCore.__new__(cls)
         tensor._mesh = mesh
-        tensor._shards = tuple(shards)
+        tensor._handles = handles = tuple(shards)
+        tensor._states = tuple([shard._state for shard in handles])
         tensor._placement = placement
-        tensor._shape = shards[0].shape if shape is None else tuple(shape)
+        tensor._shape = handles[0].shape if shape is None else tuple(shape)
         tensor._grid = mesh.shape
         tensor._chips = mesh._chips  # the very tuple: `_on` knows at once when the mesh kept its order
         return tensor
+
+    @property
+    def _shards(self) -> tuple[Tensor, ...]:
+        """The per-chip handles (made now if an SPMD submit made this tensor without them)."""
+        handles = self._handles
+        if handles is None:
+            handles = self._handles = tuple([wrap(Tensor, chip, state) for chip, state in zip(self._chips, self._states)])
+        return handles
 
     # -- what it is -------------------------------------------------------------------------
 
@@ -83,16 +87,16 @@ class MeshTensor:
 
     @property
     def shard_shape(self) -> tuple[int, ...]:
-        return self._shards[0].shape
+        return self._states[0].shape  # type: ignore[no-any-return]
 
     @property
     def dtype(self) -> DataType:
-        return self._shards[0].dtype
+        return self._states[0].dtype  # type: ignore[no-any-return]
 
     @property
     def layout(self) -> Layout:
         """Where shard 0 lives now (an eviction moves one chip's shard, not the others')."""
-        return self._shards[0].layout
+        return self._states[0].layout  # type: ignore[no-any-return]
 
     @property
     def placement(self) -> Placement:
@@ -108,11 +112,11 @@ class MeshTensor:
 
     @property
     def num_shards(self) -> int:
-        return len(self._shards)
+        return len(self._states)
 
     @property
     def name(self) -> str | None:
-        return self._shards[0].name
+        return self._states[0].name  # type: ignore[no-any-return]
 
     @name.setter
     def name(self, name: str | None) -> None:
@@ -122,11 +126,11 @@ class MeshTensor:
     @property
     def is_deallocated(self) -> bool:
         """True once any shard was deallocated (or donated)."""
-        return any(shard.is_deallocated for shard in self._shards)
+        return any(state.deallocated for state in self._states)
 
     def done(self) -> bool:
         """True once every shard's queued writes have completed (or failed)."""
-        return all(shard.done() for shard in self._shards)
+        return all(state.done() for state in self._states)
 
     def __await__(self) -> Generator[Any, None, MeshTensor]:
         return self._wait().__await__()
@@ -182,6 +186,10 @@ def device_tensors(tensor: MeshTensor | Tensor) -> list[Tensor]:
     raise TypeError(f"expected a tt.MeshTensor or a tt.Tensor, got {type(tensor).__name__}")
 
 
+PER_DEVICE = PerDevice()
+"""The placement of every per-device tensor (one instance: an SPMD submit makes many)."""
+
+
 def per_device(mesh: MeshDevice, shards: Sequence[Tensor]) -> MeshTensor:
     """A per-device tensor of `mesh` from its shards, row-major."""
-    return MeshTensor._make(mesh, shards, PerDevice())
+    return MeshTensor._make(mesh, shards, PER_DEVICE)
