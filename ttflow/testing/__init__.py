@@ -26,6 +26,7 @@ except ImportError:  # pragma: no cover - exercised in a subprocess by the tests
 
 from ._machine import ModelProgram as ModelProgram
 from ._machine import RuntimeStateMachine as RuntimeStateMachine
+from ._machine_mesh import MeshStateMachine as MeshStateMachine
 from ._model import DeviceModel as DeviceModel
 from ._model import ModelTensor as ModelTensor
 from ._model import QueueHold as QueueHold
@@ -54,7 +55,7 @@ from ._strategies import programs as programs
 from ._strategies import shapes as shapes
 
 __all__ = [
-    "RuntimeStateMachine", "ModelProgram", "DeviceModel", "ModelTensor", "QueueHold", "WorkerThreadHold",
+    "RuntimeStateMachine", "MeshStateMachine", "ModelProgram", "DeviceModel", "ModelTensor", "QueueHold", "WorkerThreadHold",
     "drain", "hold_worker_threads",
     "ExpectedValue", "StorageGeometry", "bfloat8_b_error_bound", "buffer_footprint", "round_as",
     "space_capacity", "storage_geometry", "stored",
