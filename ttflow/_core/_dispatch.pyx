@@ -300,9 +300,12 @@ cdef tuple _submit_program(SchedulerCore s, queue, program, plan, tuple inputs):
         state.shape = spec[0]
         state.dtype = spec[1]
         state.declared = spec[2]
-        state.storages = []
+        storages = []
+        PyObject_GC_UnTrack(<void*>storages)  # it holds storages, which refer to nothing that holds it
+        state.storages = storages
         Py_INCREF(state)
         PyTuple_SET_ITEM(writes, k, state)
+    PyObject_GC_UnTrack(<void*>writes)
     cdef CommandCore command = CommandCore.__new__(_program_type)
     PyObject_GC_UnTrack(<void*>command)
     command.deps = _no_deps
@@ -319,6 +322,7 @@ cdef tuple _submit_program(SchedulerCore s, queue, program, plan, tuple inputs):
         if writer is not None and not writer.done and writer.queue is not queue:
             if deps is None:
                 deps = command.deps = []
+                PyObject_GC_UnTrack(<void*>deps)  # commands, which the cycle collector does not track
             deps.append(writer)
     if plan.donated:
         s._consume(command, queue, deps, program.name)
@@ -389,7 +393,9 @@ def submit(device, binary, program_index, inputs):
                 or (tensor.dtype is not dtype and not (check[2] and tensor.dtype.is_float))):
             return None
         states[k] = state
-    cdef tuple outputs = _submit_program(s, s.cq0, program, plan, tuple(states))
+    cdef tuple reads = tuple(states)
+    PyObject_GC_UnTrack(<void*>reads)
+    cdef tuple outputs = _submit_program(s, s.cq0, program, plan, reads)
     cdef list result = [None] * len(outputs)
     for k in range(len(outputs)):
         result[k] = _wrap(_tensor_type, device, outputs[k])
@@ -504,6 +510,7 @@ def submit_spmd(mesh, tuple chips, binary, program_index, inputs, mesh_tensor_ty
             state = (<tuple>columns[k])[c]
             Py_INCREF(state)
             PyTuple_SET_ITEM(states, k, state)
+        PyObject_GC_UnTrack(<void*>states)
         reads[c] = states
     cdef tuple outputs
     cdef list per_output = None
@@ -617,3 +624,4 @@ def run_program(CommandCore command, banks, double inline_seconds):
     if command._event is not None:
         command._event.set()
     return True
+
