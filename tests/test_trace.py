@@ -321,3 +321,33 @@ def test_programs_run_in_place_on_pages_match_the_tile_path_bit_for_bit(
             return (await tt.to_host(out)).tobytes()
 
     assert anyio.run(run, True, backend=backend) == anyio.run(run, False, backend=backend)
+
+
+@pytest.mark.anyio
+async def test_closing_with_a_trace_unreleased_frees_what_it_pinned() -> None:
+    """A device (or mesh) closed while a trace still pins buffers frees them with the rest; the
+    trace released afterwards is a no-op and a replay is refused typed."""
+    rng = np.random.default_rng(1)
+    binary = _chain()
+    async with tt.open_device(tt.DeviceSpec.small()) as device:
+        tw1 = tt.to_device(rng.standard_normal((64, 64)).astype(np.float32), device)
+        tw2 = tt.to_device(rng.standard_normal((64, 32)).astype(np.float32), device)
+        slot = tt.empty((32, 64), F32, device, tt.Layout(DRAM, TILE))
+        with tt.capture_trace(device) as trace:
+            (h,) = tt.submit(device, binary, 0, [slot, tw1])
+            (y,) = tt.submit(device, binary, 1, [h, tw2])
+        tt.execute_trace(trace)
+        await y
+    assert device.memory_used(DRAM) == 0 and device.memory_used(L1) == 0
+    tt.release_trace(trace)
+    with pytest.raises(tt.TTFlowError):
+        tt.execute_trace(trace)
+    async with tt.open_mesh_device(tt.MeshSpec((1, 2), chip=tt.DeviceSpec.small())) as mesh:
+        w = tt.to_device(rng.standard_normal((64, 64)).astype(np.float32), mesh)
+        mesh_slot = tt.empty((32, 64), F32, mesh, tt.Layout(DRAM, TILE))
+        with tt.capture_trace(mesh) as mesh_trace:
+            (z,) = tt.submit(mesh, binary, 0, [mesh_slot, w])
+        tt.execute_trace(mesh_trace)
+        await z
+    assert [chip.memory_used(space) for chip in mesh.chips for space in (DRAM, L1)] == [0, 0, 0, 0]
+    tt.release_trace(mesh_trace)

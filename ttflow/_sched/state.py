@@ -314,8 +314,11 @@ class SchedulerState(SchedulerCore):
         return self.allocate(layout, shape, owner)
 
     def free_all(self) -> None:
-        """Frees every buffer (the device is closing)."""
+        """Frees every buffer (the device is closing), those that traces still pin too: a trace
+        of a closed device is never replayed, and releasing it later unpins nothing."""
         self.collect_garbage()
+        self._pins.clear()
+        self._orphans.clear()
         for storage in list(self._owned):
             self.free(storage)
 
@@ -403,7 +406,10 @@ class SchedulerState(SchedulerCore):
         self._pins[storage] = self._pins.get(storage, 0) + 1
 
     def unpin(self, storage: Storage) -> None:
-        count = self._pins.pop(storage) - 1
+        pins = self._pins.pop(storage, None)
+        if pins is None:  # freed with its device (`free_all`)
+            return
+        count = pins - 1
         if count:
             self._pins[storage] = count
         elif self._orphans.pop(storage, 0) is None:
