@@ -11,7 +11,8 @@ Three measurements, in one run:
   take) and the emulation's host wall time for the same submit (best of the rounds).
 - **SPMD submit**: the host cost of `tt.submit` of `add(x, 1)` on one 32x32 float32 tile on a
   mesh of 1x1, 1x2 and 2x4 chips (a replicated `MeshTensor` in) against a submit on one
-  `Device`: the submit calls alone, best of the rounds, rounds interleaved across the four.
+  `Device` and on the 1x1 mesh, and what each chip past the first adds: the submit calls alone,
+  best of the rounds, rounds interleaved across the four.
 - **Tensor-parallel MLP** (Megatron: X A column-parallel, GELU, then B row-parallel and one
   all_reduce): host wall time from the submit to the result read, weights resident, on one
   `Device` (the whole hidden layer), 1x2 and 2x4 meshes; numpy's MLP (the same exact GELU) on
@@ -158,10 +159,14 @@ async def _submit_cost(count: int, rounds: int) -> dict[str, Any]:
             for name, (target, t) in targets.items():
                 samples[name].append(await _submit_us(target, binary, t, count))
     best = {name: min(v) for name, v in samples.items()}
+    meshes = [name for name in best if name != "device"]
     return {
         "program": "add(x, 1) on one 32x32 float32 tile", "submits_per_round": count, "rounds": rounds,
         "us_per_submit": best,
-        "vs_device": {name: best[name] / best["device"] for name in best if name != "device"},
+        "vs_device": {name: best[name] / best["device"] for name in meshes},
+        "vs_1x1_mesh": {name: best[name] / best["1x1"] for name in meshes},
+        # what each chip past the first adds: (2x4 - 1x1) / 7
+        "us_per_extra_chip": (best["2x4"] - best["1x1"]) / 7,
     }
 
 
@@ -261,10 +266,12 @@ def format_table(result: dict[str, Any]) -> str:
     s = result["submit"]
     lines.append("")
     lines.append(f"SPMD submit of {s['program']} (best of {s['rounds']} rounds of {s['submits_per_round']})")
-    lines.append(f"{'target':<8} {'us/submit':>10} {'vs device':>10}")
+    lines.append(f"{'target':<8} {'us/submit':>10} {'vs device':>10} {'vs 1x1':>8}")
     for name, us in s["us_per_submit"].items():
-        vs = s["vs_device"].get(name)
-        lines.append(f"{name:<8} {us:>10.2f} {'' if vs is None else f'{vs:.1f}x':>10}")
+        vs, vs_mesh = s["vs_device"].get(name), s["vs_1x1_mesh"].get(name)
+        lines.append(f"{name:<8} {us:>10.2f} {'' if vs is None else f'{vs:.1f}x':>10} "
+                     f"{'' if vs_mesh is None else f'{vs_mesh:.1f}x':>8}")
+    lines.append(f"each chip past the first adds {s['us_per_extra_chip']:.2f} us")
     m = result["mlp"]
     lines.append("")
     lines.append(f"tensor-parallel MLP: x {m['rows']}x{m['d_model']}, hidden {m['hidden']}, float32; "
