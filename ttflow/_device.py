@@ -40,7 +40,9 @@ class DeviceStatistics:
     bytes that donated `update_cache` steps wrote in place (the row's band of tiles, not the
     whole cache). `relocations` / `relocation_bytes` count buffers moved within their memory
     space to make a free block (an allocation that would otherwise have failed with memory free,
-    or a program's circular buffers where L1 buffers were).
+    or a program's circular buffers where L1 buffers were). `const_eval_hits` /
+    `const_eval_misses` count submits whose constant-only part of the program was found in the
+    device's const-eval cache / had to be computed (and cached) first.
     """
 
     host_to_device_bytes: int = 0
@@ -61,6 +63,8 @@ class DeviceStatistics:
     dram_peak_bytes: int = 0
     commands_run: int = 0
     commands_failed: int = 0
+    const_eval_hits: int = 0
+    const_eval_misses: int = 0
 
 
 _COUNTERS = tuple(
