@@ -25,6 +25,7 @@ from ._errors import TTFlowError as TTFlowError
 from ._errors import TraceError as TraceError
 from ._errors import MeshError as MeshError
 from ._errors import CollectiveError as CollectiveError
+from ._errors import HostOpError as HostOpError
 from ._device import Device as Device
 from ._device import DeviceStatistics as DeviceStatistics
 from ._device import open_device as open_device
@@ -97,7 +98,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BinaryFormatError", "DeallocatedTensorError", "DeviceClosedError", "LayoutError",
     "OutOfMemoryError", "ProgramError", "ShapeError", "TTFlowError", "TraceError", "MeshError",
-    "CollectiveError",
+    "CollectiveError", "HostOpError",
     "Trace", "capture_trace", "execute_trace", "release_trace",
     "Device", "DeviceStatistics", "open_device", "BufferInfo",
     "MemoryView", "BufferView", "MemoryMapRecorder", "record_memory_map", "draw_memory_map",

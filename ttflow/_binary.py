@@ -48,7 +48,14 @@ from typing import Any, final
 
 import numpy as np
 
-from ._errors import BinaryFormatError, LayoutError, ProgramError, ShapeError
+from ._errors import (
+    BinaryFormatError,
+    HostOpError,
+    LayoutError,
+    ProgramError,
+    ShapeError,
+)
+from ._host_ops import HOST_OP
 from ._ops import OPS
 from ._program import Program, ProgramBuilder, TensorSpec, Value
 from ._types import DataType, Layout, MemorySpace, TensorLayout, check_shape
@@ -93,7 +100,8 @@ class Binary:
         return f"<Binary {[p.name for p in self.programs]}>"
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Writes the versioned file (header, then the programs as JSON)."""
+        """Writes the versioned file (header, then the programs as JSON). A program with a host op
+        (`ProgramBuilder.host_op`) cannot go to a file: HostOpError naming it, nothing written."""
         payload = json.dumps(
             [_program_to_json(p) for p in self.programs], separators=(",", ":")
         ).encode()
@@ -184,6 +192,11 @@ def _spec_from_json(j: Any, what: str) -> TensorSpec:
 
 
 def _program_to_json(p: Program) -> dict[str, Any]:
+    if p.host_ops:
+        index, label = p.host_ops[0]
+        raise HostOpError(
+            f"program {p.name!r} cannot be saved: step {index} is {label}, a Python function, which a "
+            "binary file cannot hold; keep the Binary in memory, or lower the op to device ops", label)
     return {
         "name": p.name,
         "num_inputs": p.num_inputs,
@@ -363,8 +376,17 @@ def _rebuild(program: Program, mesh_shape: tuple[int, int]) -> Program:
     b = ProgramBuilder(program.name, mesh_shape)
     built = [b.input(spec.shape, spec.layout) for spec in program.inputs]
     checks = dict(program.range_checks)
+    host_values: list[Value] = []  # the current host op's outputs, made by its first step
     for step in program.steps:
         note = checks.get(step.output)
+        if step.op == HOST_OP:  # one builder call makes every output step of the op
+            attrs_ = dict(step.attrs)
+            host = attrs_["host"]
+            if attrs_["index"] == 0:
+                host_values = b.host_op(host.fn, [built[i] for i in step.inputs],
+                                        [(shape, dtype) for shape, dtype in host.outputs], name=host.name)
+            built.append(host_values[attrs_["index"]])
+            continue
         with b.checking_range(note) if note is not None else contextlib.nullcontext():
             built.append(_replay(b, step.op, [built[i] for i in step.inputs], step.scalar, dict(step.attrs)))
     donated = dict(program.donations)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Union, cast, final
 import numpy as np
 
 from . import _storage_io as io
+from ._host_ops import HOST_OP, HOST_OP_MACS, host_step
 from ._kernels import _pointwise
 from ._memory import Storage
 from ._ops import COLLECTIVES, OPS, check_range, compute_dtype
@@ -97,7 +98,7 @@ class Plan:
                  "store_in_output", "copied_out", "compute", "value_dtypes", "scratch", "macs",
                  "page_code", "input_layouts", "output_layouts", "output_shapes", "input_checks",
                  "bound", "donated", "in_place", "output_states", "footprint", "schedule", "range_checks",
-                 "collectives", "_built")
+                 "collectives", "host_ops", "_built")
 
     def __init__(self, program: Program) -> None:
         # The parts of the program a run reads (not the program: a plan cached under its program
@@ -112,10 +113,14 @@ class Plan:
                 self.last_read[value] = index
         self.step_attrs = [dict(step.attrs) for step in program.steps]
         self.range_checks = dict(program.range_checks)
-        self.compute = [OPS[step.op].fn for step in program.steps]  # run() silences FP warnings
+        # run() silences FP warnings; a host op's step calls the user's function (`_host_ops`).
+        self.compute: list[Any] = [host_step if step.op == HOST_OP else OPS[step.op].fn for step in program.steps]
         # The steps that exchange values with other chips: such a plan never takes the fast
         # paths (its record waits for its peers, so it runs on its queue's worker thread).
         self.collectives = tuple(index for index, step in enumerate(program.steps) if step.op in COLLECTIVES)
+        # (step index, `host_op:<name>`) of each host op: its estimate sends the record to the
+        # worker thread (`_host_ops.HOST_OP_MACS`); the timeline names them.
+        self.host_ops = program.host_ops
         self.value_dtypes = [compute_dtype(spec.dtype) for spec in program.values]
         # A step value that is an output of the same dtype is stored straight into that output.
         self.store_in_output: dict[int, int] = {}
@@ -270,6 +275,8 @@ def _macs(program: Program, step: Any) -> int:
     if step.op == "conv2d":
         _, c_in_g, kh, kw = program.values[step.inputs[1]].shape
         return math.prod(program.values[step.output].shape) * c_in_g * kh * kw
+    if step.op == HOST_OP:  # unknown, maybe blocking: past any inline threshold (`_host_ops`)
+        return HOST_OP_MACS
     return 0
 
 

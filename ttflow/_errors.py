@@ -6,6 +6,7 @@
     ├── OutOfMemoryError       (also a MemoryError) a bank space has no block that fits
     ├── DeallocatedTensorError a tensor used after `deallocate`
     ├── ProgramError           a program that cannot be built, submitted or run
+    │   └── HostOpError        a host op's function that failed, or cannot be saved
     ├── BinaryFormatError      a binary file that is corrupt, truncated or foreign
     ├── DeviceClosedError      work sent to a device that is closed
     ├── TraceError             a trace captured or replayed where it cannot be
@@ -28,6 +29,7 @@ __all__ = [
     "OutOfMemoryError",
     "DeallocatedTensorError",
     "ProgramError",
+    "HostOpError",
     "BinaryFormatError",
     "DeviceClosedError",
     "TraceError",
@@ -78,6 +80,20 @@ class DeallocatedTensorError(TTFlowError):
 
 class ProgramError(TTFlowError):
     """A program is malformed, was submitted with the wrong inputs, or failed while running."""
+
+
+class HostOpError(ProgramError):
+    """A host op (`ProgramBuilder.host_op`) whose function raised, or returned arrays other than
+    the ones it declares; or a program with one that was asked to go to a file (a Python
+    function cannot be saved). `op` is `host_op:<name>`; a raised exception is the
+    `__cause__` of the error the program's outputs hold."""
+
+    def __init__(self, message: str, op: str | None = None) -> None:
+        super().__init__(message)
+        self.op = op
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.args[0], self.op), self.__dict__)
 
 
 class BinaryFormatError(TTFlowError):

@@ -72,6 +72,7 @@ import numpy as np
 
 from ._errors import LayoutError, ProgramError, ShapeError
 from ._footprint import program_footprint
+from ._host_ops import HOST_OP, HostFunction, host_step
 from ._ops import (
     COLLECTIVES,
     OPS,
@@ -144,6 +145,13 @@ class Program:
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "inputs", self.values[: self.num_inputs])
+
+    @property
+    def host_ops(self) -> tuple[tuple[int, str], ...]:
+        """(step index, `host_op:<name>`) of each host op (`ProgramBuilder.host_op`), at the step
+        that calls its function (its first output's)."""
+        return tuple((index, step.attrs[0][1].label) for index, step in enumerate(self.steps)
+                     if step.op == HOST_OP and dict(step.attrs)["index"] == 0)
 
     @property
     def has_collectives(self) -> bool:
@@ -442,6 +450,61 @@ class ProgramBuilder:
             range_checks=tuple(self._range_checks),
             mesh_shape=self.mesh_shape if any(step.op in COLLECTIVES for step in self._steps) else None,
         )
+
+    # -- host ops ----------------------------------------------------------------------------
+
+    def host_op(self, fn: Any, inputs: Sequence[Value],
+                outputs: Sequence[tuple[Sequence[int], Layout | DataType | None]], *,
+                name: str | None = None) -> list[Value]:
+        """A step that runs `fn` on the host (tt-mlir's CPU hoisting); returns its output values.
+
+        At run time the runtime reads `inputs` back from bank memory, calls `fn(*arrays)` on the
+        queue's worker thread (never on the event loop), in queue order, and stores what it
+        returns. `fn` gets read-only numpy arrays in each input's host dtype (float32 for
+        FLOAT32 and BFLOAT8_B, ml_dtypes.bfloat16, int32, uint32) and returns a tuple or list of
+        arrays (one array alone when it declares one output), each of the declared shape and
+        host dtype. `outputs` declares them as `(shape, layout)` pairs: only the layout's dtype
+        counts (a `DataType` may stand for it; None or no dtype: FLOAT32), as the op's results
+        are intermediates like any op's. A failing `fn`, or results of another count, shape or
+        dtype, fail the program's outputs with a HostOpError naming `host_op:<name>` (`name`,
+        default `fn.__name__`); the exception `fn` raised is its `__cause__`.
+
+        A program with a host op runs on devices and meshes (once per chip), in traces and
+        under `run_on_host`, but cannot be saved to a file (`Binary.save` raises HostOpError).
+        """
+        self._check_open()
+        if not callable(fn):
+            raise ProgramError(f"host_op: fn must be callable, got {type(fn).__name__}")
+        label = name if name is not None else getattr(fn, "__name__", None) or type(fn).__name__
+        if not isinstance(label, str) or not label:
+            raise ProgramError(f"host_op: name must be a non-empty str, got {name!r:.40}")
+        if isinstance(inputs, Value) or not isinstance(inputs, (list, tuple)):
+            raise ProgramError(f"host_op:{label}: inputs must be a list of Values, got {type(inputs).__name__}")
+        values = [self._value(f"host_op:{label}", v) for v in inputs]
+        if not isinstance(outputs, (list, tuple)) or not outputs:
+            raise ProgramError(f"host_op:{label}: outputs must be a non-empty list of (shape, layout) pairs")
+        declared: list[tuple[tuple[int, ...], DataType]] = []
+        for k, entry in enumerate(outputs):
+            if not isinstance(entry, (list, tuple)) or len(entry) != 2 or not isinstance(entry[0], (list, tuple)):
+                raise ProgramError(f"host_op:{label}: output {k} must be a (shape, layout) pair, got {entry!r:.60}")
+            shape, layout = entry
+            if isinstance(layout, DataType):
+                dtype = layout
+            elif layout is None or isinstance(layout, Layout):
+                dtype = layout.dtype if layout is not None and layout.dtype is not None else DataType.FLOAT32
+            else:
+                raise LayoutError(f"host_op:{label}: output {k}'s layout must be a tt.Layout or tt.DataType, "
+                                  f"got {layout!r:.60}")
+            declared.append((check_shape(shape), dtype))
+        host = HostFunction(fn, label, [v.dtype for v in values], declared)
+        results: list[Value] = []
+        for k, (shape, dtype) in enumerate(declared):
+            out = self._new(shape, Layout(MemorySpace.L1, TensorLayout.TILE, dtype))
+            # The first step calls fn on the inputs; the later ones take their result after it.
+            reads = tuple(v.id for v in values) if k == 0 else (results[0].id,)
+            self._steps.append(Step(HOST_OP, reads, None, (("host", host), ("index", k)), out.id))
+            results.append(out)
+        return results
 
     # -- ops ---------------------------------------------------------------------------------
 
@@ -1383,7 +1446,10 @@ def run_on_host(program: Program, arrays: Sequence[Any]) -> list[np.ndarray[Any,
     checks = dict(program.range_checks)
     for step in program.steps:
         operands = [values[v] for v in step.inputs]
-        result = OPS[step.op].compute(operands, step.scalar, **dict(step.attrs))
+        if step.op == HOST_OP:  # the user's function, as the runtime calls it
+            result = host_step(operands, step.scalar, **dict(step.attrs))
+        else:
+            result = OPS[step.op].compute(operands, step.scalar, **dict(step.attrs))
         dtype = program.values[step.output].dtype
         note = checks.get(step.output)
         if note is not None:

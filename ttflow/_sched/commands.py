@@ -485,9 +485,12 @@ class ProgramCommand(_Scheduled):
     def describe(self) -> dict[str, Any]:
         record = self.record
         seconds = record.seconds if record is not None else 0.0
-        return {"name": self.program.name, "bytes": record.nbytes if record is not None else 0,
+        info = {"name": self.program.name, "bytes": record.nbytes if record is not None else 0,
                 "macs": self.plan.macs, "estimated_us": round(seconds * 1e6, 1),
                 "conversions": len(self.converted)}
+        if self.plan.host_ops:  # steps run on the host (`ProgramBuilder.host_op`), by name
+            info["host_ops"] = [label for _, label in self.plan.host_ops]
+        return info
 
 
 @final
