@@ -15,7 +15,7 @@ import numpy as np
 
 from ._core import _dispatch
 from ._device import Device
-from ._errors import LayoutError, ProgramError, ShapeError, raise_stored
+from ._errors import LayoutError, ProgramError, ShapeError, TraceError, raise_stored
 from ._kernels import _bfp8, _pointwise
 from ._memory import Storage
 from ._queue import NO_DEPS
@@ -296,7 +296,17 @@ def _submit_checked(device: Device, binary: Binary, program_index: int,
         _check_dtype(tensor, spec.dtype, index)
     for _, index in program.donations:
         _check_donation(program, program_index, inputs, index)
+    scheduler = device._scheduler
+    unretained = [tensor._state for tensor in inputs if tensor._state.unretained]
+    if unretained and scheduler.capturing is not None:
+        raise TraceError(
+            f"an input of {program.name!r} has retain False, inside tt.capture_trace: every "
+            "replay reads its inputs where the capture did, so a trace cannot deallocate one; "
+            "set tensor.retain = True for the capture (tt.deallocate it after the trace's release)"
+        )
     # A device is a 1x1 mesh: its collectives run as in a group of one chip (identities).
     program = for_mesh(program, mesh_shape)
-    states = device._scheduler.submit(program, tuple(tensor._state for tensor in inputs))
+    states = scheduler.submit(program, tuple(tensor._state for tensor in inputs))
+    if unretained:  # the C path leaves these to this one (`_core._dispatch.submit`)
+        scheduler.release_unretained(unretained)
     return [Tensor._wrap(device, state) for state in states]

@@ -14,6 +14,7 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING, Any, final
 
 import anyio.lowlevel
+import numpy as np
 
 from ._core._dispatch import TensorCore, wrap
 from ._errors import DeallocatedTensorError, DeviceClosedError, raise_stored
@@ -71,6 +72,23 @@ class Tensor(TensorCore):
         self.device._scheduler.label(self._state, name)
 
     @property
+    def retain(self) -> bool:
+        """Whether the tensor outlives a `submit` that reads it (True unless set: every tensor
+        starts retained, a program's outputs included, as tt-mlir's do). Set it to False and
+        the next `submit` taking it as an input deallocates it once the program is queued
+        (tt-mlir's `test_input_deallocate`): the handle raises `DeallocatedTensorError` from
+        then on, and its memory comes back once the program (and any other queued command
+        that reads it) has run. A donated input is consumed either way; a submit inside
+        `tt.capture_trace` given an input with retain False raises `TraceError`."""
+        return not self._state.unretained
+
+    @retain.setter
+    def retain(self, retain: bool) -> None:
+        if not isinstance(retain, (bool, np.bool_)):
+            raise TypeError(f"a tensor's retain is a bool, got {type(retain).__name__}")
+        self.device._scheduler.set_retain(self._state, bool(retain))
+
+    @property
     def buffer(self) -> BufferInfo | None:
         """The home storage's buffer once the tensor is ready; None before."""
         state = self._state
@@ -117,6 +135,12 @@ class Tensor(TensorCore):
                 raise DeallocatedTensorError(
                     f"tensor {self.shape} {self.dtype.name} was donated to program "
                     f"{state.donated_to!r}, which consumed it; use that program's output instead"
+                )
+            if state.unretained:
+                raise DeallocatedTensorError(
+                    f"tensor {self.shape} {self.dtype.name} was deallocated: its retain is False, "
+                    "so the submit that read it freed it; set tensor.retain = True before that "
+                    "submit to keep it"
                 )
             raise DeallocatedTensorError(
                 f"tensor {self.shape} {self.dtype.name} was deallocated; "

@@ -50,6 +50,7 @@ class StateCore:
     moving: Any
     donated_to: str | None
     name: str | None
+    unretained: bool
     def __init__(self, shape: tuple[int, ...], dtype: Any, layout: Any) -> None: ...
 
 class TensorCore:

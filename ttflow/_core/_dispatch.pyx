@@ -133,6 +133,7 @@ cdef class StateCore:
     cdef public object moving
     cdef public object donated_to
     cdef public object name
+    cdef public bint unretained  # `Tensor.retain` is False: a submit deallocates it once read
     cdef object __weakref__
 
     def __init__(self, shape, dtype, layout):
@@ -148,6 +149,7 @@ cdef class StateCore:
         self.moving = None
         self.donated_to = None  # the program a donation consumed it in
         self.name = None  # the user's label (`Tensor.name`): memory views and maps show it
+        self.unretained = False  # zero as made by `__new__` too: outputs are retained
 
 
 @cython.no_gc
@@ -389,7 +391,8 @@ def submit(device, binary, program_index, inputs):
         state = tensor._state
         check = checks[k]
         dtype = check[1]
-        if (tensor.device is not device or state.deallocated or tensor.shape != check[0]
+        if (tensor.device is not device or state.deallocated or state.unretained
+                or tensor.shape != check[0]
                 or (tensor.dtype is not dtype and not (check[2] and tensor.dtype.is_float))):
             return None
         states[k] = state
@@ -498,7 +501,7 @@ def submit_spmd(mesh, tuple chips, binary, program_index, inputs, mesh_tensor_ty
         shape = check[0]
         for c in range(n_chips):
             state = column[c]
-            if (state.deallocated or (state.shape is not shape and state.shape != shape)
+            if (state.deallocated or state.unretained or (state.shape is not shape and state.shape != shape)
                     or (state.dtype is not dtype and not (check[2] and state.dtype.is_float))):
                 return None
     for c in range(n_chips):

@@ -14,6 +14,7 @@ from collections.abc import Generator, Sequence
 from typing import Any, final
 
 import anyio.lowlevel
+import numpy as np
 
 from .._core._dispatch import MeshTensorCore, wrap
 from .._device import Device
@@ -122,6 +123,20 @@ class MeshTensor(MeshTensorCore):
     def name(self, name: str | None) -> None:
         for shard in self._shards:
             shard.name = name
+
+    @property
+    def retain(self) -> bool:
+        """`Tensor.retain` of every shard (False if any shard's is): set, it sets every
+        shard's, so that a submit on the mesh deallocates each chip's shard once its program
+        there is queued to read it."""
+        return not any(state.unretained for state in self._states)
+
+    @retain.setter
+    def retain(self, retain: bool) -> None:
+        if not isinstance(retain, (bool, np.bool_)):
+            raise TypeError(f"a tensor's retain is a bool, got {type(retain).__name__}")
+        for chip, state in zip(self._chips, self._states):
+            chip._scheduler.set_retain(state, bool(retain))
 
     @property
     def is_deallocated(self) -> bool:

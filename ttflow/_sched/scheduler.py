@@ -161,6 +161,18 @@ class Scheduler(SchedulerState):
             plan = self.plan(program)
         return submit_program(self, self.cq0, program, plan, inputs)
 
+    def set_retain(self, state: TensorState, retain: bool) -> None:
+        """`Tensor.retain`: with False, a submit deallocates the tensor once it is queued to
+        read it (`release_unretained`)."""
+        state.unretained = not retain
+
+    def release_unretained(self, states: list[TensorState]) -> None:
+        """Inputs whose retain is False, read by a program just queued: deallocated now (their
+        handles refuse new work), freed when the last queued command that uses them completes.
+        A donated input was consumed already; an input passed twice is deallocated once."""
+        for state in states:
+            self.deallocate(state)
+
     def _consume(self, command: ProgramCommand, queue: CommandQueue, deps: list[Command] | None,
                  program: str) -> list[Command] | None:
         """Donated inputs are consumed now (their handles refuse new work); their buffers are
