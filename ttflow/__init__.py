@@ -73,6 +73,8 @@ from ._mesh.timeline import MeshTimelineRecorder as MeshTimelineRecorder
 from ._mesh.trace import MeshTrace as MeshTrace
 from ._mesh.transfer import from_shards as from_shards
 from ._timeline import record_trace as record_trace
+from ._program_cache import clear_program_cache as clear_program_cache
+from ._memory_log import set_memory_log as set_memory_log
 from ._types import DataType as DataType
 from ._types import DeviceSpec as DeviceSpec
 from ._types import Layout as Layout
@@ -110,4 +112,5 @@ __all__ = [
     "MeshSpec", "MeshDevice", "MeshStatistics", "MeshTensor", "MeshTrace", "MeshTimelineRecorder",
     "open_mesh_device", "create_submesh", "release_submesh", "device_tensors", "from_shards",
     "replicate", "shard", "shard_2d", "concat", "concat_2d",
+    "clear_program_cache", "set_memory_log",
 ]

@@ -43,6 +43,9 @@ class DeviceStatistics:
     or a program's circular buffers where L1 buffers were). `const_eval_hits` /
     `const_eval_misses` count submits whose constant-only part of the program was found in the
     device's const-eval cache / had to be computed (and cached) first.
+    `program_cache_hits` / `program_cache_misses` count submits that found their program's
+    plan kept on the device / had to plan it (every submit, while `program_cache_enabled` is
+    False).
     """
 
     host_to_device_bytes: int = 0
@@ -65,10 +68,13 @@ class DeviceStatistics:
     commands_failed: int = 0
     const_eval_hits: int = 0
     const_eval_misses: int = 0
+    program_cache_hits: int = 0
+    program_cache_misses: int = 0
 
 
 _COUNTERS = tuple(
-    f.name for f in attrs.fields(DeviceStatistics) if not f.name.endswith("_peak_bytes")
+    f.name for f in attrs.fields(DeviceStatistics)
+    if not f.name.endswith("_peak_bytes") and not f.name.startswith("program_cache_")
 )
 
 
@@ -123,7 +129,25 @@ class Device:
             **{name: counters.get(name, 0) for name in _COUNTERS},
             l1_peak_bytes=self._spaces[MemorySpace.L1].peak_bytes,
             dram_peak_bytes=self._spaces[MemorySpace.DRAM].peak_bytes,
+            # C fields of the scheduler's record: the C submit counts its hits at C speed.
+            program_cache_hits=self._scheduler.plan_hits,
+            program_cache_misses=self._scheduler.plan_misses,
         )
+
+    @property
+    def program_cache_enabled(self) -> bool:
+        """Whether the device keeps each program's plan (its layouts and geometry bound to this
+        device, made at the first submit) for the next submit of that program. Set it False
+        and every submit plans again and nothing is kept (what was kept is dropped), as a
+        compiler's harness does to time or check planning itself; `tt.clear_program_cache`
+        drops what is kept once. `stats.program_cache_hits` / `program_cache_misses` count."""
+        return not self._scheduler.plans_uncached
+
+    @program_cache_enabled.setter
+    def program_cache_enabled(self, enabled: bool) -> None:
+        if not isinstance(enabled, bool):
+            raise TypeError(f"program_cache_enabled is a bool, got {type(enabled).__name__}")
+        self._scheduler.keep_plans(enabled)
 
     def memory_used(self, space: MemorySpace) -> int:
         """Bytes allocated in `space`, summed over its banks. The circular-buffer region kept at

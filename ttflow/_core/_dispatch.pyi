@@ -1,5 +1,6 @@
 from typing import Any
 
+def renew_plan_token() -> None: ...
 def bind(storage_type: type, state_type: type, program_type: type, tensor_type: type,
          binary_type: type, no_deps: list[Any], kernel_run: Any, l1: Any) -> None: ...
 
@@ -97,6 +98,9 @@ class SchedulerCore:
     evict_eagerly: bool
     cb_depth: int
     _free_on_landing: set[Any]
+    plan_hits: int
+    plan_misses: int
+    plans_uncached: bool
     def allocate_geometry(self, geometry: tuple[Any, ...], owner: Any) -> Any: ...
     def add_storage(self, state: Any, storage: Any) -> None: ...
     def free(self, storage: Any) -> None: ...

@@ -44,6 +44,15 @@ cdef object _binary_type = None
 cdef list _no_deps = None
 cdef object _kernel_run = None
 cdef object _l1 = None
+# Renewed whenever a device's plan cache is cleared or turned off: a mesh's decided record
+# (`submit_spmd`) made under an older token holds plans no longer kept, and is made again.
+cdef object _plan_token = object()
+
+
+def renew_plan_token():
+    """Every mesh's decided record is stale (a chip's plans were cleared or are not kept)."""
+    global _plan_token
+    _plan_token = object()
 
 
 def bind(storage_type, state_type, program_type, tensor_type, binary_type, list no_deps,
@@ -204,6 +213,9 @@ cdef class SchedulerCore:
     cdef public bint evict_eagerly  # the "eager" policy: evictions are due before every program
     cdef public Py_ssize_t cb_depth  # the circular-buffer region at the bottom of L1 (`_sched.state`)
     cdef public set _free_on_landing  # storages freed while a command in flight names them
+    cdef public Py_ssize_t plan_hits  # submits that found their program's plan kept (`plan`)
+    cdef public Py_ssize_t plan_misses  # plans made (the first submit, or the cache off)
+    cdef public bint plans_uncached  # `Device.program_cache_enabled` is False: no plan is kept
     cdef object __weakref__
 
     cpdef StorageCore allocate_geometry(self, tuple geometry, object owner):
@@ -366,6 +378,7 @@ def submit(device, binary, program_index, inputs):
     last = s._last_plan
     if last is not None and last[0]() is program:
         plan = last[1]
+        s.plan_hits += 1  # `Scheduler.plan`'s first test, and its count, in C
     else:
         plan = s.plan(program)
     cdef tuple checks = plan.input_checks
@@ -477,13 +490,17 @@ def submit_spmd(mesh, tuple chips, binary, program_index, inputs, mesh_tensor_ty
     # memory, made once per chip and program, as `Scheduler.plan` keeps them), reused by every
     # later submit of the program on the mesh.
     cdef tuple decided = mesh._decided
-    if decided is None or decided[0]() is not program or decided[1] is not chips:
+    cdef bint fresh = False  # each chip's plan looked up (and counted) by `plan` just now
+    if (decided is None or decided[0]() is not program or decided[1] is not chips
+            or decided[6] is not _plan_token):
         schedulers = tuple([chip._scheduler for chip in chips])
         plans = tuple([(<SchedulerCore>sched).plan(program) for sched in schedulers])
         first_plan = plans[0]
         decided = (_weak_ref(program), chips, schedulers, plans, first_plan.input_checks,
-                   not (first_plan.donated or first_plan.collectives))
-        mesh._decided = decided
+                   not (first_plan.donated or first_plan.collectives), _plan_token)
+        fresh = True
+        # A chip whose plan cache is off keeps no plan: nor does the mesh, for it.
+        mesh._decided = None if any([(<SchedulerCore>sched).plans_uncached for sched in schedulers]) else decided
     if not decided[5]:  # a donation; collectives resolved for the mesh's groups
         return None
     cdef tuple schedulers_t = decided[2], plans_t = decided[3]
@@ -520,6 +537,8 @@ def submit_spmd(mesh, tuple chips, binary, program_index, inputs, mesh_tensor_ty
     cdef Py_ssize_t n_out = 0
     for c in range(n_chips):
         s = schedulers_t[c]
+        if not fresh:
+            s.plan_hits += 1  # the decided record's plan: this chip's, kept
         outputs = _submit_program(s, s.cq0, program, plans_t[c], <tuple>reads[c])
         if per_output is None:
             n_out = len(outputs)

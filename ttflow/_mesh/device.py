@@ -208,6 +208,20 @@ class MeshDevice:
         })
         return MeshStatistics(links, chips, total)  # type: ignore[arg-type]
 
+    @property
+    def program_cache_enabled(self) -> bool:
+        """`Device.program_cache_enabled` of every chip (False if any chip's is); set, it sets
+        every chip's (and the mesh keeps no decided record of a program while it is False)."""
+        return all(chip.program_cache_enabled for chip in self._chips)
+
+    @program_cache_enabled.setter
+    def program_cache_enabled(self, enabled: bool) -> None:
+        if not isinstance(enabled, bool):
+            raise TypeError(f"program_cache_enabled is a bool, got {type(enabled).__name__}")
+        for chip in self._chips:
+            chip.program_cache_enabled = enabled
+        self._decided = None
+
     def memory_view(self, space: MemorySpace) -> list[MemoryView]:
         """Each chip's `memory_view(space)`, row-major."""
         return [chip.memory_view(space) for chip in self._chips]

@@ -225,6 +225,8 @@ class ProgramCommand(_Scheduled):
 
     def preamble(self) -> Command | None:
         s = self.scheduler
+        for listener in s.starting:  # the memory log (`Scheduler.starting_programs`)
+            listener(self)
         if not s.evict_eagerly or not s.holds_l1():
             return None
         return room.eviction_for(s, self)

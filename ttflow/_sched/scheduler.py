@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, final
 import numpy as np
 
 from .._commands import Plan, estimate
-from .._core._dispatch import submit_program
+from .._core._dispatch import renew_plan_token, submit_program
 from .._errors import OutOfMemoryError, TraceError, detach_frames
 from .._memory import MemorySpaceState
 from .._queue import Command, CommandQueue
@@ -72,15 +72,47 @@ class Scheduler(SchedulerState):
 
     # -- plans ------------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def starting_programs(self, listener: Callable[[Command], None]) -> Iterator[None]:
+        """Calls `listener` with every program as it starts inside the block (before its
+        preamble); with a completion listener beside it, every program takes the general path."""
+        self.starting.append(listener)
+        try:
+            yield
+        finally:
+            self.starting.remove(listener)
+
     def plan(self, program: Program) -> Plan:
+        """The program's plan on this device: kept (a hit) or made now (a miss; kept unless the
+        cache is off). `_core._dispatch.submit` tests `_last_plan` itself, and counts its hits."""
         last = self._last_plan
         if last is not None and last[0]() is program:
+            self.plan_hits += 1
             return last[1]
         plan = self._plans.get(program)
         if plan is None:
-            plan = self._plans[program] = self._bind(Plan(program), program.l1_footprint(self._spec))
+            self.plan_misses += 1
+            plan = self._bind(Plan(program), program.l1_footprint(self._spec))
+            if self.plans_uncached:
+                return plan
+            self._plans[program] = plan
+        else:
+            self.plan_hits += 1
         self._last_plan = (weakref.ref(program), plan)
         return plan
+
+    def keep_plans(self, keep: bool) -> None:
+        """`Device.program_cache_enabled`: with False, every submit plans again and no plan is
+        kept (those kept until now are dropped)."""
+        self.plans_uncached = not keep
+        if not keep:
+            self.clear_plans()
+
+    def clear_plans(self) -> None:
+        """`tt.clear_program_cache`: drops every kept plan (commands queued keep their own)."""
+        self._plans.clear()
+        self._last_plan = None
+        renew_plan_token()  # a mesh's decided record holds these plans too
 
     def _bind(self, plan: Plan, footprint: int) -> Plan:
         """`plan` as this device runs it: its layouts interned (equal layouts as one object, so

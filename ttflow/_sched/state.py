@@ -32,7 +32,7 @@ from __future__ import annotations
 import collections
 import math
 import weakref
-from collections.abc import ItemsView, Sequence
+from collections.abc import Callable, ItemsView, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, final
 
 from .._commands import Compute, Copy, Load, Record, Store
@@ -170,6 +170,9 @@ class SchedulerState(SchedulerCore):
         # (A dropped trace's capture is queued here too: `collect_garbage` releases it.)
         self._dropped: collections.deque[Any] = collections.deque()
         self._layouts: dict[Layout, Layout] = {}
+        # Told as each program starts on the general path (`ProgramCommand.preamble`): the
+        # memory log (`Scheduler.starting_programs`, which the scheduler alone changes).
+        self.starting: list[Callable[[Command], None]] = []
 
     # -- reading the tables -----------------------------------------------------------------
 
