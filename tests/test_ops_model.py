@@ -817,7 +817,7 @@ def check_saved_and_on_host(tmp_path: Path, program: tt.Program, arrays: list[Ar
     """Saved in the newest format version, loaded back equal, run on the host, checked."""
     path = tmp_path / "every.ttb"
     tt.Binary([program]).save(path)
-    assert struct.unpack_from("<I", path.read_bytes(), 8) == (7,)  # the newest version
+    assert struct.unpack_from("<I", path.read_bytes(), 8) == (8,)  # the newest version
     (loaded,) = tt.Binary.load(path).programs
     assert loaded.same_as(program)
     check_every_op(loaded, arrays, refs, run_on_host(loaded, arrays))

@@ -447,12 +447,12 @@ def load_bytes(path: Path, raw: bytes, match: str | None = None) -> None:
 
 def test_header_errors(tmp_path: Path) -> None:
     path, raw = saved(tmp_path)
-    assert raw[:8] == b"TTFLOWB\0" and HEADER.unpack_from(raw)[1:] == (7, len(raw) - 24, zlib.crc32(raw[24:]))
+    assert raw[:8] == b"TTFLOWB\0" and HEADER.unpack_from(raw)[1:] == (8, len(raw) - 24, zlib.crc32(raw[24:]))
     load_bytes(path, b"PK\x03\x04" + raw[4:], "not a ttflow binary")
     load_bytes(path, b"", "not a ttflow binary")
     load_bytes(path, b"TTF", "truncated")
-    load_bytes(path, raw[:8] + struct.pack("<I", 8) + raw[12:], r"version 8.*versions 1 to 7.*newer")
-    load_bytes(path, raw[:8] + struct.pack("<I", 0) + raw[12:], r"version 0.*versions 1 to 7.*unknown")
+    load_bytes(path, raw[:8] + struct.pack("<I", 9) + raw[12:], r"version 9.*versions 1 to 8.*newer")
+    load_bytes(path, raw[:8] + struct.pack("<I", 0) + raw[12:], r"version 0.*versions 1 to 8.*unknown")
     load_bytes(path, raw[:30], "truncated")
     load_bytes(path, raw + b"\0", "stray bytes")
     i = len(raw) // 2
@@ -510,7 +510,7 @@ def test_load_checks_the_header_before_reading_the_payload(tmp_path: Path, monke
     header = HEADER.unpack_from(raw)
     cases = {
         "not a ttflow binary": b"PK\x03\x04" + raw[4:],  # a zip, say
-        "version 8": raw[:8] + struct.pack("<I", 8) + raw[12:],
+        "version 9": raw[:8] + struct.pack("<I", 9) + raw[12:],
         "stray bytes": raw,  # the header's length disagrees with the file's size
         r"truncated.*header says 1099511627776": HEADER.pack(header[0], 2, 1 << 40, header[3]) + raw[24:],
     }

@@ -22,8 +22,10 @@ EXPECTED = {
     "MeshError", "CollectiveError", "MeshSpec", "MeshDevice", "MeshStatistics", "MeshTensor", "MeshTrace",
     "MeshTimelineRecorder", "open_mesh_device", "create_submesh", "release_submesh",
     "device_tensors", "from_shards", "replicate", "shard", "shard_2d", "concat", "concat_2d",
-    "clear_program_cache", "set_memory_log",  # issue 27: program cache control, memory log
     "HostOpError",  # issue 27: host ops in programs
+    "clear_program_cache", "set_memory_log",  # issue 27: program cache control, memory log
+    "DebugHookError", "OpContext", "OpTensor", "ProgramContext", "debug_hooks",  # issue 27: hooks
+    "GoldenReport", "GoldenRow", "compare_with_golden",  # issue 27: golden comparison
 }
 
 

@@ -24,6 +24,14 @@ from ._errors import ShapeError as ShapeError
 from ._errors import TTFlowError as TTFlowError
 from ._errors import TraceError as TraceError
 from ._errors import MeshError as MeshError
+from ._errors import DebugHookError as DebugHookError
+from ._debug import OpContext as OpContext
+from ._debug import OpTensor as OpTensor
+from ._debug import ProgramContext as ProgramContext
+from ._debug import debug_hooks as debug_hooks
+from ._golden import GoldenReport as GoldenReport
+from ._golden import GoldenRow as GoldenRow
+from ._golden import compare_with_golden as compare_with_golden
 from ._errors import CollectiveError as CollectiveError
 from ._errors import HostOpError as HostOpError
 from ._device import Device as Device
@@ -113,4 +121,6 @@ __all__ = [
     "open_mesh_device", "create_submesh", "release_submesh", "device_tensors", "from_shards",
     "replicate", "shard", "shard_2d", "concat", "concat_2d",
     "clear_program_cache", "set_memory_log",
+    "DebugHookError", "OpContext", "OpTensor", "ProgramContext", "debug_hooks",
+    "GoldenReport", "GoldenRow", "compare_with_golden",
 ]

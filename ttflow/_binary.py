@@ -28,6 +28,8 @@ Version 7 adds the collectives (all_gather, reduce_scatter, all_reduce, broadcas
 point_to_point, all_to_all) and each program's `"mesh_shape"` ([rows, cols], or null: the
 mesh its collectives' shapes were resolved for, `ProgramBuilder(mesh_shape=)`); versions 1 to
 6 still load (with no mesh shape), and a version-6 file that names a collective is malformed.
+Version 8 adds each program's `"locations"` ([value id, location] pairs, see
+`ProgramBuilder.location`), with no other change; versions 1 to 7 still load, with none.
 `save` always writes the newest version, whatever ops the programs use.
 
 `for_mesh` resolves a program's collectives for the mesh a submit runs it on: it replays the
@@ -63,8 +65,8 @@ from ._types import DataType, Layout, MemorySpace, TensorLayout, check_shape
 __all__ = ["Binary", "for_mesh", "get_layout"]
 
 _MAGIC = b"TTFLOWB\0"
-_VERSION = 7
-_READS = (1, 2, 3, 4, 5, 6, 7)  # the versions `load` reads
+_VERSION = 8
+_READS = (1, 2, 3, 4, 5, 6, 7, 8)  # the versions `load` reads
 _V1_OPS = frozenset({"add", "sub", "mul", "gt", "matmul", "relu", "neg", "gelu", "exp", "sqrt",
                      "reciprocal", "softmax", "sum", "max", "transpose", "reshape", "typecast"})
 _V2_OPS = _V1_OPS | {
@@ -207,6 +209,7 @@ def _program_to_json(p: Program) -> dict[str, Any]:
         "donations": [list(pair) for pair in p.donations],
         "range_checks": [list(pair) for pair in p.range_checks],
         "mesh_shape": None if p.mesh_shape is None else list(p.mesh_shape),
+        "locations": [list(pair) for pair in p.locations],
     }
 
 
@@ -290,6 +293,11 @@ def _program_from_json(j: Any, version: int = _VERSION) -> Program:
         for pair in _expect(j.get("range_checks", []), list, "range_checks"):
             value_id, note = _expect(pair, list, "a range check")
             checks[_expect(value_id, int, "a range check's value")] = _expect(note, str, "a range check's note")
+    locations: dict[int, str] = {}
+    if version >= 8:
+        for pair in _expect(j.get("locations", []), list, "locations"):
+            value_id, loc = _expect(pair, list, "a location")
+            locations[_expect(value_id, int, "a location's value")] = _expect(loc, str, "a location")
     mesh_shape = None
     if version >= 7 and j.get("mesh_shape") is not None:
         mesh_shape = [_expect(d, int, "mesh_shape") for d in _expect(j["mesh_shape"], list, "mesh_shape")]
@@ -309,13 +317,15 @@ def _program_from_json(j: Any, version: int = _VERSION) -> Program:
         pairs = [_expect(a, list, f"step {index} attrs") for a in _expect(step_attrs, list, f"step {index} attrs")]
         kwargs = {_expect(k, str, "an attr name"): tuple(v) if isinstance(v, list) else v for k, v in pairs}
         note = checks.pop(len(built), None)
-        if note is None:
-            value = _replay(b, op, [built[i] for i in ids], scalar, kwargs)
-        else:
-            with b.checking_range(note):
+        loc = locations.pop(len(built), None)
+        with b.location(loc) if loc else contextlib.nullcontext():
+            if note is None:
                 value = _replay(b, op, [built[i] for i in ids], scalar, kwargs)
-            if b._range_checks[-1:] != [(value.id, note)]:  # a float value, or an op that stays in range
-                raise BinaryFormatError(f"step {index} ({op}): a range check where none applies")
+            else:
+                with b.checking_range(note):
+                    value = _replay(b, op, [built[i] for i in ids], scalar, kwargs)
+                if b._range_checks[-1:] != [(value.id, note)]:  # a float value, or an op that stays in range
+                    raise BinaryFormatError(f"step {index} ({op}): a range check where none applies")
         if output != value.id or value.id >= len(values) or values[value.id] != b._values[value.id]:
             raise BinaryFormatError(
                 f"step {index} ({op}) does not define value {output!r:.20} as the file declares it"
@@ -325,6 +335,8 @@ def _program_from_json(j: Any, version: int = _VERSION) -> Program:
         raise BinaryFormatError(f"{len(values)} values declared, {len(built)} defined by inputs and steps")
     if checks:
         raise BinaryFormatError(f"a range check names value {next(iter(checks))!r:.20}, which no step defines")
+    if locations:
+        raise BinaryFormatError(f"a location names value {next(iter(locations))!r:.20}, which no step defines")
     outputs = [_expect(i, int, "an output id") for i in _expect(j["outputs"], list, "outputs")]
     specs = [_spec_from_json(s, f"output spec {k}") for k, s in enumerate(_expect(j["output_specs"], list, "output specs"))]
     if len(specs) != len(outputs) or not all(0 <= i < len(built) for i in outputs):
@@ -376,9 +388,10 @@ def _rebuild(program: Program, mesh_shape: tuple[int, int]) -> Program:
     b = ProgramBuilder(program.name, mesh_shape)
     built = [b.input(spec.shape, spec.layout) for spec in program.inputs]
     checks = dict(program.range_checks)
+    locations = dict(program.locations)
     host_values: list[Value] = []  # the current host op's outputs, made by its first step
     for step in program.steps:
-        note = checks.get(step.output)
+        note, loc = checks.get(step.output), locations.get(step.output)
         if step.op == HOST_OP:  # one builder call makes every output step of the op
             attrs_ = dict(step.attrs)
             host = attrs_["host"]
@@ -387,7 +400,8 @@ def _rebuild(program: Program, mesh_shape: tuple[int, int]) -> Program:
                                         [(shape, dtype) for shape, dtype in host.outputs], name=host.name)
             built.append(host_values[attrs_["index"]])
             continue
-        with b.checking_range(note) if note is not None else contextlib.nullcontext():
+        with (b.checking_range(note) if note is not None else contextlib.nullcontext(),
+              b.location(loc) if loc is not None else contextlib.nullcontext()):
             built.append(_replay(b, step.op, [built[i] for i in step.inputs], step.scalar, dict(step.attrs)))
     donated = dict(program.donations)
     for k, (value, spec) in enumerate(zip(program.outputs, program.output_specs)):

@@ -354,6 +354,9 @@ class Compute(NamedTuple):
     # On a chip of an SPMD submit: its place in the submit's rendezvous (`_mesh.collectives.
     # Peer`), through which the collective steps exchange values with the other chips.
     peers: Any = None
+    # Under debug hooks (`_debug.DebugHooks`): `hooks.run(...)` gives the run whose `before` and
+    # `after` are called around each step (on a thread of anyio's: they call back into the loop).
+    hooks: Any = None
 
 
 def page_kernel(plan: Plan, operands: tuple[Storage, ...], num_banks: int) -> Kernel | None:
@@ -511,24 +514,35 @@ def _compute_pages(step: Compute, banks: Banks) -> None:
 
 
 def _compute(step: Compute, banks: Banks) -> None:
+    plan = step.plan
+    if step.hooks is not None:  # decided op by op (never pagewise, never the kernel)
+        run = step.hooks.run(plan, step.sources, step.outputs, step.scratch, banks)
+        _run_schedule(plan.schedule, len(plan.values), step.sources, step.outputs, step.scratch, banks,
+                      step.peers, run)
+        return
     if step.pagewise:
         _compute_pages(step, banks)
         return
-    plan = step.plan
     _run_schedule(plan.schedule, len(plan.values), step.sources, step.outputs, step.scratch, banks,
                   step.peers)
 
 
 def _run_schedule(schedule: _Schedule, n_values: int, sources: tuple[Storage, ...],
                   outputs: tuple[Storage, ...], scratch: dict[int, Storage], banks: Banks,
-                  peers: Any = None) -> None:
+                  peers: Any = None, hooked: Any = None) -> None:
+    """The program's steps over numpy arrays; `hooked` (a debug-hooks run) is told before and
+    after each step, and may replace values in their storages (`values` is read again)."""
     values: list[np.ndarray[Any, Any] | None] = [None] * n_values
     read, write, write_tiles, tile = io.read_array, io.write_array, io.write_tiles, TensorLayout.TILE
     for index, shape, dtype in schedule.reads:
         storage = sources[index]
         values[index] = read(banks[storage.layout.memory], storage, shape).astype(dtype, copy=False)
-    for (fn, inputs, scalar, attrs, value, k, kept, shape, dtype, dies, host_dtype, cache, check,
-         collective) in schedule.steps:
+    if hooked is not None:
+        hooked.begin(values)
+    for step_index, (fn, inputs, scalar, attrs, value, k, kept, shape, dtype, dies, host_dtype, cache, check,
+                     collective) in enumerate(schedule.steps):
+        if hooked is not None:
+            hooked.before(step_index, values)
         storage = outputs[k] if k >= 0 else scratch[value]
         layout = storage.layout
         bank = banks[layout.memory]
@@ -557,6 +571,8 @@ def _run_schedule(schedule: _Schedule, n_values: int, sources: tuple[Storage, ..
             if stored is None:
                 stored = read(bank, storage, shape)
             values[value] = stored.reshape(shape).astype(dtype, copy=False)
+        if hooked is not None:
+            hooked.after(step_index, values)
         for v in dies:
             values[v] = None
     for k, value in schedule.copies:
@@ -564,6 +580,8 @@ def _run_schedule(schedule: _Schedule, n_values: int, sources: tuple[Storage, ..
         kept_value = values[value]
         assert kept_value is not None  # copied out: never dies
         write(banks[storage.layout.memory], storage, kept_value)
+    if hooked is not None:
+        hooked.end()
 
 
 def _update_in_place(cache_shape: tuple[int, ...], value: Any, index: Any, bank: np.ndarray[Any, Any],

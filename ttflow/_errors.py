@@ -23,6 +23,7 @@ import traceback
 from typing import NoReturn
 
 __all__ = [
+    "DebugHookError",
     "TTFlowError",
     "LayoutError",
     "ShapeError",
@@ -94,6 +95,11 @@ class HostOpError(ProgramError):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.args[0], self.op), self.__dict__)
+
+
+class DebugHookError(TTFlowError):
+    """A debug hook misused: an `OpTensor` used after its callback, a program input replaced,
+    a second `tt.debug_hooks` block on one device."""
 
 
 class BinaryFormatError(TTFlowError):

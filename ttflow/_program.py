@@ -140,6 +140,14 @@ class Program:
     """The (rows, cols) of the mesh its collectives' shapes were resolved for (`ProgramBuilder`'s
     `mesh_shape`), or None: a program without collectives, or one built for a group of one
     chip. A submit resolves them again for the mesh it runs on (`_binary.for_mesh`)."""
+    consts: tuple[int, ...] = ()
+    """The indices of the inputs declared constant (`ProgramBuilder.input(..., const=True)`): the
+    steps that depend only on them run once per (program, constant tensors) and their results
+    are kept on the device until a constant changes (`_const_eval`)."""
+    locations: tuple[tuple[int, str], ...] = ()
+    """(value id, location) pairs: where the step that makes the value came from, as MLIR
+    locations say (`ProgramBuilder.location`: a source line, an FX node); debug hooks and
+    golden reports name ops by it."""
 
     inputs: tuple[TensorSpec, ...] = attrs.field(init=False, eq=False)
 
@@ -309,6 +317,9 @@ class ProgramBuilder:
         self._built = False
         self._range_note: str | None = None  # set inside `checking_range`
         self._range_checks: list[tuple[int, str]] = []
+        self._consts: list[int] = []  # the inputs declared constant
+        self._location: str | None = None  # set inside `location`
+        self._locations: list[tuple[int, str]] = []
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -347,7 +358,23 @@ class ProgramBuilder:
         if check:
             assert self._range_note is not None
             self._range_checks.append((out.id, self._range_note))
+        if self._location is not None:
+            self._locations.append((out.id, self._location))
         return out
+
+    @contextlib.contextmanager
+    def location(self, loc: str) -> Iterator[None]:
+        """The steps emitted inside come from `loc` (a source line, a model's layer, an FX node),
+        as ops built inside MLIR's `with Location(...)` carry it: debug hooks (`OpContext.loc`)
+        and golden reports name an op by it. Nested blocks replace the outer location."""
+        self._check_open()
+        if not isinstance(loc, str) or not loc:
+            raise ProgramError("location needs a non-empty string")
+        outer, self._location = self._location, loc
+        try:
+            yield
+        finally:
+            self._location = outer
 
     @contextlib.contextmanager
     def checking_range(self, note: str) -> Iterator[None]:
@@ -448,7 +475,9 @@ class ProgramBuilder:
             num_inputs=self._num_inputs,
             donations=tuple((k, i) for k, i in enumerate(self._donated) if i >= 0),
             range_checks=tuple(self._range_checks),
+            locations=tuple(self._locations),
             mesh_shape=self.mesh_shape if any(step.op in COLLECTIVES for step in self._steps) else None,
+            consts=tuple(self._consts),
         )
 
     # -- host ops ----------------------------------------------------------------------------

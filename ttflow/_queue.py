@@ -192,6 +192,12 @@ def _no_flight(command: Command, record: Record, start: bool) -> None:
     pass
 
 
+def _hooked(record: Record) -> bool:
+    """Whether `record` is a program decided under debug hooks (its last step, the Compute)."""
+    steps = record.steps
+    return bool(steps) and type(steps[-1]) is Compute and steps[-1].hooks is not None  # type: ignore[union-attr]
+
+
 class CommandQueue(QueueCore):
     """An in-order queue served by one task; `close` makes it exit once empty.
 
@@ -360,8 +366,10 @@ class CommandQueue(QueueCore):
                             command.rollback(record)
                             error = exc
                 if error is None and record is not None:
+                    if _hooked(record):
+                        error = await self._run_hooked(command, record)
                     # A record whose collectives wait for other chips never blocks the loop.
-                    if (estimate(record.nbytes, record.kernel_bytes, record.macs) > self.inline_seconds
+                    elif (estimate(record.nbytes, record.kernel_bytes, record.macs) > self.inline_seconds
                             or command.peers is not None):
                         error = await self._run_on_worker(command, record)
                         # The loop was free while the worker ran: go straight on to the next
@@ -506,6 +514,23 @@ class CommandQueue(QueueCore):
             self.in_flight(command, record, False)
             raise
         return await self._finish(command, record, ticket)
+
+    async def _run_hooked(self, command: Command, record: Record) -> BaseException | None:
+        """Runs a program under debug hooks on a thread of anyio's, from which each hook is
+        called on the event loop between the program's steps (the queue's own worker thread
+        cannot call back into the loop); shielded: it runs to the end. Then commits."""
+        self.in_flight(command, record, True)
+        try:
+            try:
+                with anyio.CancelScope(shield=True):
+                    result = await anyio.to_thread.run_sync(run, record, self._banks)
+            finally:
+                self.in_flight(command, record, False)
+            command.commit(record, result)
+        except Exception as exc:
+            command.rollback(record)
+            return exc
+        return None
 
     async def _finish(self, command: Command, record: Record, ticket: Ticket) -> BaseException | None:
         """Waits for a record sent to the worker (in flight), then commits it (or rolls it

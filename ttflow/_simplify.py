@@ -315,6 +315,7 @@ def _renumbered(program: Program, specs: list[TensorSpec], steps: list[Step],
     A range check stays with its step; one on a value that became an alias goes: its source
     was stored (wrapped, or checked) before, so the alias could never fail it."""
     number = {v: v for v in range(program.num_inputs)}
+    locations = dict(program.locations)  # a location stays with its step, as a check does
     values = list(program.values[: program.num_inputs])
     for step in steps:
         number[step.output] = len(values)
@@ -329,5 +330,7 @@ def _renumbered(program: Program, specs: list[TensorSpec], steps: list[Step],
         num_inputs=program.num_inputs,
         range_checks=tuple(sorted((number[step.output], checks[step.output])
                                   for step in steps if step.output in checks)),
+        locations=tuple((number[step.output], locations[step.output])
+                        for step in steps if step.output in locations),
         mesh_shape=program.mesh_shape if any(s.op in COLLECTIVES for s in steps) else None,
     )

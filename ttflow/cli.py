@@ -1,4 +1,5 @@
-"""The `ttflow` command: `ttflow demo`, `ttflow memory`, `ttflow bench SUITE`, `ttflow --version`."""
+"""The `ttflow` command: `ttflow demo`, `ttflow memory`, `ttflow bench SUITE`, `ttflow golden FILE.ttb`,
+`ttflow --version`."""
 
 from __future__ import annotations
 
@@ -129,10 +130,27 @@ def _parser() -> argparse.ArgumentParser:
     )
     memory.add_argument("--small", action="store_true", help="use the tiny test device and sizes")
     memory.add_argument("--json", action="store_true", help="print the views as JSON")
+    golden = commands.add_parser(
+        "golden",
+        help="run a program of a .ttb file with every op compared against float64 on the host",
+        description="Loads a binary, makes seeded random inputs for one of its programs, runs it on an "
+        "emulated device and compares every op with the same op in float64 on the host "
+        "(tt.compare_with_golden): per op PCC, max abs and relative error and the bound its dtype "
+        "allows; the first op over its bound is named with its location. Exits 1 when one is.",
+    )
+    golden.add_argument("file", help="a binary written by tt.Binary.save (.ttb)")
+    golden.add_argument("--program", type=int, default=0, help="which program of the binary (default 0)")
+    golden.add_argument("--substitute", action="store_true",
+                        help="replace each op's output by its golden before the next op reads it (isolation)")
+    golden.add_argument("--seed", type=int, default=0, help="the random inputs' seed (default 0)")
+    golden.add_argument("--json", action="store_true", help="print the report as JSON")
+    golden.add_argument("--plot", metavar="PNG", help="also draw each op's error against its bound (needs matplotlib)")
+    golden.add_argument("--small", action="store_true", help="run on the tiny test device")
     parser.set_defaults(subparser=None)
     demo.set_defaults(subparser=demo)
     bench.set_defaults(subparser=bench)
     memory.set_defaults(subparser=memory)
+    golden.set_defaults(subparser=golden)
     return parser
 
 
@@ -179,6 +197,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ._demo import run_memory
 
         return run_memory(small=args.small, as_json=args.json)
+    if args.command == "golden":
+        if args.plot is not None:
+            if not _has_matplotlib():
+                args.subparser.error("argument --plot: drawing needs matplotlib: pip install '.[plot]' "
+                                     "from the ttflow checkout")
+            _prepare_output(args.subparser, "--plot", args.plot, "golden.png")
+        from ._golden import run_file
+
+        return run_file(args.file, program_index=args.program, substitute=args.substitute, seed=args.seed,
+                        as_json=args.json, plot=args.plot, small=args.small)
     if args.trace is not None:
         _prepare_output(args.subparser, "--trace", args.trace, "demo.json")
     if args.memory_map is not None:

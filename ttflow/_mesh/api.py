@@ -13,7 +13,10 @@ from typing import Any, overload
 
 import numpy as np
 
+import anyio.lowlevel
+
 from .. import _runtime, _timeline, _trace
+from .._debug import OpTensor
 from .._binary import Binary
 from .._core import _dispatch
 from .._device import Device
@@ -64,12 +67,15 @@ def to_device(array: Any, device: Device | MeshDevice, layout: Layout | None = N
     return _runtime.to_device(array, device, layout)  # type: ignore[arg-type]
 
 
-async def to_host(tensor: Tensor | MeshTensor, composer: Composer | None = None) -> np.ndarray[Any, Any]:
+async def to_host(tensor: Tensor | MeshTensor | OpTensor, composer: Composer | None = None) -> np.ndarray[Any, Any]:
     """Waits for the tensor and copies its value out (on CQ0); the device copy stays. A mesh
     tensor's shards are joined by `composer` (`tt.concat(dim)`, `tt.concat_2d(dims)`); a
     replicated one, or one of a one-chip mesh, needs none (shard 0 is read, as in ttnn)."""
     if type(tensor) is MeshTensor:
         return await read(tensor, composer)
+    if type(tensor) is OpTensor:  # a value of a program a debug hook is looking at
+        await anyio.lowlevel.checkpoint()
+        return tensor.read()
     if composer is not None:
         raise MeshError("a composer joins a mesh tensor's shards; this is a single-chip tt.Tensor: drop it")
     return await _runtime.to_host(tensor)  # type: ignore[arg-type]
@@ -138,13 +144,16 @@ def empty(shape: Sequence[int], dtype: DataType, device: Device | MeshDevice,
     return _runtime.empty(shape, dtype, device, layout)  # type: ignore[arg-type]
 
 
-def write(tensor: Tensor | MeshTensor, array: Any) -> None:
+def write(tensor: Tensor | MeshTensor | OpTensor, array: Any) -> None:
     """Queues a new value for `tensor` (on CQ1), after every queued program that reads the old one.
 
     A mesh tensor takes one array laid out as the tensor was (its mapper splits it), or a list of
     one array per shard (the way to write a per-device tensor)."""
     if type(tensor) is MeshTensor:
         write_shards(tensor, array)
+        return
+    if type(tensor) is OpTensor:  # replaced in bank memory now: later ops read it
+        tensor.write(array)
         return
     _runtime.write(tensor, array)  # type: ignore[arg-type]
 

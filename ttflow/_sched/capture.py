@@ -293,6 +293,9 @@ def begin(s: SchedulerState) -> Capture:
     """Opens a capture on the device: what is queued from now on is recorded."""
     if s.capturing is not None:
         raise TraceError("a trace is already being captured on this device; captures do not nest")
+    if s.hooks is not None:
+        raise TraceError("a trace cannot be captured while debug hooks are set on the device: its "
+                         "replays would run with none (capture it outside the tt.debug_hooks block)")
     capture = Capture(s)
     s.open_capture(capture)
     return capture
@@ -316,6 +319,9 @@ def check_replay(s: SchedulerState, capture: Capture) -> None:
         raise TraceError("the trace was released; capture a new one")
     if s.capturing is not None:
         raise TraceError("a trace cannot be executed while a capture is open on its device")
+    if s.hooks is not None:
+        raise TraceError("a trace cannot be executed while debug hooks are set on its device: a "
+                         "replay runs its records straight through, with no op for a hook to see")
     if capture.error is not None:
         raise TraceError(f"the capture failed: {capture.error}") from capture.error
     for state in capture.inputs:

@@ -295,7 +295,7 @@ class ProgramCommand(_Scheduled):
         # is precomputed per plan and device) and one Compute step.
         plan = self.plan
         bound = plan.bound
-        if bound is None or self.spill:
+        if bound is None or self.spill or self.scheduler.hooks is not None:
             return self._decide()
         sources = []
         for state, layout in zip(self.reads, plan.input_layouts):
@@ -339,10 +339,10 @@ class ProgramCommand(_Scheduled):
             space, code, rows, depth = bound.kernel
             sources.extend(outputs)
             kernel = (space, code, tuple([storage.address for storage in sources]), rows, depth)
-            compute = _new_tuple(Compute, (plan, sources_, outputs_, _NO_SCRATCH, True, kernel, None))
+            compute = _new_tuple(Compute, (plan, sources_, outputs_, _NO_SCRATCH, True, kernel, None, None))
             return _new_tuple(Record, ((compute,), bound.nbytes, plan.macs, False, bound.nbytes))
         pagewise = pagewise_storages(plan, (*sources_, *outputs_))
-        compute = _new_tuple(Compute, (plan, sources_, outputs_, _NO_SCRATCH, pagewise, None, None))
+        compute = _new_tuple(Compute, (plan, sources_, outputs_, _NO_SCRATCH, pagewise, None, None, None))
         return _new_tuple(Record, ((compute,), bound.nbytes, plan.macs, False, 0))
 
     def _decide(self) -> Record:
@@ -405,6 +405,11 @@ class ProgramCommand(_Scheduled):
                 s.release_footprint(self)
             raise
         sources_, outputs_ = tuple(sources), tuple(outputs)
+        hooks = s.hooks
+        if hooks is not None:  # op by op, each step's values in reach of the hooks
+            steps.append(Compute(self.plan, sources_, outputs_, scratch, False, None, self.peers,
+                                 hooks.for_program(self.program)))
+            return Record(tuple(steps), nbytes=nbytes, macs=self.plan.macs)
         operands = (*sources_, *outputs_, *scratch.values())
         pagewise = pagewise_storages(self.plan, operands)
         kernel = None

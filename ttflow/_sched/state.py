@@ -173,6 +173,9 @@ class SchedulerState(SchedulerCore):
         # Told as each program starts on the general path (`ProgramCommand.preamble`): the
         # memory log (`Scheduler.starting_programs`, which the scheduler alone changes).
         self.starting: list[Callable[[Command], None]] = []
+        # `tt.debug_hooks` (`_debug.DebugHooks`) while its block is open: programs decided
+        # meanwhile run op by op, their values in reach of the hooks (never on a fast path).
+        self.hooks: Any = None
 
     # -- reading the tables -----------------------------------------------------------------
 
