@@ -89,6 +89,12 @@ def _user_line(node: torch.fx.Node) -> str:
     return f" (at {path}:{line} in {fn}: {code.strip()})"
 
 
+def _location(node: torch.fx.Node) -> str:
+    """A step's location: its FX node and op, and the user's source line when traced from code
+    (`name = aten.op (at file:line in fn: code)`)."""
+    return f"{node.name} = {_op_name(node.target)}{_user_line(node)}"
+
+
 def _op_name(target: Any) -> str:
     if isinstance(target, torch._ops.OpOverload):
         return f"aten.{target.__name__}" if target.namespace == "aten" else str(target)
@@ -251,7 +257,8 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor], name
         if node.op in ("placeholder", "output") or node not in live:
             continue
         L.node = node
-        env[node] = _lower_node(L, node, env)
+        with L.b.location(_location(node)):  # debug hooks and golden reports name the op by it
+            env[node] = _lower_node(L, node, env)
 
     outputs: list[OutputSpec] = []
     emitted = 0
