@@ -807,6 +807,19 @@ class MeshStateMachine(RuleBasedStateMachine):
         composer = (None if kind == "replicate" else ("concat", dims) if kind == "shard" else ("concat_2d", dims))
         return self._entry(tensor, mesh, shards, composer, label)
 
+    def push_distinct(self, data: st.DataObject, mesh: MeshDevice, dtype: DataType) -> _Entry:
+        """`tt.from_shards` of one array per chip, a drawn array plus the chip's index: shards
+        that differ wherever they are, so a collective that mixes up their order shows."""
+        memory = data.draw(st.sampled_from([DRAM, L1]), label="memory")
+        layout = Layout(memory, TILE, dtype)
+        base = data.draw(arrays(F32 if dtype.is_float else dtype, SHARD), label="array")
+        values = [(base + np.asarray(k + 1, base.dtype)) for k in range(mesh.num_chips)]
+        tensor = _mesh_tensor(self.call(from_shards, values, mesh, layout))
+        label = self._label()
+        shards = [self._shard(t, layout, stored(v, dtype), f"{label}[{k}]")
+                  for k, (v, t) in enumerate(zip(values, device_tensors(tensor)))]
+        return self._entry(tensor, mesh, shards, ("concat", 0), label)
+
     # -- outcomes --------------------------------------------------------------------------------
 
     def settle(self, command: _Command, result: Any) -> None:
@@ -1170,7 +1183,12 @@ class MeshStateMachine(RuleBasedStateMachine):
             if fits:
                 self.expect_raises(MeshError, mesh_api.submit, mesh, binary, 0, [fits[0].tensor])
             return
-        inputs = [source] if source is not None else self._inputs(data, mesh, binary.programs[0].inputs)
+        if source is not None:
+            inputs: list[_Entry] | None = [source]
+        elif data.draw(st.booleans(), label="distinct shards"):
+            inputs = [self.push_distinct(data, mesh, dtype)]
+        else:
+            inputs = self._inputs(data, mesh, binary.programs[0].inputs)
         if inputs is not None:
             self.run_collective(mesh, binary, op, attrs_, inputs, checked=False)
 
