@@ -48,6 +48,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Any, final
 
+import attrs
 import numpy as np
 
 from ._errors import (
@@ -199,6 +200,8 @@ def _program_to_json(p: Program) -> dict[str, Any]:
         raise HostOpError(
             f"program {p.name!r} cannot be saved: step {index} is {label}, a Python function, which a "
             "binary file cannot hold; keep the Binary in memory, or lower the op to device ops", label)
+    if p.consts:  # an optional key, in any version (a reader without it runs them as plain inputs)
+        return {**_program_to_json(attrs.evolve(p, consts=())), "consts": list(p.consts)}
     return {
         "name": p.name,
         "num_inputs": p.num_inputs,
@@ -302,7 +305,10 @@ def _program_from_json(j: Any, version: int = _VERSION) -> Program:
     if version >= 7 and j.get("mesh_shape") is not None:
         mesh_shape = [_expect(d, int, "mesh_shape") for d in _expect(j["mesh_shape"], list, "mesh_shape")]
     b = ProgramBuilder(name, mesh_shape)
-    built = [b.input(spec.shape, spec.layout) for spec in values[:num_inputs]]
+    consts = {_expect(i, int, "a const input") for i in _expect(j.get("consts", []), list, "consts")}
+    if not consts <= set(range(num_inputs)):
+        raise BinaryFormatError(f"consts {sorted(consts)!r:.40} name inputs the program does not have")
+    built = [b.input(spec.shape, spec.layout, const=i in consts) for i, spec in enumerate(values[:num_inputs])]
     for index, raw in enumerate(_expect(j["steps"], list, "steps")):
         op, inputs, scalar, step_attrs, output = _expect(raw, list, f"step {index}")
         if not isinstance(op, str) or op not in OPS or op.startswith("_") or not hasattr(b, op):
@@ -386,7 +392,7 @@ def for_mesh(program: Program, mesh_shape: tuple[int, int]) -> Program:
 def _rebuild(program: Program, mesh_shape: tuple[int, int]) -> Program:
     """`program` replayed step by step through a builder of `mesh_shape` (as `load` replays)."""
     b = ProgramBuilder(program.name, mesh_shape)
-    built = [b.input(spec.shape, spec.layout) for spec in program.inputs]
+    built = [b.input(spec.shape, spec.layout, const=i in program.consts) for i, spec in enumerate(program.inputs)]
     checks = dict(program.range_checks)
     locations = dict(program.locations)
     host_values: list[Value] = []  # the current host op's outputs, made by its first step

@@ -98,7 +98,7 @@ class Plan:
                  "store_in_output", "copied_out", "compute", "value_dtypes", "scratch", "macs",
                  "page_code", "input_layouts", "output_layouts", "output_shapes", "input_checks",
                  "bound", "donated", "in_place", "output_states", "footprint", "schedule", "range_checks",
-                 "collectives", "host_ops", "_built")
+                 "collectives", "host_ops", "consts", "_built")
 
     def __init__(self, program: Program) -> None:
         # The parts of the program a run reads (not the program: a plan cached under its program
@@ -121,6 +121,9 @@ class Plan:
         # (step index, `host_op:<name>`) of each host op: its estimate sends the record to the
         # worker thread (`_host_ops.HOST_OP_MACS`); the timeline names them.
         self.host_ops = program.host_ops
+        # The inputs declared constant: a submit goes through the checked path, which runs the
+        # program through its constant cut (`_const_eval`).
+        self.consts = program.consts
         self.value_dtypes = [compute_dtype(spec.dtype) for spec in program.values]
         # A step value that is an output of the same dtype is stored straight into that output.
         self.store_in_output: dict[int, int] = {}

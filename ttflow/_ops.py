@@ -215,7 +215,10 @@ def _max(arrays: list[Array], scalar: float | None, axis: int) -> Array:
 
 
 def _matmul(arrays: list[Array], scalar: float | None) -> Array:
-    return np.matmul(arrays[0], arrays[1])
+    # Row-major operands: BLAS sums in an order that depends on how they lie in memory (a
+    # transposed view takes another kernel), so the same values give the same bits whether a
+    # step's operand was kept between steps or read back from bank memory (const-eval's cut).
+    return np.matmul(np.ascontiguousarray(arrays[0]), np.ascontiguousarray(arrays[1]))
 
 
 def _unary(fn: Callable[[Array], Array]) -> Callable[..., Array]:

@@ -401,15 +401,24 @@ class ProgramBuilder:
 
     # -- inputs and outputs -----------------------------------------------------------------
 
-    def input(self, shape: Sequence[int], layout: Layout | None = None) -> Value:
-        """Declares the next input; inputs must come before any op."""
+    def input(self, shape: Sequence[int], layout: Layout | None = None, *, const: bool = False) -> Value:
+        """Declares the next input; inputs must come before any op.
+
+        `const=True` declares it constant (weights, as tt-mlir's const-eval): the steps that
+        depend only on constant inputs run once per (program, constant tensors) on a device, and
+        their results are kept there and reused by later submits until a constant is written
+        (`tt.write`, a trace replay into it) or freed. A constant input cannot be donated."""
         self._check_open()
+        if not isinstance(const, (bool, np.bool_)):
+            raise ProgramError(f"input: const must be a bool, got {const!r:.40}")
         if self._steps:
             raise ProgramError("declare every input before the first op")
         if layout is not None and not isinstance(layout, Layout):
             raise LayoutError(f"layout must be a tt.Layout, got {layout!r}")
         layout = (layout or _DEFAULT_LAYOUT).resolve(DataType.FLOAT32)
         value = self._new(check_shape(shape), layout)
+        if const:
+            self._consts.append(self._num_inputs)
         self._num_inputs += 1
         return value
 
@@ -432,6 +441,11 @@ class ProgramBuilder:
                 raise ProgramError(
                     f"output(donates=): {donates} is not an input of {self.name!r}; only an "
                     "input's buffer can be donated"
+                )
+            if donates.id in self._consts:
+                raise ProgramError(
+                    f"output(donates=): input {donates.id} is declared const; a constant's buffer "
+                    "cannot be donated (its cached results would outlive its value)"
                 )
             if any(v == donates.id for v in self._donated):
                 raise ProgramError(f"output(donates=): input {donates.id} is already donated to another output")

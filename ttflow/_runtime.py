@@ -13,6 +13,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from . import _const_eval
 from ._core import _dispatch
 from ._device import Device
 from ._errors import LayoutError, ProgramError, ShapeError, TraceError, raise_stored
@@ -220,7 +221,10 @@ def deallocate(tensor: Tensor, force: bool = True) -> None:
         raise TypeError(f"expected a ttflow Tensor, got {type(tensor).__name__}")
     if tensor.device.closed:
         return
-    tensor.device._scheduler.deallocate(tensor._state)
+    scheduler = tensor.device._scheduler
+    scheduler.deallocate(tensor._state)
+    if scheduler.const_cache is not None:  # what was computed from it as a constant goes too
+        scheduler.const_cache.forget(tensor._state)
 
 
 def _check_dtype(tensor: Tensor, declared: DataType, index: int) -> None:
@@ -306,7 +310,15 @@ def _submit_checked(device: Device, binary: Binary, program_index: int,
         )
     # A device is a 1x1 mesh: its collectives run as in a group of one chip (identities).
     program = for_mesh(program, mesh_shape)
-    states = scheduler.submit(program, tuple(tensor._state for tensor in inputs))
+    states = None
+    if program.consts:  # through its constant cut, cached on the device (`_const_eval`)
+        states = _const_eval.submit(device, program, inputs, scheduler.submit)
+    if states is None:
+        states = scheduler.submit(program, tuple(tensor._state for tensor in inputs))
+    cache = scheduler.const_cache
+    if cache is not None and (program.donations or unretained):  # consumed: cached results go
+        for state in (*(inputs[i]._state for _, i in program.donations), *unretained):
+            cache.forget(state)
     if unretained:  # the C path leaves these to this one (`_core._dispatch.submit`)
         scheduler.release_unretained(unretained)
     return [Tensor._wrap(device, state) for state in states]

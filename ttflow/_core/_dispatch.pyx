@@ -389,7 +389,7 @@ def submit(device, binary, program_index, inputs):
         given = list(inputs)
     else:
         return None
-    if plan.donated or plan.collectives:  # a donation; collectives resolved for the device's group
+    if plan.donated or plan.collectives or plan.consts:  # a donation; collectives resolved for the device's group; const-eval
         return None
     cdef Py_ssize_t n = len(checks), k
     if len(given) != n:
@@ -497,7 +497,7 @@ def submit_spmd(mesh, tuple chips, binary, program_index, inputs, mesh_tensor_ty
         plans = tuple([(<SchedulerCore>sched).plan(program) for sched in schedulers])
         first_plan = plans[0]
         decided = (_weak_ref(program), chips, schedulers, plans, first_plan.input_checks,
-                   not (first_plan.donated or first_plan.collectives), _plan_token)
+                   not (first_plan.donated or first_plan.collectives or first_plan.consts), _plan_token)
         fresh = True
         # A chip whose plan cache is off keeps no plan: nor does the mesh, for it.
         mesh._decided = None if any([(<SchedulerCore>sched).plans_uncached for sched in schedulers]) else decided

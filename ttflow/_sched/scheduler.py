@@ -58,6 +58,9 @@ class Scheduler(SchedulerState):
         # (one per shape, say) must not find every one it ever built kept alive here.
         self._plans: weakref.WeakKeyDictionary[Program, Plan] = weakref.WeakKeyDictionary()
         self.listeners: list[Callable[[Command, BaseException | None], None]] = []
+        # The const-eval cache (`_const_eval.ConstEvalCache`), made by the first submit of a
+        # program with constant inputs; told of every queued write (`enqueue`).
+        self.const_cache: Any = None
         # The last plan looked up: a chain submits one program again and again.
         self._last_plan: tuple[weakref.ref[Program], Plan] | None = None
 
@@ -253,6 +256,8 @@ class Scheduler(SchedulerState):
             capture.admit(command, queue)
         queue.push(command)
         self.mark_queued(command)
+        if self.const_cache is not None and command.writes:  # a constant's cached results go
+            self.const_cache.written(command.writes)
 
     def complete(self, command: Command, error: BaseException | None) -> None:
         """A queue finished `command` (or failed it): settle what it used, then let it go."""

@@ -1,0 +1,235 @@
+"""Const-eval: the part of a program that depends only on its constant inputs runs once.
+
+A program's inputs may be declared constant (`ProgramBuilder.input(..., const=True)`, weights).
+`split_of(program)` cuts it, once per program, in two programs:
+
+- the constant program: the constant inputs, every step whose operands all derive from them
+  (collectives excepted: they need the other chips of a submit), and as outputs the values of
+  those steps that the rest reads or that are outputs (DRAM TILE, in their dtype);
+- the main program: the other inputs (and the constants it still reads itself), then those
+  values as extra inputs, and the remaining steps.
+
+A device keeps a `ConstEvalCache` (made when first needed): per (program content, constant
+tensors) the constant program's output tensors. A submit looks its key up: a hit queues only
+the main program on the cached tensors (`stats.const_eval_hits`); a miss queues the constant
+program first (`stats.const_eval_misses`). The content key is the program's fields (ops,
+values, attrs), so two `Binary` objects holding the same program (loaded twice from one file)
+share entries, as tt-mlir's `global_cache_across_binaries`.
+
+An entry is dropped, and its tensors freed, as soon as a constant's value may change or go: any
+command queued to write one (`tt.write`, a trace replay into it: `Scheduler.enqueue` calls
+`written`), its `tt.deallocate`, a donation that consumes it, a failed constant run (computed
+again next time), and the constant's handle being dropped (a finalizer). Inside a trace capture
+the program runs whole (a replay after a write must recompute the constants, which a cached
+tensor would not). The values are the unsplit program's bit for bit: the cut values are stored
+in their own dtype, as the unsplit run keeps them between steps.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, final
+
+import attrs
+
+from ._ops import COLLECTIVES
+from ._program import Program, Step, TensorSpec
+from ._tensor import Tensor
+from ._types import Layout, MemorySpace, TensorLayout
+
+if TYPE_CHECKING:
+    from ._device import Device
+    from ._sched import TensorState
+
+__all__ = ["ConstEvalCache", "Split", "split_of", "submit"]
+
+
+@final
+class Split:
+    """A program cut at its constants (see the module's docstring)."""
+
+    __slots__ = ("key", "const_program", "main_program", "const_inputs", "main_inputs", "__weakref__")
+
+    def __init__(self, key: Any, const_program: Program, main_program: Program,
+                 const_inputs: tuple[int, ...], main_inputs: tuple[int, ...]) -> None:
+        self.key = key  # the program's content
+        self.const_program = const_program
+        self.main_program = main_program
+        self.const_inputs = const_inputs  # the program's inputs the constant program takes
+        self.main_inputs = main_inputs  # the program's inputs the main program takes first
+
+
+_SPLITS: weakref.WeakKeyDictionary[Program, Split | None] = weakref.WeakKeyDictionary()
+
+
+def content_key(program: Program) -> Any:
+    """What a program computes, as a hashable value (programs hash by identity)."""
+    return (program.name, program.values, program.steps, program.outputs, program.output_specs,
+            program.num_inputs, program.donations, program.range_checks, program.consts,
+            program.mesh_shape)
+
+
+def split_of(program: Program) -> Split | None:
+    """The program cut at its constants, or None when no step depends only on them."""
+    try:
+        return _SPLITS[program]
+    except KeyError:
+        split = _SPLITS[program] = _split(program) if program.consts else None
+        return split
+
+
+def _cached_spec(spec: TensorSpec) -> TensorSpec:
+    return TensorSpec(spec.shape, Layout(MemorySpace.DRAM, TensorLayout.TILE, spec.dtype))
+
+
+def _split(program: Program) -> Split | None:
+    n = program.num_inputs
+    const = [False] * len(program.values)
+    for index in program.consts:
+        const[index] = True
+    hoisted: list[int] = []
+    for index, step in enumerate(program.steps):
+        if step.op not in COLLECTIVES and all(const[v] for v in step.inputs):
+            const[step.output] = True
+            hoisted.append(index)
+    if not hoisted:
+        return None
+    is_hoisted = set(hoisted)
+    read_by_main: set[int] = set(program.outputs)
+    for index, step in enumerate(program.steps):
+        if index not in is_hoisted:
+            read_by_main.update(step.inputs)
+    boundary = sorted(v for v in read_by_main if v >= n and const[v])
+    if not boundary:
+        return None  # what depends on the constants alone is never read: nothing to keep
+
+    def renumber(step: Step, ids: dict[int, int], values: list[TensorSpec]) -> Step:
+        ids[step.output] = len(values)
+        values.append(program.values[step.output])
+        return attrs.evolve(step, inputs=tuple(ids[v] for v in step.inputs), output=ids[step.output])
+
+    # The constant program: the constant inputs, the hoisted steps, the boundary as outputs.
+    const_inputs = tuple(sorted(program.consts))
+    ids = {v: k for k, v in enumerate(const_inputs)}
+    values = [program.values[v] for v in const_inputs]
+    steps = [renumber(program.steps[index], ids, values) for index in hoisted]
+    const_program = Program(
+        name=f"{program.name}.const_eval", values=tuple(values), steps=tuple(steps),
+        outputs=tuple(ids[v] for v in boundary),
+        output_specs=tuple(_cached_spec(program.values[v]) for v in boundary),
+        num_inputs=len(const_inputs),
+        range_checks=tuple((ids[v], note) for v, note in program.range_checks if v in ids and v >= n),
+    )
+    # The main program: the inputs it still reads, the boundary as inputs, the other steps.
+    main_inputs = tuple(i for i in range(n) if not const[i] or i in read_by_main)
+    ids = {v: k for k, v in enumerate(main_inputs)}
+    values = [program.values[v] for v in main_inputs]
+    for v in boundary:
+        ids[v] = len(values)
+        values.append(_cached_spec(program.values[v]))
+    num_inputs = len(values)
+    steps = [renumber(step, ids, values) for index, step in enumerate(program.steps) if index not in is_hoisted]
+    main_program = Program(
+        name=program.name, values=tuple(values), steps=tuple(steps),
+        outputs=tuple(ids[v] for v in program.outputs), output_specs=program.output_specs,
+        num_inputs=num_inputs, donations=tuple((k, ids[i]) for k, i in program.donations),
+        range_checks=tuple((ids[v], note) for v, note in program.range_checks if v >= n and not const[v]),
+        mesh_shape=program.mesh_shape,
+    )
+    return Split(content_key(program), const_program, main_program, const_inputs, main_inputs)
+
+
+@final
+class _Entry:
+    __slots__ = ("constants", "results", "finalizers")
+
+    def __init__(self, constants: tuple[TensorState, ...], results: list[Tensor]) -> None:
+        self.constants = constants  # the constant tensors' states, compared by identity
+        self.results = results  # the constant program's outputs (handles: freed when dropped)
+        self.finalizers: list[weakref.finalize[Any, Any]] = []
+
+
+@final
+class ConstEvalCache:
+    """One device's cached constant results, by (program content, constant tensors)."""
+
+    __slots__ = ("scheduler", "entries", "watched", "__weakref__")
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        self.entries: dict[Any, _Entry] = {}
+        self.watched: dict[int, set[Any]] = {}  # id of a constant's state -> the keys that use it
+
+    def written(self, states: Sequence[TensorState]) -> None:
+        """Commands were queued that write these states: entries on any of them go."""
+        for state in states:
+            keys = self.watched.pop(id(state), None)
+            if keys:
+                for key in keys:
+                    entry = self.entries.get(key)
+                    if entry is not None and any(c is state for c in entry.constants):
+                        self.drop(key)
+
+    def forget(self, state: TensorState) -> None:
+        """The state was deallocated or consumed: its entries go."""
+        self.written((state,))
+
+    def drop(self, key: Any) -> None:
+        """Frees an entry's tensors (once the work queued on them is done)."""
+        entry = self.entries.pop(key, None)
+        if entry is None:
+            return
+        for finalizer in entry.finalizers:
+            finalizer.detach()
+        for tensor in entry.results:
+            state = tensor._state
+            if not state.deallocated:
+                self.scheduler.deallocate(state)
+
+    def store(self, key: Any, constants: tuple[TensorState, ...], results: list[Tensor],
+              handles: Sequence[Tensor]) -> _Entry:
+        entry = self.entries[key] = _Entry(constants, results)
+        for state in constants:
+            self.watched.setdefault(id(state), set()).add(key)
+        for handle in {id(h): h for h in handles}.values():
+            # A dropped constant handle frees the entry (on whatever thread collects it: the
+            # entry's handles are then dropped as any handle is, not deallocated here).
+            entry.finalizers.append(weakref.finalize(handle, _dropped, weakref.ref(self), key))
+        return entry
+
+
+def _dropped(cache_ref: weakref.ref[ConstEvalCache], key: Any) -> None:
+    cache = cache_ref()
+    if cache is not None:
+        cache.entries.pop(key, None)
+
+
+def submit(device: Device, program: Program, inputs: Sequence[Tensor],
+           run: Callable[[Program, tuple[TensorState, ...]], tuple[TensorState, ...]]
+           ) -> tuple[TensorState, ...] | None:
+    """Queues `program` through its constant cut (`run` queues one program on the device):
+    its output states, or None to let the caller run it whole (nothing to cut, or a capture)."""
+    split = split_of(program)
+    scheduler = device._scheduler
+    if split is None or scheduler.capturing is not None:
+        return None
+    cache: ConstEvalCache | None = scheduler.const_cache
+    if cache is None:
+        cache = scheduler.const_cache = ConstEvalCache(scheduler)
+    constants = tuple(inputs[i]._state for i in split.const_inputs)
+    key = (split.key, tuple(map(id, constants)))
+    entry = cache.entries.get(key)
+    if entry is not None and (any(a is not b for a, b in zip(entry.constants, constants))
+                              or any(t._state.error is not None or t._state.deallocated for t in entry.results)):
+        cache.drop(key)  # another tensor at a reused address, or a failed run: compute again
+        entry = None
+    if entry is None:
+        results = run(split.const_program, constants)
+        entry = cache.store(key, constants, [Tensor._wrap(device, state) for state in results],
+                            [inputs[i] for i in split.const_inputs])
+        scheduler.count("const_eval_misses", 1)
+    else:
+        scheduler.count("const_eval_hits", 1)
+    states = tuple(inputs[i]._state for i in split.main_inputs)
+    return run(split.main_program, states + tuple(t._state for t in entry.results))
