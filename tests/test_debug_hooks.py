@@ -286,3 +286,39 @@ def test_ttflow_golden_on_a_file(tmp_path: Any, capsys: pytest.CaptureFixture[st
     assert data["substitute"] is True and [op["name"] for op in data["ops"]] == ["matmul", "relu", "add"]
     assert main(["golden", str(tmp_path / "missing.ttb")]) == 1
     assert main(["golden", str(path), "--program", "4", "--small"]) == 1
+
+
+async def test_a_host_op_under_hooks_and_golden_and_never_on_the_loop() -> None:
+    """A host op is named by its label in hooks and golden rows, and runs off the event loop
+    even when the device's inline threshold would run everything inline."""
+    import math
+    import threading
+
+    loop_thread: list[int] = []
+    fn_threads: list[int] = []
+
+    def double(a: np.ndarray) -> np.ndarray:
+        fn_threads.append(threading.get_ident())
+        return (a * 2).astype(np.float32)
+
+    b = tt.ProgramBuilder("hosted")
+    x = b.input((32, 32))
+    (h,) = b.host_op(double, [b.exp(x)], outputs=[((32, 32), F32)], name="double")
+    b.output(b.add(h, 1.0))
+    binary = tt.Binary([b.build()])
+    xs = np.random.default_rng(8).standard_normal((32, 32)).astype(np.float32) / 4
+    names: list[str] = []
+    async with tt.open_device(tt.DeviceSpec.small(), inline_seconds=math.inf) as device:
+        loop_thread.append(threading.get_ident())
+        t = tt.to_device(xs, device)
+        with tt.debug_hooks(device, post_op=lambda ctx: names.append(ctx.name)):
+            out = await tt.to_host(tt.submit(device, binary, 0, [t])[0])
+        report = await tt.compare_with_golden(device, binary, 0, [t])
+        fn_threads.clear()
+        (y,) = tt.submit(device, binary, 0, [t])  # no hooks: the plain path, threshold infinite
+        plain = await tt.to_host(y)
+    assert names == ["exp", "host_op:double", "add"]
+    assert [row.name for row in report.ops] == ["exp", "host_op:double", "add"] and report.ok
+    np.testing.assert_array_equal(out, plain)
+    np.testing.assert_allclose(plain, np.exp(xs) * 2 + 1, rtol=1e-6)
+    assert fn_threads and loop_thread[0] not in fn_threads

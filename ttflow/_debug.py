@@ -39,6 +39,7 @@ import numpy as np
 from . import _storage_io as io
 from ._device import Device
 from ._errors import DebugHookError, ShapeError, TraceError
+from ._host_ops import HOST_OP
 from ._program import Program
 from ._runtime import _host_array
 from ._types import DataType, Layout
@@ -192,6 +193,9 @@ class _HookedRun:
             self.storage_of[step.output] = outputs[k] if k is not None else scratch[step.output]
         self.output_storages = outputs
         self.locations = dict(program.locations)
+        # A host op's steps are named "host_op:<its name>" (`ProgramBuilder.host_op`).
+        self.names = {index: dict(step.attrs)["host"].label for index, step in enumerate(program.steps)
+                      if step.op == HOST_OP}
 
     def _handle(self, value: int) -> OpTensor:
         spec = self.program.values[value]
@@ -234,8 +238,8 @@ class _HookedRun:
         step = self.program.steps[index]
         inputs = tuple(self._handle(v) for v in step.inputs)
         outputs = (self._handle(step.output),)
-        return OpContext(self.hooks.device, self.program, index, step.op, self.locations.get(step.output),
-                         inputs, outputs)
+        return OpContext(self.hooks.device, self.program, index, self.names.get(index, step.op),
+                         self.locations.get(step.output), inputs, outputs)
 
     def begin(self, values: list[Any]) -> None:
         if self.hooks.pre_program is not None:

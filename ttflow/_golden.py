@@ -298,7 +298,7 @@ async def compare_with_golden(device: Device, binary: Binary, program_index: int
         operands = read_before.pop(ctx.index)
         if step.op not in OPS:  # a host op: the host's own function, nothing to compare with
             chain[step.output] = device_value
-            rows.append(GoldenRow(ctx.index, step.op, locations.get(step.output), dtype.name, 1.0, 0.0, 0.0,
+            rows.append(GoldenRow(ctx.index, ctx.name, locations.get(step.output), dtype.name, 1.0, 0.0, 0.0,
                                   0.0, 0.0, True, "host"))
             return
         local, precision = golden_op(step, operands, dtype)

@@ -192,6 +192,12 @@ def _no_flight(command: Command, record: Record, start: bool) -> None:
     pass
 
 
+def _calls_host(record: Record) -> bool:
+    """Whether `record` is a program with a host op (`ProgramBuilder.host_op`)."""
+    steps = record.steps
+    return bool(steps) and type(steps[-1]) is Compute and bool(steps[-1].plan.host_ops)  # type: ignore[union-attr]
+
+
 def _hooked(record: Record) -> bool:
     """Whether `record` is a program decided under debug hooks (its last step, the Compute)."""
     steps = record.steps
@@ -368,9 +374,10 @@ class CommandQueue(QueueCore):
                 if error is None and record is not None:
                     if _hooked(record):
                         error = await self._run_hooked(command, record)
-                    # A record whose collectives wait for other chips never blocks the loop.
+                    # A record whose collectives wait for other chips, or that calls a host
+                    # function (which may block), never runs on the loop, whatever the threshold.
                     elif (estimate(record.nbytes, record.kernel_bytes, record.macs) > self.inline_seconds
-                            or command.peers is not None):
+                            or command.peers is not None or _calls_host(record)):
                         error = await self._run_on_worker(command, record)
                         # The loop was free while the worker ran: go straight on to the next
                         # command, whose hand-off would otherwise wait for every task the
