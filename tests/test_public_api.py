@@ -26,6 +26,7 @@ EXPECTED = {
     "clear_program_cache", "set_memory_log",  # issue 27: program cache control, memory log
     "DebugHookError", "OpContext", "OpTensor", "ProgramContext", "debug_hooks",  # issue 27: hooks
     "GoldenReport", "GoldenRow", "compare_with_golden",  # issue 27: golden comparison
+    "DeviceLostError",  # issue 28: a device whose worker process died
 }
 
 

@@ -34,6 +34,7 @@ from ._golden import GoldenRow as GoldenRow
 from ._golden import compare_with_golden as compare_with_golden
 from ._errors import CollectiveError as CollectiveError
 from ._errors import HostOpError as HostOpError
+from ._errors import DeviceLostError as DeviceLostError
 from ._device import Device as Device
 from ._device import DeviceStatistics as DeviceStatistics
 from ._device import open_device as open_device
@@ -108,7 +109,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BinaryFormatError", "DeallocatedTensorError", "DeviceClosedError", "LayoutError",
     "OutOfMemoryError", "ProgramError", "ShapeError", "TTFlowError", "TraceError", "MeshError",
-    "CollectiveError", "HostOpError",
+    "CollectiveError", "HostOpError", "DeviceLostError",
     "Trace", "capture_trace", "execute_trace", "release_trace",
     "Device", "DeviceStatistics", "open_device", "BufferInfo",
     "MemoryView", "BufferView", "MemoryMapRecorder", "record_memory_map", "draw_memory_map",

@@ -16,13 +16,17 @@ import attrs
 
 from ._blas import limit_blas_threads
 from ._commands import INLINE_SECONDS
-from ._errors import DeviceClosedError
+from ._errors import DeviceClosedError, DeviceLostError
 from ._memory import MemorySpaceState, MemoryView
+from ._process_worker import ProcessQueueWorker, WorkerProcess
 from ._queue import Command, CommandQueue
 from ._sched import EVICTION_POLICIES, Scheduler
 from ._types import DeviceSpec, MemorySpace
 
-__all__ = ["Device", "DeviceStatistics", "open_device"]
+__all__ = ["Device", "DeviceStatistics", "open_device", "WORKERS"]
+
+WORKERS = ("thread", "process")
+"""Where a device's large records run (`open_device(workers=...)`)."""
 
 
 @final
@@ -88,17 +92,30 @@ class Device:
     """
 
     def __init__(self, spec: DeviceSpec, eviction: str = "lookahead",
-                 inline_seconds: float = INLINE_SECONDS) -> None:
+                 inline_seconds: float = INLINE_SECONDS, workers: str = "thread",
+                 blas_threads: int | None = 1) -> None:
         self.spec = spec
         self.closed = False
-        self._spaces = {space: MemorySpaceState(spec, space) for space in MemorySpace}
+        self.workers = workers
+        shared = workers == "process"
+        self._spaces = {space: MemorySpaceState(spec, space, shared) for space in MemorySpace}
         self._banks = {space: state.banks for space, state in self._spaces.items()}
         scheduler_complete = self._complete
+        # With workers="process", the records the queues hand to their workers run in one child
+        # process that maps the same bank memory (`_process_worker`); the rest is as with threads.
+        self._process: WorkerProcess | None = None
+        workers_of: list[ProcessQueueWorker | None] = [None, None]
+        if shared:
+            self._process = WorkerProcess(
+                [(space.name, state.memory.shared_path or "", state.num_banks, state.bank_bytes)
+                 for space, state in self._spaces.items()], 2, blas_threads)
+            workers_of = [ProcessQueueWorker(name, self._process, i) for i, name in enumerate(("CQ0", "CQ1"))]
         # Room is made in CQ0's order only (`CommandQueue.makes_room`): CQ1's writes never
         # allocate (a tensor's home is made at `to_device`, or on CQ0 when it must wait for room).
         self._cq0 = CommandQueue("CQ0", self._banks, scheduler_complete, makes_room=True,
-                                 inline_seconds=inline_seconds)
-        self._cq1 = CommandQueue("CQ1", self._banks, scheduler_complete, inline_seconds=inline_seconds)
+                                 inline_seconds=inline_seconds, worker=workers_of[0])
+        self._cq1 = CommandQueue("CQ1", self._banks, scheduler_complete, inline_seconds=inline_seconds,
+                                 worker=workers_of[1])
         self._scheduler = Scheduler(self._spaces, self._cq0, self._cq1, spec, eviction)
         # The queues report straight to the scheduler (one call less per command).
         self._cq0.on_complete = self._cq1.on_complete = self._scheduler.complete
@@ -113,6 +130,26 @@ class Device:
     @inline_seconds.setter
     def inline_seconds(self, seconds: float) -> None:
         self._cq0.inline_seconds = self._cq1.inline_seconds = float(seconds)
+
+    @property
+    def worker_pid(self) -> int | None:
+        """The pid of the worker process that runs this device's records (`workers="process"`),
+        None with thread workers."""
+        return None if self._process is None else self._process.pid
+
+    @property
+    def chip(self) -> tuple[int, int] | None:
+        """The device's coordinate in its mesh (None for a lone device)."""
+        return None if self._process is None else self._process.chip
+
+    def _set_chip(self, coord: tuple[int, int]) -> None:
+        if self._process is not None:
+            self._process.chip = coord
+
+    def _lose(self, error: DeviceLostError) -> None:
+        """The worker process died: both queues fail what they hold and all later work."""
+        self._cq0.abort(error)
+        self._cq1.abort(error)
 
     def _complete(self, command: Command, error: BaseException | None) -> None:
         self._scheduler.complete(command, error)
@@ -194,6 +231,8 @@ class Device:
     # -- lifetime ---------------------------------------------------------------------------
 
     async def _serve(self, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+        if self._process is not None:
+            self._process.start(self._lose)
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._cq0.serve)
             tg.start_soon(self._cq1.serve)
@@ -202,15 +241,19 @@ class Device:
     def _shutdown(self) -> None:
         """Fails whatever never ran, frees every buffer and releases the bank memory."""
         self.closed = True
-        self._scheduler.shutdown(DeviceClosedError("the device was closed before this command ran"))
-        for state in self._spaces.values():
-            state.close()
+        try:
+            if self._process is not None:  # the queues' threads have stopped: nothing is sent
+                self._process.stop()
+        finally:
+            self._scheduler.shutdown(DeviceClosedError("the device was closed before this command ran"))
+            for state in self._spaces.values():
+                state.close()
 
 
 @asynccontextmanager
 async def open_device(
     spec: DeviceSpec | None = None, *, blas_threads: int | None = 1, eviction: str = "lookahead",
-    inline_seconds: float | None = None,
+    inline_seconds: float | None = None, workers: str = "thread",
 ) -> AsyncIterator[Device]:
     """Opens an emulated device (default: a Wormhole n150) and its two command queues.
 
@@ -239,12 +282,21 @@ async def open_device(
     thread. The default (100 us) suits production; tests set -1 to send every command to a
     thread (so that a held thread stops it mid-flight) or a large value to run all inline.
     A setting of this device alone (`device.inline_seconds` changes it while it is open).
+
+    `workers`: where the records too large to run inline run. "thread" (the default): on each
+    queue's own thread. "process": in one worker process per device (`device.worker_pid`),
+    which maps the device's bank memory, shared with this process; the host still decides every
+    command and answers `submit` at once, and records that exchange values with other chips or
+    call host functions still run here. If that process dies, the device's pending and later
+    work fails with `DeviceLostError`.
     """
     if eviction not in EVICTION_POLICIES:
         raise ValueError(f"eviction must be one of {', '.join(map(repr, EVICTION_POLICIES))}, got {eviction!r}")
+    if workers not in WORKERS:
+        raise ValueError(f"workers must be one of {', '.join(map(repr, WORKERS))}, got {workers!r}")
     blas = nullcontext() if blas_threads is None else limit_blas_threads(blas_threads)
     device = Device(spec if spec is not None else DeviceSpec(), eviction,
-                    INLINE_SECONDS if inline_seconds is None else float(inline_seconds))
+                    INLINE_SECONDS if inline_seconds is None else float(inline_seconds), workers, blas_threads)
     body_error: Exception | None = None
     with blas:
         try:

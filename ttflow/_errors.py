@@ -9,6 +9,7 @@
     │   └── HostOpError        a host op's function that failed, or cannot be saved
     ├── BinaryFormatError      a binary file that is corrupt, truncated or foreign
     ├── DeviceClosedError      work sent to a device that is closed
+    ├── DeviceLostError        a device whose worker process died
     ├── TraceError             a trace captured or replayed where it cannot be
     ├── MeshError              a mesh, or a tensor of one, used where it cannot be
     └── CollectiveError        a collective whose group could not complete it
@@ -33,6 +34,7 @@ __all__ = [
     "HostOpError",
     "BinaryFormatError",
     "DeviceClosedError",
+    "DeviceLostError",
     "TraceError",
     "MeshError",
     "CollectiveError",
@@ -108,6 +110,20 @@ class BinaryFormatError(TTFlowError):
 
 class DeviceClosedError(TTFlowError):
     """The device was closed; open a new one with `tt.open_device()`."""
+
+
+class DeviceLostError(TTFlowError):
+    """The worker process that runs a device's records (`open_device(workers="process")`) died:
+    every command of the device that had not completed fails with this error, and so does every
+    later one. `chip` is the mesh coordinate of the lost chip (None for a lone device). Other
+    devices and chips go on; close this one (`async with` exits cleanly) and open a new one."""
+
+    def __init__(self, message: str, chip: tuple[int, int] | None = None) -> None:
+        super().__init__(message)
+        self.chip = chip
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.args[0], self.chip))
 
 
 class TraceError(TTFlowError):

@@ -3,7 +3,10 @@
 A memory space (DRAM or L1) is `num_banks` banks of `bank_bytes` each, held as one 2-D uint8
 array `banks[bank, address]`. It is an anonymous `MAP_NORESERVE` mapping, so the kernel commits a
 page only when it is first written: a 12 GiB n150 DRAM costs no RSS until it is used, and the
-device opens in milliseconds.
+device opens in milliseconds. A device whose records run in a worker process
+(`open_device(workers="process")`) keeps each space in a shared file instead
+(`/dev/shm/ttflow-<pid>-<n>-<space>`, sparse: only touched pages take memory), which the host
+and the worker both map; the host removes it when the device closes.
 
 Interleaved buffers are allocated in lockstep: one address range, the same in every bank,
 `ceil(pages / banks)` aligned pages deep. The allocator therefore manages a single address line
@@ -13,7 +16,10 @@ for L1, as tt-metal does.
 
 from __future__ import annotations
 
+import itertools
 import mmap
+import os
+import weakref
 from typing import Any, final
 
 import attrs
@@ -25,7 +31,7 @@ from ._errors import OutOfMemoryError, ShapeError
 from ._types import DataType, DeviceSpec, Layout, MemorySpace
 
 __all__ = ["BufferInfo", "BufferView", "MemoryView", "Storage", "BankMemory", "Allocator",
-           "MemorySpaceState"]
+           "MemorySpaceState", "SHARED_PREFIX", "map_shared", "shared_path"]
 
 _MAP_NORESERVE = 0x4000  # Linux; Python < 3.13 does not export it.
 
@@ -157,15 +163,44 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+SHARED_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
+"""Where shared bank memory lives (a RAM file system on Linux)."""
+SHARED_PREFIX = f"ttflow-{os.getpid()}-"
+"""The name every shared bank memory of this process starts with (tests look for leftovers)."""
+_shared_ids = itertools.count()
+
+
+def shared_path(tag: str) -> str:
+    """A new path for a shared bank memory of this process: `<dir>/ttflow-<pid>-<n>-<tag>`."""
+    return os.path.join(SHARED_DIR, f"{SHARED_PREFIX}{next(_shared_ids)}-{tag}")
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 @final
 class BankMemory:
-    """`num_banks` x `bank_bytes` of zero-filled memory, committed lazily by the OS."""
+    """`num_banks` x `bank_bytes` of zero-filled memory, committed lazily by the OS.
 
-    def __init__(self, num_banks: int, bank_bytes: int) -> None:
+    With `shared_path`, the memory is that file, made here (sparse, so still committed page by
+    page) and mapped shared, so that a worker process can map the same bytes
+    (`_process_worker`); `close` removes the file (and so does the interpreter's exit, if the
+    memory was never closed)."""
+
+    def __init__(self, num_banks: int, bank_bytes: int, shared_path: str | None = None) -> None:
         self.num_banks = num_banks
         self.bank_bytes = bank_bytes
+        self.shared_path = shared_path
         nbytes = num_banks * bank_bytes
-        self._map = _anonymous_map(nbytes)
+        if shared_path is None:
+            self._map = _anonymous_map(nbytes)
+        else:
+            self._map = map_shared(shared_path, nbytes, create=True)
+            self._unlink = weakref.finalize(self, _unlink, shared_path)
         self.banks: np.ndarray[Any, np.dtype[np.uint8]] = np.frombuffer(
             self._map, dtype=np.uint8, count=nbytes
         ).reshape(num_banks, bank_bytes)
@@ -192,6 +227,25 @@ class BankMemory:
             # that a thousand closed devices do not hold a thousand devices' memory.
             if hasattr(mmap, "MADV_DONTNEED"):
                 self._map.madvise(mmap.MADV_DONTNEED)
+        if self.shared_path is not None:
+            self._unlink()  # the file's pages go once no process maps it
+
+
+def map_shared(path: str, nbytes: int, create: bool = False) -> mmap.mmap:
+    """A shared mapping of the file at `path` (`create`: made here, `nbytes` long and sparse;
+    it must not exist yet)."""
+    flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+    fd = os.open(path, flags, 0o600)
+    try:
+        if create:
+            try:
+                os.ftruncate(fd, nbytes)
+            except BaseException:
+                _unlink(path)
+                raise
+        return mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | _MAP_NORESERVE)
+    finally:
+        os.close(fd)
 
 
 def _anonymous_map(nbytes: int) -> mmap.mmap:
@@ -207,12 +261,13 @@ def _anonymous_map(nbytes: int) -> mmap.mmap:
 class MemorySpaceState:
     """One memory space of a device: its banks and the allocator of their shared address line."""
 
-    def __init__(self, spec: DeviceSpec, space: MemorySpace) -> None:
+    def __init__(self, spec: DeviceSpec, space: MemorySpace, shared: bool = False) -> None:
         self.space = space
         self.num_banks = spec.banks(space)
         self.bank_bytes = spec.bank_bytes(space)
         self.alignment = spec.alignment(space)
-        self.memory = BankMemory(self.num_banks, self.bank_bytes)
+        path = shared_path(space.name.lower()) if shared else None
+        self.memory = BankMemory(self.num_banks, self.bank_bytes, path)
         self.allocator = Allocator(
             self.bank_bytes, self.alignment, top_down=space is MemorySpace.L1
         )

@@ -215,6 +215,7 @@ class CommandQueue(QueueCore):
     def __init__(
         self, name: str, banks: Banks, on_complete: Callable[[Command, BaseException | None], None],
         *, makes_room: bool = False, inline_seconds: float = INLINE_SECONDS,
+        worker: QueueWorker | None = None,
     ) -> None:
         self.name = name
         self.makes_room = makes_room
@@ -234,7 +235,9 @@ class CommandQueue(QueueCore):
         self._closing = False
         self._aborted: BaseException | None = None
         self.on_complete = on_complete
-        self._worker = QueueWorker(name)
+        # Where large records run: a thread of this process, or one that sends them to the
+        # device's worker process (`_process_worker`, the same interface).
+        self._worker = worker if worker is not None else QueueWorker(name)
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -264,6 +267,15 @@ class CommandQueue(QueueCore):
         self._closing = True
         if abort is not None:
             self._aborted = abort
+        if self._wakeup is not None:
+            self._wakeup.set()
+            self._wakeup = None
+
+    def abort(self, error: BaseException) -> None:
+        """Fails every command that has not started, and every one pushed later, with `error`
+        (the device's worker process is lost): the queue still takes work, and fails it."""
+        if self._aborted is None:
+            self._aborted = error
         if self._wakeup is not None:
             self._wakeup.set()
             self._wakeup = None

@@ -129,6 +129,12 @@ class MeshDevice:
         return list(self._chips)
 
     @property
+    def worker_pids(self) -> list[int | None]:
+        """Each chip's worker process id (`open_mesh_device(workers="process")`), row-major over
+        `shape`; None for a chip whose records run on threads."""
+        return [chip.worker_pid for chip in self._chips]
+
+    @property
     def device_ids(self) -> list[int]:
         """The chips' ids in the opened system (row-major there), row-major over `shape`."""
         return list(self._ids)
@@ -277,15 +283,17 @@ async def open_mesh_device(spec: MeshSpec | tuple[int, int], **open_device_kwarg
 
     `spec`: a `tt.MeshSpec` (a preset, `MeshSpec.n300()`, or any shape) or a (rows, cols)
     shape of default chips. `open_device_kwargs` (`blas_threads`, `eviction`,
-    `inline_seconds`) go to every chip. On exit every chip drains its queued work (or fails it
-    with DeviceClosedError, if the block raised), frees every buffer and closes, as
-    `open_device` does.
+    `inline_seconds`, `workers`: "process" gives each chip a worker process) go to every chip.
+    On exit every chip drains its queued work (or fails it with DeviceClosedError, if the block
+    raised), frees every buffer and closes, as `open_device` does.
     """
     if not isinstance(spec, MeshSpec):
         spec = MeshSpec(spec)
     async with AsyncExitStack() as stack:
         chips = [await stack.enter_async_context(open_device(spec.chip, **open_device_kwargs))
                  for _ in range(spec.num_chips)]
+        for index, chip in enumerate(chips):  # named by a DeviceLostError
+            chip._set_chip(divmod(index, spec.shape[1]))
         system = _System(spec, chips)
         mesh = MeshDevice._view(system, spec.shape, range(spec.num_chips), None)
         try:

@@ -1,0 +1,326 @@
+"""A device's records run in a worker process (`open_device(workers="process")`).
+
+The host keeps everything it decides with (the scheduler, the queues, the C fast path) and
+answers `submit` at once, as with thread workers; only the records its queues would hand to
+their worker threads go to one child process per device, which maps the device's bank memory
+(a shared file, `_memory.BankMemory(shared_path=...)`) and runs `_commands.run(record, banks)`
+there. Records travel in wire form (`_wire`): storages as their geometry, a program's plan once
+per connection, then its id; host arrays of writes and the arrays reads return are pickled.
+
+`WorkerProcess` is the child (a new interpreter running `main`, never forked: the
+host has threads, and a fork would copy them half-run) and its shared files' names; each queue
+of the device has a `ProcessQueueWorker`, a `QueueWorker` (same tickets, thread-limiter tokens,
+pause and resume) whose thread sends the queue's records down its own connection, as many as
+are waiting in one message, instead of running them. What cannot travel (a collective's record,
+one that calls host functions, work done ahead of a write) runs on that same thread, in its
+turn, on the host's view of the same bytes. The child serves each connection on a thread of its
+own, so that a CQ1 write still overlaps a CQ0 program.
+
+A child that dies (killed, crashed) is seen by the thread that waits for its reply (the
+connection ends) or by the thread that waits for the child: every record then fails with
+`DeviceLostError` naming the chip, and the device's queues fail what they hold and everything
+queued later (`Device._lose`). Closing the device closes the connections, on which the child
+exits, and reaps it (killed after a grace period); the shared files go with the device's memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import queue
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from ._commands import run, run_all
+from ._errors import DeviceLostError, TTFlowError
+from ._wire import PlanIds, decode, encode, plan_from_state
+from ._worker import QueueWorker, Ticket, _call_soon_threadsafe
+
+__all__ = ["WorkerProcess", "ProcessQueueWorker", "main"]
+
+RUN, RUN_ALL = 0, 1
+"""The jobs a message carries: one record run (its result), or a batch of them (`run_all`)."""
+
+_MESSAGE_MAX = 64
+"""Most jobs one message carries (all that wait on the connection's thread, up to this)."""
+
+_STOP_SECONDS = 5.0
+"""How long a closing device waits for its child to exit on its own before killing it."""
+
+_NOTHING = object()
+
+_CHILD = "import sys; from ttflow._process_worker import main; main(sys.argv[1:])"
+"""The child's program (not `-m`: the package imports this module before running it)."""
+
+
+class WorkerProcess:
+    """One device's worker process: `connections` connections (one per queue), the child's
+    command line (`paths`: each memory space's shared file and shape), its pid once started, and
+    whether it was lost. `start` on the event loop's thread; `stop` after the queues stopped."""
+
+    def __init__(self, spaces: list[tuple[str, str, int, int]], connections: int = 2,
+                 blas_threads: int | None = 1) -> None:
+        self._spaces = spaces  # (space name, shared path, banks, bank bytes)
+        self._blas_threads = blas_threads
+        pairs = [socket.socketpair() for _ in range(connections)]
+        self._child_ends = [child for _, child in pairs]
+        self.connections = [Connection(host.detach()) for host, _ in pairs]
+        self._popen: subprocess.Popen[bytes] | None = None
+        self._monitor: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._stopping = False
+        self.lost: str | None = None  # why the child is gone, once it is (set once)
+        self.chip: tuple[int, int] | None = None  # the mesh coordinate, named by DeviceLostError
+        self._on_lost: Callable[[DeviceLostError], None] | None = None
+        self._call_soon: Callable[[Callable[[], None]], Any] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._popen is None else self._popen.pid
+
+    def start(self, on_lost: Callable[[DeviceLostError], None]) -> None:
+        """Starts the child; `on_lost(error)` is called on this (the loop's) thread if it dies
+        before `stop`."""
+        self._on_lost = on_lost
+        self._call_soon = _call_soon_threadsafe()
+        fds = [end.fileno() for end in self._child_ends]
+        argv = [sys.executable, "-c", _CHILD, ",".join(map(str, fds)),
+                "" if self._blas_threads is None else str(self._blas_threads)]
+        for name, path, banks, bank_bytes in self._spaces:
+            argv.append(f"{name}:{path}:{banks}:{bank_bytes}")
+        env = dict(os.environ)
+        # The child imports this very ttflow, wherever it was imported from.
+        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        try:
+            # A session of its own: a terminal's Ctrl-C interrupts the host, which then closes
+            # the device (and its child) in order, instead of killing the child under it.
+            self._popen = subprocess.Popen(argv, pass_fds=fds, env=env, start_new_session=True,
+                                           stdin=subprocess.DEVNULL)
+        finally:
+            for end in self._child_ends:
+                end.close()
+            self._child_ends = []
+        self._monitor = threading.Thread(target=self._watch, name=f"ttflow-watch-{self._popen.pid}",
+                                         daemon=True)
+        self._monitor.start()
+
+    def _watch(self) -> None:
+        assert self._popen is not None
+        code = self._popen.wait()
+        self.mark_lost(f"exit code {code}" if code >= 0 else f"killed by signal {-code}")
+
+    def mark_lost(self, why: str) -> None:
+        """Records that the child is gone (from any thread); tells the device once, unless it is
+        being stopped."""
+        with self._lock:
+            if self.lost is not None or self._stopping:
+                return
+            self.lost = why
+        call_soon, on_lost = self._call_soon, self._on_lost
+        if call_soon is not None and on_lost is not None:
+            error = self.error()
+            try:
+                call_soon(lambda: on_lost(error))
+            except Exception:  # noqa: BLE001 - the loop is gone: nobody is left to tell
+                pass
+
+    def error(self) -> DeviceLostError:
+        """A new error for one failed command of the lost device."""
+        where = "the device" if self.chip is None else f"chip {self.chip}"
+        return DeviceLostError(
+            f"the worker process of {where} (pid {self.pid}) is gone ({self.lost or 'connection lost'}): "
+            "its work is lost; close the device and open a new one", self.chip)
+
+    def stop(self) -> None:
+        """Closes the connections (the child exits on their end) and reaps the child, killed if
+        it does not exit within a grace period. Call once the queues' threads have stopped."""
+        with self._lock:
+            self._stopping = True
+        for connection in self.connections:
+            connection.close()
+        for end in self._child_ends:
+            end.close()
+        self._child_ends = []
+        popen = self._popen
+        if popen is not None:
+            try:
+                popen.wait(_STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                popen.kill()
+                popen.wait()
+        if self._monitor is not None:
+            self._monitor.join()
+
+
+class ProcessQueueWorker(QueueWorker):
+    """A queue's worker whose records run in the device's worker process (see the module)."""
+
+    def __init__(self, name: str, process: WorkerProcess, index: int) -> None:
+        super().__init__(name)
+        self._process = process
+        self._connection = process.connections[index]
+        self._plans = PlanIds()
+        self.sent_messages = 0  # messages sent (tests, benchmarks)
+        self.sent_jobs = 0
+        self.local_jobs = 0  # jobs run on this thread, in the host process
+
+    def _put(self, ticket: Ticket, function: Callable[..., Any], args: tuple[Any, ...]) -> Ticket:
+        assert self._call_soon is not None, "QueueWorker used before start"
+        wire: tuple[Any, ...] | None = None
+        if function is run:
+            record = encode(args[0], self._plans)
+            if record is not None:
+                wire = (*self._plans.take(), RUN, record)
+        elif function is run_all:
+            records = [encode(record, self._plans) for record in args[0]]
+            if all(record is not None for record in records):
+                wire = (*self._plans.take(), RUN_ALL, records)
+        self._outstanding.add(ticket)
+        self._jobs.put((ticket, function, args, wire))
+        return ticket
+
+    def _serve(self) -> None:
+        jobs, call_soon = self._jobs, self._call_soon
+        assert call_soon is not None
+        held: Any = _NOTHING
+        while True:
+            job = jobs.get() if held is _NOTHING else held
+            held = _NOTHING
+            if job is None:
+                return
+            self._running.wait()
+            self.busy = True
+            if job[3] is None:
+                ticket = job[0]
+                self.local_jobs += 1
+                ticket.outcome = self._local(job[1], job[2])
+                batch = [job]
+            else:
+                batch = [job]
+                while len(batch) < _MESSAGE_MAX and self._running.is_set():
+                    try:
+                        more = jobs.get_nowait()
+                    except queue.Empty:
+                        break
+                    if more is None or more[3] is None:
+                        held = more
+                        break
+                    batch.append(more)
+                for done, outcome in zip(batch, self._exchange(batch)):
+                    done[0].outcome = outcome
+            self.busy = False
+            for done in batch:
+                call_soon(done[0].done.set)
+            del job, batch, done
+
+    def _lost(self, function: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, BaseException | None]:
+        """The outcome of a record of the lost device: its error (one per record of a batch,
+        which `run_all` reports as its value, never raising)."""
+        if function is run_all:
+            return [self._process.error() for _ in args[0]], None
+        return None, self._process.error()
+
+    def _local(self, function: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, BaseException | None]:
+        if self._process.lost is not None and (function is run or function is run_all):
+            return self._lost(function, args)
+        try:
+            return function(*args), None
+        except BaseException as exc:  # noqa: BLE001 - carried back to the awaiting task
+            return None, exc
+
+    def _exchange(self, batch: list[Any]) -> list[tuple[Any, BaseException | None]]:
+        """Sends the batch's records in one message and returns the child's outcomes."""
+        process = self._process
+        if process.lost is None:
+            try:
+                self._connection.send([job[3] for job in batch])
+            except (OSError, EOFError):
+                process.mark_lost("its connection closed")
+            except Exception:  # an array that does not pickle: run the batch here instead
+                self.local_jobs += len(batch)
+                return [self._local(job[1], job[2]) for job in batch]
+            else:
+                self.sent_messages += 1
+                self.sent_jobs += len(batch)
+                try:
+                    replies: list[tuple[Any, BaseException | None]] = self._connection.recv()
+                    return replies
+                except (OSError, EOFError):
+                    process.mark_lost("its connection closed")
+        return [self._lost(job[1], job[2]) for job in batch]
+
+
+# -- the child -------------------------------------------------------------------------------
+
+
+def _portable(error: BaseException) -> BaseException:
+    """`error` if it survives pickling, else a TTFlowError that says what it was."""
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:
+        return TTFlowError(f"{type(error).__name__} in the worker process: {error}")
+
+
+def _serve_connection(connection: Connection, banks: Any) -> None:
+    plans: dict[int, Any] = {}
+    while True:
+        try:
+            message = connection.recv()
+        except (EOFError, OSError):
+            return
+        replies: list[tuple[Any, BaseException | None]] = []
+        for defs, forget, kind, payload in message:
+            try:
+                for number, state in defs:
+                    plans[number] = plan_from_state(pickle.loads(state))
+                if kind == RUN:
+                    replies.append((run(decode(payload, plans), banks), None))
+                else:
+                    errors = run_all([decode(record, plans) for record in payload], banks)
+                    replies.append(([None if e is None else _portable(e) for e in errors], None))
+            except Exception as exc:
+                replies.append((None, _portable(exc)))
+            for number in forget:
+                plans.pop(number, None)
+        try:
+            connection.send(replies)
+        except (EOFError, OSError):
+            return
+        except Exception as exc:  # a result that does not pickle
+            connection.send([(None, _portable(exc))] * len(replies))
+
+
+def main(argv: list[str]) -> None:
+    """The child: `fds blas_threads space:path:banks:bank_bytes...` (see `WorkerProcess.start`)."""
+    import numpy as np
+
+    from ._blas import limit_blas_threads
+    from ._memory import map_shared
+    from ._types import MemorySpace
+
+    fds, blas = argv[0], argv[1]
+    banks: dict[MemorySpace, Any] = {}
+    maps = []
+    for spec in argv[2:]:
+        name, path, num_banks, bank_bytes = spec.rsplit(":", 3)
+        nbytes = int(num_banks) * int(bank_bytes)
+        mapping = map_shared(path, nbytes)
+        maps.append(mapping)
+        banks[MemorySpace[name.upper()]] = np.frombuffer(mapping, np.uint8, nbytes).reshape(
+            int(num_banks), int(bank_bytes))
+    connections = [Connection(int(fd)) for fd in fds.split(",")]
+    with limit_blas_threads(int(blas)) if blas else contextlib.nullcontext():
+        threads = [threading.Thread(target=_serve_connection, args=(c, banks), daemon=True)
+                   for c in connections]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
