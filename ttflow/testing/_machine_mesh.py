@@ -34,12 +34,13 @@ kept, exact accounting whenever the device is idle), this machine does for a mes
 
 Bugs planted by monkeypatching, each run the ci profile's 40 examples of 50 steps without
 shrinking, seeds 1-4, on the asyncio 2x2 line and the trio 1x3 ring (with the C SPMD path off,
-so the planted Python path runs):
+so the planted Python path runs; `failing example` messages quoted):
 
 - a collective that returns results in path order instead of mesh-coordinate order (all_gather
-  joining its parts along the path): 3 of 4 asyncio runs (seeds 1, 2, 4: bf16 all_gathers over
-  the whole 2x2, whose path zigzags 0 1 3 2); 0 of 4 trio runs, by construction: every group of
-  a 1x3 mesh is a row, whose path is its mesh order, so the plant changes nothing there;
+  joining its parts along the path): 4 of 4 asyncio runs ("all_gather(m24, {'dim': 0,
+  'cluster_axis': None})[0]: 576 of 1152 elements are off": the 2x2's path zigzags 0 1 3 2,
+  and half the fresh collective inputs have shards that differ on every chip); 0 of 4 trio
+  runs, by construction: every group of a 1x3 mesh is a row, whose path is its mesh order;
 - an all_reduce whose partial skips one chip's term (the last path position's terms zero):
   8 of 8 runs (int32 exactly, floats outside the documented order's value);
 - a Link that counts one hop too few (the first hop of a multi-hop route not counted): 4 of 4
@@ -50,9 +51,9 @@ so the planted Python path runs):
   typed test failure ("drain did not complete within 5.0 s: a hang"), never a stuck run: the
   machine's await timeout, then the lowered rendezvous timeout frees the chips' threads;
 - an SPMD submit that checks liveness only of chip 0's shard: 8 of 8 runs ("a refused submit
-  queued work: [0, 0, 0] -> [1, 0, 0]"). The uncommitted C SPMD path had this bug on
-  2026-11-26, found by `deallocate_shard` ("submit did not raise DeallocatedTensorError" in 5
-  of 7 seeds); tests/test_mesh_machine.py keeps the minimal regression test.
+  queued work: [0, 0, 0] -> [1, 0, 0]"). The C SPMD path, uncommitted, had this bug on
+  2026-11-26: `deallocate_shard` found it ("submit did not raise DeallocatedTensorError", 5
+  of 7 seeds) before b81eeb8 landed; tests/test_mesh_machine.py keeps a regression test.
 
 Found by the machine, documented rather than a bug: a failure on a chip of one cluster_axis
 group aborts the whole submit, so a group that is mid-exchange can split, one chip holding
