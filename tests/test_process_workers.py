@@ -3,7 +3,7 @@
 The same programs on the same inputs, with thread workers and with a worker process, must give
 the same bytes: elementwise, matmul and conversion programs, donation, eviction under L1
 pressure, a trace replay, an SPMD program on a 1x2 mesh (and one with collectives, whose records
-stay in the host process). Most runs set `inline_seconds=-1`, so that every record travels to
+stay in the host process, as do host ops and programs under debug hooks). Most runs set `inline_seconds=-1`, so that every record travels to
 the worker (none runs inline on the loop). Faults: a killed worker fails pending and later
 awaits with a typed `DeviceLostError`, never a hang; the other chip of a mesh goes on; closing
 (normally with work queued, on an error, cancelled) reaps the child. After every test: no child
@@ -248,6 +248,37 @@ async def _mesh(kwargs: dict[str, Any]) -> list[np.ndarray]:
 
 async def test_a_1x2_mesh_spmd_program_and_one_with_collectives() -> None:
     await both(_mesh)
+
+
+async def _in_process(kwargs: dict[str, Any]) -> list[np.ndarray]:
+    """A host op's program (its function runs in the host process, on the queue's worker thread,
+    in queue order) and a program under debug hooks (run on a thread of anyio's that calls back
+    into the loop): neither travels in this step."""
+    b = tt.ProgramBuilder("hosted")
+    x = b.input((64, 64), tt.Layout(DRAM, TILE, F32))
+    (h,) = b.host_op(lambda a: np.sort(a, axis=-1), [b.mul(x, 2.0)], [((64, 64), F32)], name="sort")
+    b.output(b.add(h, 1.0), tt.Layout(DRAM, TILE, F32))
+    hosted = tt.Binary([b.build()])
+    b = tt.ProgramBuilder("plain")
+    b.output(b.gelu(b.input((64, 64), tt.Layout(DRAM, TILE, F32))), tt.Layout(DRAM, TILE, F32))
+    plain = tt.Binary([b.build()])
+    seen: list[str] = []
+    async with tt.open_device(SMALL, **kwargs) as device:
+        t = tt.to_device(values((64, 64)), device, tt.Layout(DRAM, TILE))
+        out = [await tt.to_host(tt.submit(device, hosted, 0, [t])[0])]
+        with tt.debug_hooks(device, post_op=lambda ctx: seen.append(ctx.name)):
+            out.append(await tt.to_host(tt.submit(device, plain, 0, [t])[0]))
+        out.append(await tt.to_host(tt.submit(device, plain, 0, [t])[0]))
+        if kwargs["workers"] == "process":
+            cq0, _ = _workers(device)
+            assert cq0.local_jobs == 1  # the host op's record
+            assert cq0.sent_jobs >= 1  # the last, unhooked program
+    assert seen == ["gelu"]
+    return out
+
+
+async def test_host_ops_and_debug_hooks_run_in_the_host_process() -> None:
+    await both(_in_process)
 
 
 # -- faults --------------------------------------------------------------------------------------
