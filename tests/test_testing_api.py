@@ -22,7 +22,7 @@ PUBLIC = {
     "stored", "ExpectedValue", "round_as", "bfloat8_b_error_bound", "storage_geometry",
     "StorageGeometry", "buffer_footprint", "space_capacity",
     # the state machine and its tools
-    "RuntimeStateMachine", "ModelProgram", "DeviceModel", "ModelTensor", "drain",
+    "RuntimeStateMachine", "MeshStateMachine", "ModelProgram", "DeviceModel", "ModelTensor", "drain",
     "WorkerThreadHold", "QueueHold", "hold_worker_threads",
 }
 F32, BF16, BF8, I32, U32 = (tt.DataType.FLOAT32, tt.DataType.BFLOAT16, tt.DataType.BFLOAT8_B,
