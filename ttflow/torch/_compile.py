@@ -84,7 +84,7 @@ def _lowered(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], name: str,
         if found is not None:
             _lowered_graphs.move_to_end(key)
             return found
-    lowered = _lower.lower(gm, example_inputs, name, user_outputs)
+    lowered = _lower.lower(gm, example_inputs, name, user_outputs, host_ops=True)
     with _lowered_lock:
         lowerings += 1
         if key is not None:

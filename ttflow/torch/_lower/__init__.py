@@ -28,8 +28,9 @@ the registry, `device_view` says what a torch tensor is on the device, `decompos
 AOTAutograd decomposes first, and one module per op family registers its lowerings (pointwise,
 creation, index_shape, reduce, matmul_conv, norm; the special functions in special, bessel
 and polynomials, over series' evaluation helpers). Below it in `ttflow.torch` are only the
-pieces everything uses (`_errors`, and `_fused`/`_foreach_decomp`'s decompositions): the lowering
-is pure, no device, no session.
+pieces everything uses (`_errors`, `_warn`, and `_fused`/`_foreach_decomp`'s decompositions):
+the lowering is pure, no device, no session. `host` makes the function a host-op step calls for
+an op a compiled graph needs and the device lacks (CPU torch, inside the program).
 """
 
 from .._errors import UnsupportedOpError as UnsupportedOpError

@@ -12,10 +12,12 @@ from typing import Any, cast
 
 import attrs
 import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 import ttflow as tt
 
 from .._errors import UnsupportedOpError
+from .._warn import warn_user
 from .device_view import (
     InputSpec,
     Lowered,
@@ -26,6 +28,7 @@ from .device_view import (
     device_dtype,
     device_shape,
 )
+from .host import Slot, host_function, hostable  # noqa: F401  (hostable: re-exported for tests)
 
 aten = torch.ops.aten
 _F32 = tt.DataType.FLOAT32
@@ -104,8 +107,11 @@ def _op_name(target: Any) -> str:
 class _Lowering:
     """The state of one `lower` call: the builder, the value of each node, the seeds."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, host_ops: bool = False) -> None:
         self.b = tt.ProgramBuilder(name)
+        # A compiled graph's op the device lacks becomes a host op (`host.py`); an eager op
+        # falls back to the CPU whole instead (one op: the same cost, and its own warning).
+        self.host_ops = host_ops
         self.seeds: list[Any] = []
         self.next_seed = 0
         self.zeros: set[int] = set()  # ids of values known to be all zeros (full(..., 0))
@@ -199,13 +205,15 @@ class _Lowering:
 
 
 def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor], name: str,
-          user_outputs: int | None = None) -> Lowered:
+          user_outputs: int | None = None, host_ops: bool = False) -> Lowered:
     """Lowers one AOTAutograd graph (forward or backward, core ATen under DECOMPOSITIONS, static
     shapes) to one ttflow program named `name`.
 
     `example_inputs` are the graph's inputs (real or fake tensors: only shape and dtype are
     read), one per placeholder. `user_outputs`: how many leading graph outputs the user gets (a
-    forward graph's later ones are saved for the backward); None, all of them. Raises `UnsupportedOpError` naming the first ATen op (and its
+    forward graph's later ones are saved for the backward); None, all of them. `host_ops`: an
+    op with no lowering runs as a host op inside the program (`host.py`, for compiled graphs).
+    Raises `UnsupportedOpError` naming the first ATen op (and its
     user code line) that has no lowering, a ttflow `ShapeError`/`LayoutError`/`ProgramError`
     (with a note naming the node) where an op's arguments do not fit the device op."""
     if not isinstance(gm, torch.fx.GraphModule):
@@ -217,7 +225,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor], name
         raise tt.ProgramError(
             f"{name}: the graph has {len(placeholders)} inputs, {len(examples)} example inputs were given"
         )
-    L = _Lowering(name)
+    L = _Lowering(name, host_ops)
     env: dict[torch.fx.Node, Any] = {}
 
     # Inputs first (the builder wants every input before the first op): placeholders, then seeds.
@@ -315,10 +323,12 @@ def _lower_node(L: _Lowering, node: torch.fx.Node, env: dict[torch.fx.Node, Any]
             raise L.unsupported(f"output {index} of {source.name} was not lowered")  # pragma: no cover
         return part
     fn = _LOWERINGS.get(node.target)
-    if fn is None:
+    if fn is None and not L.host_ops:
         raise UnsupportedOpError(f"{_op_name(node.target)} has no tt lowering{_user_line(node)}")
     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n])
     meta = node.meta.get("val")
+    if fn is None:
+        return _on_host(L, node, args, kwargs, meta, "it has no tt lowering")
     if _all_empty(meta):  # a zero-element result (a slice to nothing, an op on empties): no op
         return _wrap(L, node, meta, None)
     empty = _empty_inputs(args, kwargs)
@@ -335,11 +345,14 @@ def _lower_node(L: _Lowering, node: torch.fx.Node, env: dict[torch.fx.Node, Any]
                 return _wrap(L, node, meta, L.zero_by_zero(shape, _value_dtype(meta.dtype, shape)))
             # The value a reduction over nothing gives: its identity.
             return _wrap(L, node, meta, L.full(shape, rule, meta.dtype))
+    refused: UnsupportedOpError | None = None
     with _checked(L, node, meta):
         try:
             result = fn(L, node, *args, **kwargs)
-        except UnsupportedOpError:
-            raise
+        except UnsupportedOpError as exc:
+            if not L.host_ops:
+                raise
+            refused = exc
         except AttributeError as exc:
             if exc.obj is not L.b:
                 raise
@@ -347,7 +360,58 @@ def _lower_node(L: _Lowering, node: torch.fx.Node, env: dict[torch.fx.Node, Any]
         except tt.TTFlowError as exc:
             exc.add_note(f"while lowering {node.name} = {_op_name(node.target)}{_user_line(node)}")
             raise
-        return _wrap(L, node, meta, result)
+        else:
+            return _wrap(L, node, meta, result)
+    # Outside the range check: the host computes in the graph's own dtypes (int64 included).
+    return _on_host(L, node, args, kwargs, meta, str(refused), refused)
+
+
+_hosted: set[str] = set()
+"""The ops that have warned they run as host ops (once each)."""
+
+
+def _on_host(L: _Lowering, node: torch.fx.Node, args: Any, kwargs: Any, meta: Any, reason: str,
+             cause: BaseException | None = None) -> Any:
+    """The node as a host op of the program (`host.py`), warning once per op; UnsupportedOpError
+    naming `reason` and why it cannot be hosted either."""
+    leaves, structure = tree_flatten((args, kwargs))
+    tensors: list[_T] = []
+    flat: list[Any] = []
+    for leaf in leaves:
+        if isinstance(leaf, _T):
+            flat.append(Slot(len(tensors)))
+            tensors.append(leaf)
+        else:
+            flat.append(leaf)
+    metas = list(meta) if isinstance(meta, (tuple, list)) else [meta]
+    why = hostable(node.target, flat)
+    if why is None and not all(isinstance(m, torch.Tensor) for m in metas):
+        why = "a result is not a tensor"
+    if why is None and any(t.v is None for t in tensors):
+        why = "it reads a zero-element tensor"
+    if why is not None:
+        raise UnsupportedOpError(f"{_op_name(node.target)}: {reason}; nor can it run as a host op: "
+                                 f"{why}{_user_line(node)}") from cause
+    outputs = []
+    for m in metas:
+        shape = _static(m.shape, node.name)
+        if 0 in shape:
+            raise UnsupportedOpError(f"{_op_name(node.target)}: {reason}; nor can it run as a host op: a "
+                                     f"result has no elements{_user_line(node)}") from cause
+        outputs.append((shape, _ishape(shape), _value_dtype(m.dtype, shape)))
+    call = host_function(node.target, flat, lambda filled: tree_unflatten(filled, structure),
+                         [(t.shape, t.dtype) for t in tensors],
+                         [(shape, ishape, dtype.host_dtype) for shape, ishape, dtype in outputs],
+                         isinstance(meta, (tuple, list)))
+    values = L.b.host_op(call, [t.v for t in tensors], outputs=[(ishape, dtype) for _, ishape, dtype in outputs],
+                         name=_op_name(node.target))
+    name = _op_name(node.target)
+    if name not in _hosted:
+        _hosted.add(name)
+        warn_user(f"{name} ran on the CPU inside the compiled program, as a host op ({reason}): its "
+                  "inputs are read back from the device and its results written back, and the rest of "
+                  f"the graph stays on the device{_user_line(node)} (this warning is shown once per op)")
+    return _wrap(L, node, meta, tuple(values) if isinstance(meta, (tuple, list)) else values[0])
 
 
 def _all_empty(meta: Any) -> bool:
