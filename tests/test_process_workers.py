@@ -8,7 +8,8 @@ the worker (none runs inline on the loop). Faults: a killed worker fails pending
 awaits with a typed `DeviceLostError`, never a hang; the other chip of a mesh goes on; closing
 (normally with work queued, on an error, cancelled) reaps the child. After every test: no child
 process and no shared-memory file of ours is left. The runtime state machine runs a short while
-on a process-worker device too.
+on a process-worker device too, and the plain async tests of test_mesh, test_trace and
+test_donation run again with every device on worker processes (`_borrow`).
 """
 
 from __future__ import annotations
@@ -427,3 +428,55 @@ def test_the_runtime_machine_on_a_worker_process() -> None:
     SENT.clear()
     case().runTest()
     assert sum(SENT) > 0
+
+
+# -- existing modules, again on worker processes -------------------------------------------------
+
+
+def _on_processes(test: Any) -> Any:
+    """`test` (an async test of another module) with every device and mesh it opens through
+    `tt.open_device` / `tt.open_mesh_device` on worker processes, every record sent there."""
+
+    @functools.wraps(test)
+    async def wrapper(*args: Any, **kwargs: Any) -> None:
+        opened, opened_mesh = tt.open_device, tt.open_mesh_device
+        # Every record to the worker, unless the test sets its own threshold.
+        tt.open_device = functools.partial(opened, workers="process", inline_seconds=-1)  # type: ignore[assignment]
+        tt.open_mesh_device = functools.partial(  # type: ignore[assignment]
+            opened_mesh, workers="process", inline_seconds=-1)
+        try:
+            await test(*args, **kwargs)
+        finally:
+            tt.open_device, tt.open_mesh_device = opened, opened_mesh  # type: ignore[assignment]
+
+    return wrapper
+
+
+_NOT_BORROWED = {
+    # Counts CQ0's commands in a timeline: at inline_seconds=-1 a replay's preamble shows as one
+    # more, with thread workers too.
+    "test_the_timeline_shows_a_replay_as_one_command_with_its_programs_inside":
+        "counts commands at the default inline threshold",
+    # Reads memory_used right after dropping a replicated tensor whose zero fill on chip 1 may
+    # still be in flight (its free waits for the landing): timing, which a process round trip
+    # makes visible.
+    "test_layout_write_and_deallocate_act_on_every_shard": "reads memory with a store in flight",
+}
+
+
+def _borrow(module_name: str) -> None:
+    """Every plain async test of `module_name` (hypothesis' excepted: a process per example is
+    too slow here; and `_NOT_BORROWED`), again as `<name>_on_processes`."""
+    import importlib
+    import inspect
+
+    module = importlib.import_module(module_name)
+    for name, test in vars(module).items():
+        if (name.startswith("test_") and inspect.iscoroutinefunction(test)
+                and not getattr(test, "is_hypothesis_test", False) and name not in _NOT_BORROWED):
+            globals()[f"{name}_on_processes"] = _on_processes(test)
+
+
+_borrow("test_mesh")
+_borrow("test_trace")
+_borrow("test_donation")
