@@ -456,7 +456,7 @@ def test_a_version_5_file_cannot_hold_a_version_6_op(tmp_path: Path, op: str) ->
     path = tmp_path / "p.ttb"
     tt.Binary([one_op_program(op)]).save(path)
     raw = path.read_bytes()
-    assert struct.unpack("<I", raw[8:12]) == (7,)  # the newest version
+    assert struct.unpack("<I", raw[8:12]) == (8,)  # the newest version
     path.write_bytes(with_version(raw, 5))
     with pytest.raises(tt.BinaryFormatError, match=f"step 0: {op} is not an op of format version 5"):
         tt.Binary.load(path)

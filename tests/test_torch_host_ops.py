@@ -20,7 +20,9 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="the torch extra is not installed (pip install '.[torch]')")
+torch = pytest.importorskip(
+    "torch", reason="the PyTorch front-end is optional: pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu to test it"
+)
 ttt = pytest.importorskip("ttflow.torch")
 
 import ttflow as tt  # noqa: E402

@@ -127,7 +127,7 @@ class GoldenReport:
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
         except ImportError as exc:  # pragma: no cover - the plot extra
-            raise ImportError("GoldenReport.plot needs matplotlib: pip install 'ttflow[plot]'") from exc
+            raise ImportError("GoldenReport.plot needs matplotlib: pip install '.[plot]' from the ttflow checkout") from exc
         index = [row.index for row in self.ops]
         fig, ax = plt.subplots(figsize=(max(6.0, len(index) * 0.3), 4))
         ax.semilogy(index, [max(row.local_max_abs, 1e-30) for row in self.ops], "o-", label="own error")

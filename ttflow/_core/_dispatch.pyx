@@ -385,12 +385,16 @@ def submit(device, binary, program_index, inputs):
         return None
     program = programs[index]
     cdef SchedulerCore s = device._scheduler
+    # A kept plan, counted as a hit once the submit queues (a refused submit changes no
+    # counter); a plan to make is the checked path's (`Scheduler.plan` counts the miss).
     last = s._last_plan
     if last is not None and last[0]() is program:
         plan = last[1]
-        s.plan_hits += 1  # `Scheduler.plan`'s first test, and its count, in C
     else:
-        plan = s.plan(program)
+        plan = s._plans.get(program)
+        if plan is None:
+            return None
+        s._last_plan = (_weak_ref(program), plan)
     cdef tuple checks = plan.input_checks
     cdef list given
     if type(inputs) is list:
@@ -421,6 +425,7 @@ def submit(device, binary, program_index, inputs):
         states[k] = state
     cdef tuple reads = tuple(states)
     PyObject_GC_UnTrack(<void*>reads)
+    s.plan_hits += 1  # `Scheduler.plan`'s count of a kept plan, in C
     cdef tuple outputs = _submit_program(s, s.cq0, program, plan, reads)
     cdef list result = [None] * len(outputs)
     for k in range(len(outputs)):
