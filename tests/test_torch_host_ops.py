@@ -37,7 +37,9 @@ def fresh(device: object) -> Iterator[None]:
     """Each test compiles anew (no program kept from another test's graph)."""
     torch._dynamo.reset()
     _compile._lowered_graphs.clear()
-    graph._hosted.clear()
+    from ttflow.torch import _warn
+
+    _warn.warned.clear()
     yield
     torch._dynamo.reset()
     _compile._lowered_graphs.clear()

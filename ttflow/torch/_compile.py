@@ -25,7 +25,7 @@ import torch.fx
 from functorch.compile import make_boxed_func  # type: ignore[import-untyped]
 from torch import nn
 
-from . import _lower, _storage
+from . import _lower, _storage, _warn
 from ._session import Pending, session
 from ._warn import warn_user
 
@@ -100,6 +100,11 @@ def _program_runner(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], nam
     `user_outputs`: how many leading outputs reach the user (None: all of them)."""
     lowered = _lowered(gm, example_inputs, name, user_outputs)
     lowered.check_user_outputs(len(lowered.outputs) if user_outputs is None else user_outputs)
+    for message in lowered.hosted:  # once per op, as the CPU fallback warns (`_warn.warned`)
+        op = message.split(" ", 1)[0] + " as a host op"
+        if op not in _warn.warned:
+            _warn.warned.add(op)
+            warn_user(message)
     n_outputs = len(lowered.binary.programs[0].outputs)
     specs = lowered.inputs
     seeds = lowered.seeds

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from . import _storage
+from . import _storage, _warn
 from ._session import session
 from ._warn import warn_user
 
@@ -25,8 +25,9 @@ def is_tt(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.device.type == "tt"
 
 
-warned: set[str] = set()
-"""The ops that have warned (once each); tests clear it to see a warning again."""
+# The ops that have warned (once each), with those a compiled program hosts: one set
+# (`_warn.warned`), so a test that clears it sees every warning again.
+warned = _warn.warned
 
 
 def warn_cpu(op: Any, reason: str) -> None:

@@ -16,7 +16,11 @@ import torch
 
 import ttflow
 
-__all__ = ["warn_user"]
+__all__ = ["warn_user", "warned"]
+
+warned: set[str] = set()
+"""What has warned once already: the ops the CPU fallback ran (`_fallback.warn_cpu`) and those a
+compiled program hosts (`_lower.graph`); tests clear it to see a warning again."""
 
 _LIBRARIES = tuple(os.path.dirname(module.__file__ or "") + os.sep for module in (torch, ttflow))
 

@@ -149,6 +149,9 @@ class Lowered:
     inputs: tuple[InputSpec, ...]
     seeds: int
     outputs: tuple[OutputSpec, ...]
+    hosted: tuple[str, ...] = ()
+    """The warnings of the ops it runs as host ops (`host.py`), one per op: the compiler gives
+    them each time it uses the program, a lowering kept in its cache included."""
 
     @property
     def seed_layout(self) -> tt.Layout:

@@ -17,7 +17,6 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 import ttflow as tt
 
 from .._errors import UnsupportedOpError
-from .._warn import warn_user
 from .device_view import (
     InputSpec,
     Lowered,
@@ -112,6 +111,7 @@ class _Lowering:
         # A compiled graph's op the device lacks becomes a host op (`host.py`); an eager op
         # falls back to the CPU whole instead (one op: the same cost, and its own warning).
         self.host_ops = host_ops
+        self.hosted: list[str] = []  # the warning of each op run as a host op (`Lowered.hosted`)
         self.seeds: list[Any] = []
         self.next_seed = 0
         self.zeros: set[int] = set()  # ids of values known to be all zeros (full(..., 0))
@@ -296,7 +296,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor], name
         L.b.output(L.b.full((1, 1), 0.0, _F32), _layout(_F32))
     # The decompositions leave transposes of transposes, reshapes there and back and repeated
     # comparisons: each would cost a run a kernel call and a buffer (`tt.simplify`, bit-exact).
-    return Lowered(tt.Binary([tt.simplify(L.b.build())]), tuple(specs), seeds, tuple(outputs))
+    return Lowered(tt.Binary([tt.simplify(L.b.build())]), tuple(specs), seeds, tuple(outputs), tuple(L.hosted))
 
 
 def _live_nodes(graph: torch.fx.Graph, outputs: Sequence[Any]) -> set[torch.fx.Node]:
@@ -366,10 +366,6 @@ def _lower_node(L: _Lowering, node: torch.fx.Node, env: dict[torch.fx.Node, Any]
     return _on_host(L, node, args, kwargs, meta, str(refused), refused)
 
 
-_hosted: set[str] = set()
-"""The ops that have warned they run as host ops (once each)."""
-
-
 def _on_host(L: _Lowering, node: torch.fx.Node, args: Any, kwargs: Any, meta: Any, reason: str,
              cause: BaseException | None = None) -> Any:
     """The node as a host op of the program (`host.py`), warning once per op; UnsupportedOpError
@@ -406,11 +402,11 @@ def _on_host(L: _Lowering, node: torch.fx.Node, args: Any, kwargs: Any, meta: An
     values = L.b.host_op(call, [t.v for t in tensors], outputs=[(ishape, dtype) for _, ishape, dtype in outputs],
                          name=_op_name(node.target))
     name = _op_name(node.target)
-    if name not in _hosted:
-        _hosted.add(name)
-        warn_user(f"{name} ran on the CPU inside the compiled program, as a host op ({reason}): its "
-                  "inputs are read back from the device and its results written back, and the rest of "
-                  f"the graph stays on the device{_user_line(node)} (this warning is shown once per op)")
+    if not any(message.startswith(f"{name} ") for message in L.hosted):
+        L.hosted.append(f"{name} ran on the CPU inside the compiled program, as a host op ({reason}): "
+                        "its inputs are read back from the device and its results written back, and the "
+                        f"rest of the graph stays on the device{_user_line(node)} (this warning is shown "
+                        "once per op)")
     return _wrap(L, node, meta, tuple(values) if isinstance(meta, (tuple, list)) else values[0])
 
 
