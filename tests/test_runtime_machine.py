@@ -119,11 +119,22 @@ def _fast_programs(shape: tuple[int, int]) -> list[ModelProgram]:
             ModelProgram(binary, lambda x, y: [x.map(np.add, y)], 1)]
 
 
+def _failing_programs(shape: tuple[int, int]) -> list[tuple[ModelProgram, type[Exception]]]:
+    """x + (x / 0 through BFLOAT8_B), DRAM tiles in and out: decided and run, it fails when its
+    run stores the infinities (BFLOAT8_B has no encoding for them)."""
+    tile = tt.Layout(DRAM, TILE, F32)
+    b = tt.ProgramBuilder("fails_in_its_run")
+    x = b.input(shape, tile)
+    b.output(b.add(b.typecast(b.typecast(b.div(x, 0.0), BF8), F32), x), tile)
+    return [(ModelProgram(tt.Binary([b.build()]), lambda x: [x]), tt.LayoutError)]
+
+
 class RuntimeMachine(RuntimeStateMachine):
     spec = tt.DeviceSpec.small()
     shapes = (SMALL, BIG)
     programs = PROGRAMS
     fast_programs = tuple(_fast_programs(SMALL) + _fast_programs(BIG))
+    failing_programs = tuple(_failing_programs(SMALL) + _failing_programs(BIG))
     fragment_dram = True  # every rule here checks room()
 
 

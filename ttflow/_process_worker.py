@@ -25,9 +25,8 @@ exits, and reaps it (killed after a grace period); the shared files go with the 
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import os
-import pickle
 import queue
 import socket
 import subprocess
@@ -38,16 +37,14 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from ._commands import run, run_all
-from ._errors import DeviceLostError, TTFlowError
-from ._wire import PlanIds, decode, encode, plan_from_state
+from ._errors import DeviceLostError
+from ._wire import RUN, RUN_ALL, PlanIds, encode
 from ._worker import QueueWorker, Ticket, _call_soon_threadsafe
 
-__all__ = ["WorkerProcess", "ProcessQueueWorker", "main"]
+__all__ = ["WorkerProcess", "ProcessQueueWorker"]
 
-RUN, RUN_ALL = 0, 1
-"""The jobs a message carries: one record run (its result), or a batch of them (`run_all`)."""
 
-_MESSAGE_MAX = 64
+_MESSAGE_MAX = 8
 """Most jobs one message carries (all that wait on the connection's thread, up to this)."""
 
 _STOP_SECONDS = 5.0
@@ -55,7 +52,7 @@ _STOP_SECONDS = 5.0
 
 _NOTHING = object()
 
-_CHILD = "import sys; from ttflow._process_worker import main; main(sys.argv[1:])"
+_CHILD = "import sys; from ttflow._worker_child import main; main(sys.argv[1:])"
 """The child's program (not `-m`: the package imports this module before running it)."""
 
 
@@ -159,6 +156,11 @@ class WorkerProcess:
             self._monitor.join()
 
 
+def _set_all(events: list[Any]) -> None:
+    for event in events:
+        event.set()
+
+
 class ProcessQueueWorker(QueueWorker):
     """A queue's worker whose records run in the device's worker process (see the module)."""
 
@@ -216,9 +218,8 @@ class ProcessQueueWorker(QueueWorker):
                 for done, outcome in zip(batch, self._exchange(batch)):
                     done[0].outcome = outcome
             self.busy = False
-            for done in batch:
-                call_soon(done[0].done.set)
-            del job, batch, done
+            call_soon(functools.partial(_set_all, [done[0].done for done in batch]))
+            del job, batch
 
     def _lost(self, function: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, BaseException | None]:
         """The outcome of a record of the lost device: its error (one per record of a batch,
@@ -255,72 +256,3 @@ class ProcessQueueWorker(QueueWorker):
                 except (OSError, EOFError):
                     process.mark_lost("its connection closed")
         return [self._lost(job[1], job[2]) for job in batch]
-
-
-# -- the child -------------------------------------------------------------------------------
-
-
-def _portable(error: BaseException) -> BaseException:
-    """`error` if it survives pickling, else a TTFlowError that says what it was."""
-    try:
-        pickle.loads(pickle.dumps(error))
-        return error
-    except Exception:
-        return TTFlowError(f"{type(error).__name__} in the worker process: {error}")
-
-
-def _serve_connection(connection: Connection, banks: Any) -> None:
-    plans: dict[int, Any] = {}
-    while True:
-        try:
-            message = connection.recv()
-        except (EOFError, OSError):
-            return
-        replies: list[tuple[Any, BaseException | None]] = []
-        for defs, forget, kind, payload in message:
-            try:
-                for number, state in defs:
-                    plans[number] = plan_from_state(pickle.loads(state))
-                if kind == RUN:
-                    replies.append((run(decode(payload, plans), banks), None))
-                else:
-                    errors = run_all([decode(record, plans) for record in payload], banks)
-                    replies.append(([None if e is None else _portable(e) for e in errors], None))
-            except Exception as exc:
-                replies.append((None, _portable(exc)))
-            for number in forget:
-                plans.pop(number, None)
-        try:
-            connection.send(replies)
-        except (EOFError, OSError):
-            return
-        except Exception as exc:  # a result that does not pickle
-            connection.send([(None, _portable(exc))] * len(replies))
-
-
-def main(argv: list[str]) -> None:
-    """The child: `fds blas_threads space:path:banks:bank_bytes...` (see `WorkerProcess.start`)."""
-    import numpy as np
-
-    from ._blas import limit_blas_threads
-    from ._memory import map_shared
-    from ._types import MemorySpace
-
-    fds, blas = argv[0], argv[1]
-    banks: dict[MemorySpace, Any] = {}
-    maps = []
-    for spec in argv[2:]:
-        name, path, num_banks, bank_bytes = spec.rsplit(":", 3)
-        nbytes = int(num_banks) * int(bank_bytes)
-        mapping = map_shared(path, nbytes)
-        maps.append(mapping)
-        banks[MemorySpace[name.upper()]] = np.frombuffer(mapping, np.uint8, nbytes).reshape(
-            int(num_banks), int(bank_bytes))
-    connections = [Connection(int(fd)) for fd in fds.split(",")]
-    with limit_blas_threads(int(blas)) if blas else contextlib.nullcontext():
-        threads = [threading.Thread(target=_serve_connection, args=(c, banks), daemon=True)
-                   for c in connections]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()

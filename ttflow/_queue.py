@@ -69,6 +69,10 @@ _BATCH_SECONDS = 1e-3
 """Estimated run time at which a batch closes: about ten hand-offs, so a batch still pays for its
 hand-off, while the first write of a stream of large ones is not held back by those after it."""
 
+_AHEAD_MAX = 16
+"""Most commands of a queue decided and sent to its worker behind the running one: enough for
+a worker process to take a chain of small programs in one message (`_process_worker`)."""
+
 _YIELD_EVERY = 0.002
 """Seconds a queue may run ready commands back to back before it lets other tasks in."""
 
@@ -562,6 +566,9 @@ class CommandQueue(QueueCore):
                 result = await self._worker.wait(ticket)
             finally:
                 self.in_flight(command, record, False)
+            failed = command.failed_input()  # decided ahead: a program it reads from failed
+            if failed is not None:
+                raise failed
             command.commit(record, result)
         except Exception as exc:
             command.rollback(record)
@@ -569,22 +576,31 @@ class CommandQueue(QueueCore):
         return None
 
     def _decide_ahead(self, running: Command) -> None:
-        """Decides the command after `running` and sends its record to the worker, when it may
-        be decided now (see `Command.decidable_ahead`) and nothing it waits for is pending: a
-        program waiting for a write is decided in its turn, not retried when the write lands
-        (tried in the pipeline benchmark: 7% slower, the two workers and the loop then fighting
-        over two cores)."""
+        """Decides the commands after `running`, in order, and sends their records to the
+        worker behind it, while each may be decided now (see `Command.decidable_ahead`: a chain
+        of programs, each reading the last one's output, may) and nothing it waits for on
+        another queue is pending; at most `_AHEAD_MAX` are sent ahead, and never the last half
+        of the thread limiter's tokens. A program waiting for a write is decided in its turn,
+        not retried when the write lands (tried in the pipeline benchmark: 7% slower, the two
+        workers and the loop then fighting over two cores)."""
         pending = self._pending
         if len(pending) < 2 or pending[0] is not running or self._aborted is not None:
             return
-        command = pending[1]
-        if command.sent is not None or command.blocker() is not None or not command.decidable_ahead():
-            return
+        for i in range(1, min(len(pending), _AHEAD_MAX + 1)):
+            command = pending[i]
+            if command.sent is None and not self._send_ahead(command):
+                return
+
+    def _send_ahead(self, command: Command) -> bool:
+        """Decides `command` and sends its record to the worker, in flight from now (it lands
+        in `_finish`, in its turn); False (nothing decided) when it may not be now."""
+        if command.blocker() is not None or not command.decidable_ahead() or not self._worker.spare_tokens():
+            return False
         command.started = time.perf_counter()
         try:
             record = command.decide()
         except Exception:  # decided again, in turn, which reports the error then
-            return
+            return False
         steps = record.steps
         compute = steps[0]
         ahead = (len(steps) == 1 and type(compute) is Compute
@@ -592,7 +608,8 @@ class CommandQueue(QueueCore):
         ticket = self._worker.send(run, record, self._banks) if ahead else None
         if ticket is None:  # a conversion, a small record or no free token: undo
             command.rollback(record)
-            return
-        self.in_flight(command, record, True)  # lands in `_finish`, in its turn
+            return False
+        self.in_flight(command, record, True)
         command.record = record
         command.sent = ticket
+        return True

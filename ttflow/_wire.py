@@ -36,10 +36,13 @@ from ._commands import Compute, Copy, Load, Plan, Record, Slide, Store, _Schedul
 from ._memory import Storage
 from ._ops import OPS
 
-__all__ = ["STORE", "LOAD", "COPY", "SLIDE", "COMPUTE", "PlanIds", "encode", "decode", "plan_state",
+__all__ = ["STORE", "LOAD", "COPY", "SLIDE", "COMPUTE", "RUN", "RUN_ALL", "PlanIds", "encode", "decode", "plan_state",
            "plan_from_state"]
 
 STORE, LOAD, COPY, SLIDE, COMPUTE = range(5)
+
+RUN, RUN_ALL = 0, 1
+"""The jobs a message carries: one record run (its result), or a batch of them (`run_all`)."""
 
 _PLAN_FIELDS = tuple(name for name in Plan.__slots__ if name not in ("bound", "compute", "schedule", "_built"))
 """What travels of a plan: all but the device's precomputed geometry (`bound`, for the host's

@@ -94,6 +94,12 @@ class QueueWorker:
         for ticket in list(self._outstanding):
             self._release(ticket)
 
+    def spare_tokens(self) -> bool:
+        """Whether more than a quarter of the thread limiter's tokens are free: work sent ahead
+        of its turn takes no more, leaving the rest to `anyio.to_thread` callers."""
+        limiter = self._limiter
+        return bool(limiter.available_tokens * 4 > limiter.total_tokens)
+
     def send(self, function: Callable[..., Any], *args: Any) -> Ticket | None:
         """Hands `function(*args)` over without waiting, to run after everything sent before;
         None (nothing sent) when no token of the thread limiter is free. Await the ticket with

@@ -268,13 +268,17 @@ class ProgramCommand(_Scheduled):
         return True
 
     def decidable_ahead(self) -> bool:
-        """(Asked once its cross-queue dependencies are done.) A program whose inputs are committed and already in the layouts it reads (no
-        conversion), with no eviction due, no donation, no capture or timeline: then its
-        decision is fresh allocations (outputs, scratch), which the running command's commit
-        cannot change; it only frees. The two records' scratch is then held at once."""
+        """(Asked once its cross-queue dependencies are done.) A program whose inputs are
+        already in the layouts it reads (no conversion), with no eviction due, no donation, no
+        capture or timeline: then its decision is fresh allocations (outputs, scratch), which
+        the running commands' commits cannot change; they only free. An input may be the output
+        of a program ahead of it in its queue, decided and in flight (a chain): it then reads
+        the storage that program's record writes (`_landing`), which the worker fills first,
+        since it runs the queue's records in order. The records' scratch is then held at once."""
         plan = self.plan
         s = self.scheduler
-        if plan.donated or (s.evict_eagerly and s.holds_l1()) or s.listeners or self.capture is not None:
+        if (plan.donated or (s.evict_eagerly and s.holds_l1()) or s.listeners or s.starting
+                or self.capture is not None):
             return False
         bound = plan.bound
         queue = self.queue
@@ -282,10 +286,13 @@ class ProgramCommand(_Scheduled):
         if bound is not None and bound.seconds <= queue.inline_seconds:
             return False
         for state, spec in zip(self.reads, self.program.inputs):
-            writer = state.last_writer
-            if state.error is not None or (writer is not None and not writer.done):
+            if state.error is not None:
                 return False
-            if state.find(spec.layout) is None:
+            writer = state.last_writer
+            if writer is not None and not writer.done:
+                if self.peers is not None or _landing(writer, state, spec.layout, queue) is None:
+                    return False
+            elif state.find(spec.layout) is None:
                 return False
         return True
 
@@ -304,7 +311,13 @@ class ProgramCommand(_Scheduled):
                     sources.append(storage)
                     break
             else:
-                return self._decide()
+                writer = state.last_writer
+                landing = None
+                if writer is not None and not writer.done:  # decided ahead: a chain (see above)
+                    landing = _landing(writer, state, layout, self.queue)
+                if landing is None:
+                    return self._decide()
+                sources.append(landing)
         s = self.scheduler
         if plan.footprint:
             s.hold_footprint(self, plan.footprint)
@@ -498,6 +511,24 @@ class ProgramCommand(_Scheduled):
         if self.plan.host_ops:  # steps run on the host (`ProgramBuilder.host_op`), by name
             info["host_ops"] = [label for _, label in self.plan.host_ops]
         return info
+
+
+def _landing(writer: Command, state: TensorState, layout: Layout, queue: Any) -> Storage | None:
+    """The storage in which `writer`, a program decided and in flight ahead of the asking
+    command in `queue`, leaves `state`'s value, when it is in `layout`; else None. (Not a
+    donated output: its commit hands a buffer over rather than adding one.)"""
+    if type(writer) is not ProgramCommand or writer.queue is not queue or writer.plan.donated:
+        return None
+    record = writer.record
+    if record is None:
+        return None
+    compute = record.steps[-1]
+    if type(compute) is not Compute:
+        return None
+    for written, storage in zip(writer.writes, compute.outputs):
+        if written is state:
+            return storage if storage.layout is layout or storage.layout == layout else None
+    return None
 
 
 @final

@@ -8,6 +8,11 @@ Each mechanism that decides how work interleaves gets rules that drive it:
   worker, then room asked for in L1 (a tensor larger than its largest hole) and CQ0 let run.
 - `inline_threshold`: the device's inline threshold (-1: every record on a worker, so held;
   the default: tiny programs on the C fast path; 1 s: everything inline, nothing held).
+- `submit_chain`: a chain of programs, each reading an output of the one before in its declared
+  layout, submitted in one go at `inline_seconds=-1`: the queue decides and sends them to its
+  (held) worker ahead of their turn, each reading the storage the one before will write
+  (`ProgramCommand.decidable_ahead`), so that later rules free, move and wait around records in
+  flight that read what has not yet been written.
 - `submit_fast_path`: chains of pagewise DRAM programs (`fast_programs`) on tensors made with
   hand-written layouts equal to the declared ones. Every queue checks the C fast path against
   its Python twin (`CommandQueue.check_twin`); the `fast_path_agrees` invariant fails when the
@@ -25,7 +30,7 @@ from hypothesis.stateful import invariant, precondition, rule
 from .._commands import INLINE_SECONDS
 from .._device import Device
 from .._program import TensorSpec
-from .._runtime import write
+from .._runtime import submit, write
 from .._types import DataType, Layout, MemorySpace, TensorLayout
 from ._machine_base import ModelProgram, _settled
 from ._machine_memory import MemoryRules, _seeded_array
@@ -55,6 +60,28 @@ def _fast_runs(device: Device) -> int:
     return int(device._scheduler.counters["fast_path_programs"])
 
 
+def _submit_all(device: Device, submits: list[tuple[ModelProgram, list[Any], int | None]]) -> list[list[Any]]:
+    """Submits each program in turn, on the loop thread with nothing in between (`inputs`: its
+    tensors, the one at `chained` taken from the previous submit's first output)."""
+    outputs: list[list[Any]] = []
+    for chosen, inputs, chained in submits:
+        tensors = list(inputs)
+        if chained is not None:
+            tensors[chained] = outputs[-1][0]
+        outputs.append(submit(device, chosen.binary, chosen.index, tensors))
+    return outputs
+
+
+def _chains_into(before: ModelProgram, after: ModelProgram) -> int | None:
+    """The input of `after` that `before`'s first output fits exactly (shape and declared
+    layout), or None."""
+    out = before.program.output_specs[0]
+    for k, spec in enumerate(after.program.inputs):
+        if spec.shape == out.shape and spec.layout == out.layout:
+            return k
+    return None
+
+
 def _hand_written(layout: Layout) -> Layout:
     """An equal layout, made anew (not the object the program holds)."""
     return Layout(layout.memory, layout.tensor_layout, layout.dtype)
@@ -63,6 +90,10 @@ def _hand_written(layout: Layout) -> Layout:
 class FlightRules(MemoryRules):
     """The in-flight and fast-path rules of `RuntimeStateMachine`."""
 
+    failing_programs: ClassVar[tuple[tuple[ModelProgram, type[Exception]], ...]] = ()
+    """Programs whose run always fails, and the error it fails with (one that stores an
+    infinity as BFLOAT8_B, say: decided, sent, then failed in the worker), which `submit_chain`
+    may start a chain with: what is sent behind them must fail with their error."""
     fast_programs: ClassVar[tuple[ModelProgram, ...]] = ()
     """Pagewise programs whose operands all lie in DRAM alike (what the C fast path runs), for
     `submit_fast_path`."""
@@ -129,6 +160,43 @@ class FlightRules(MemoryRules):
         if then == "room_and_run" and self.hold is not None and self.hold.held:
             self.portal.call(self.hold.run_alone, "CQ0", self.timeout)
         event(f"writes_in_flight: {entry.tensor.layout.memory.name}, then {then}")
+
+    @precondition(lambda self: self.room() and bool(self.programs))
+    @rule(data=st.data())
+    def submit_chain(self, data: st.DataObject) -> None:
+        """Two to four programs, each reading the one before's first output in its declared
+        layout, submitted with nothing in between at `inline_seconds=-1`: all decided and sent
+        to the (held) worker ahead of their turn, reading storages not yet written (when the
+        device settled first: a fresh input's write still queued on CQ1 blocks the chain)."""
+        failing = dict(self.failing_programs)
+        pool = [*self.programs, *failing]
+        chain = [data.draw(st.sampled_from(pool), label="program 0")]
+        links: list[int | None] = [None]
+        for k in range(1, data.draw(st.integers(2, 4), label="chain")):
+            fitting = [p for p in pool if _chains_into(chain[-1], p) is not None]
+            if not fitting:
+                break
+            chain.append(data.draw(st.sampled_from(fitting), label=f"program {k}"))
+            links.append(_chains_into(chain[-2], chain[-1]))
+
+        def declared(k: int, spec: TensorSpec) -> st.SearchStrategy[Layout]:
+            return st.just(spec.layout)
+
+        drawn = [self._draw_inputs(data, chosen.program, declared) for chosen in chain]
+        if data.draw(st.booleans(), label="settle first"):  # else fresh inputs' writes block it
+            self.drain_and_check()
+        self.call(_set_inline, self.device, -1.0)
+        submitted = self.call(_submit_all, self.device, [
+            (chosen, [e.tensor for e in inputs], link) for chosen, inputs, link in zip(chain, drawn, links)])
+        previous: list[ModelTensor] = []
+        for chosen, inputs, link, outputs in zip(chain, drawn, links, submitted):
+            if link is not None:
+                inputs = [*inputs[:link], previous[0], *inputs[link + 1:]]
+            previous = self.run_program(chosen, inputs, submitted=outputs)
+            if chosen in failing:
+                for entry in previous:
+                    entry.expected, entry.fails_with = None, failing[chosen]
+        event(f"submit_chain: {len(chain)} programs" + (", one failing" if set(chain) & set(failing) else ""))
 
     @precondition(lambda self: self.room() and bool(self.fast_programs))
     @rule(data=st.data())

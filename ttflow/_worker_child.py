@@ -1,0 +1,84 @@
+"""The worker process's side of `workers="process"` (see `_process_worker`, the host's side):
+a fresh interpreter that maps the device's bank memory (the shared files the host made) and
+serves each of the host's connections (one per queue) on a thread of its own, running the
+records each message carries in order and replying with their outcomes in one message."""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import threading
+from multiprocessing.connection import Connection
+from typing import Any
+
+from ._commands import run, run_all
+from ._errors import TTFlowError
+from ._wire import RUN, decode, plan_from_state
+
+__all__ = ["main"]
+
+
+def _portable(error: BaseException) -> BaseException:
+    """`error` if it survives pickling, else a TTFlowError that says what it was."""
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:
+        return TTFlowError(f"{type(error).__name__} in the worker process: {error}")
+
+
+def _serve_connection(connection: Connection, banks: Any) -> None:
+    plans: dict[int, Any] = {}
+    while True:
+        try:
+            message = connection.recv()
+        except (EOFError, OSError):
+            return
+        replies: list[tuple[Any, BaseException | None]] = []
+        for defs, forget, kind, payload in message:
+            try:
+                for number, state in defs:
+                    plans[number] = plan_from_state(pickle.loads(state))
+                if kind == RUN:
+                    replies.append((run(decode(payload, plans), banks), None))
+                else:
+                    errors = run_all([decode(record, plans) for record in payload], banks)
+                    replies.append(([None if e is None else _portable(e) for e in errors], None))
+            except Exception as exc:
+                replies.append((None, _portable(exc)))
+            for number in forget:
+                plans.pop(number, None)
+        try:
+            connection.send(replies)
+        except (EOFError, OSError):
+            return
+        except Exception as exc:  # a result that does not pickle
+            connection.send([(None, _portable(exc))] * len(replies))
+
+
+def main(argv: list[str]) -> None:
+    """The child: `fds blas_threads space:path:banks:bank_bytes...` (see `WorkerProcess.start`)."""
+    import numpy as np
+
+    from ._blas import limit_blas_threads
+    from ._memory import map_shared
+    from ._types import MemorySpace
+
+    fds, blas = argv[0], argv[1]
+    banks: dict[MemorySpace, Any] = {}
+    maps = []
+    for spec in argv[2:]:
+        name, path, num_banks, bank_bytes = spec.rsplit(":", 3)
+        nbytes = int(num_banks) * int(bank_bytes)
+        mapping = map_shared(path, nbytes)
+        maps.append(mapping)
+        banks[MemorySpace[name.upper()]] = np.frombuffer(mapping, np.uint8, nbytes).reshape(
+            int(num_banks), int(bank_bytes))
+    connections = [Connection(int(fd)) for fd in fds.split(",")]
+    with limit_blas_threads(int(blas)) if blas else contextlib.nullcontext():
+        threads = [threading.Thread(target=_serve_connection, args=(c, banks), daemon=True)
+                   for c in connections]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
