@@ -63,15 +63,23 @@ class OutOfMemoryError(TTFlowError, MemoryError):
         self.largest_free = largest_free
         self.view = view  # the space's `MemoryView` when the runtime gave up, else None
         self.reason = reason
+        # The message is made when it is read (`__str__`): the scheduler raises and catches
+        # many of these (an L1 try before DRAM), and formatting each cost more than the try.
+        super().__init__()
+
+    def __str__(self) -> str:
         message = (
-            f"out of {space} memory: asked for {requested} bytes per bank, "
-            f"largest free block is {largest_free} bytes"
+            f"out of {self.space} memory: asked for {self.requested} bytes per bank, "
+            f"largest free block is {self.largest_free} bytes"
         )
-        if reason:
-            message += f" ({reason})"
-        if view is not None:
-            message += f"\n{view}"
-        super().__init__(message)
+        if self.reason:
+            message += f" ({self.reason})"
+        if self.view is not None:
+            message += f"\n{self.view}"
+        return message
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self)!r})"
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.space, self.requested, self.largest_free, self.view, self.reason))

@@ -130,8 +130,9 @@ class QueueWorker:
     async def wait(self, ticket: Ticket) -> Any:
         """The result of a sent call (or its error, raised), once it has run. Shielded."""
         try:
-            with anyio.CancelScope(shield=True):
-                await ticket.done.wait()
+            if not ticket.done.is_set():  # a batch's later calls are done when the first is
+                with anyio.CancelScope(shield=True):
+                    await ticket.done.wait()
         finally:
             self._release(ticket)
         value, error = ticket.outcome

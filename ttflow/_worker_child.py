@@ -15,7 +15,7 @@ from ._commands import run, run_all
 from ._errors import TTFlowError
 from ._wire import RUN, decode, plan_from_state
 
-__all__ = ["main"]
+__all__ = ["Executor", "main"]
 
 
 def _portable(error: BaseException) -> BaseException:
@@ -27,13 +27,19 @@ def _portable(error: BaseException) -> BaseException:
         return TTFlowError(f"{type(error).__name__} in the worker process: {error}")
 
 
-def _serve_connection(connection: Connection, banks: Any) -> None:
-    plans: dict[int, Any] = {}
-    while True:
-        try:
-            message = connection.recv()
-        except (EOFError, OSError):
-            return
+class Executor:
+    """What runs one queue's messages in a worker: the plans that queue's host side defined
+    (by id, `_wire.PlanIds`) and the device's banks. `handle` takes a message (a list of jobs,
+    each `(plan definitions, plan ids to forget, RUN or RUN_ALL, record(s) in wire form)`) and
+    gives the reply: one `(value, error)` per job, errors made picklable. Transport-free, so
+    that a socket (here) or another carrier of messages can drive it."""
+
+    def __init__(self, banks: Any) -> None:
+        self.banks = banks
+        self.plans: dict[int, Any] = {}
+
+    def handle(self, message: list[tuple[Any, ...]]) -> list[tuple[Any, BaseException | None]]:
+        plans, banks = self.plans, self.banks
         replies: list[tuple[Any, BaseException | None]] = []
         for defs, forget, kind, payload in message:
             try:
@@ -48,6 +54,17 @@ def _serve_connection(connection: Connection, banks: Any) -> None:
                 replies.append((None, _portable(exc)))
             for number in forget:
                 plans.pop(number, None)
+        return replies
+
+
+def _serve_connection(connection: Connection, banks: Any) -> None:
+    executor = Executor(banks)
+    while True:
+        try:
+            message = connection.recv()
+        except (EOFError, OSError):
+            return
+        replies = executor.handle(message)
         try:
             connection.send(replies)
         except (EOFError, OSError):
