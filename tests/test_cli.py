@@ -210,6 +210,28 @@ def test_bench_mesh_measures_links_submits_and_the_mlp(capsys: pytest.CaptureFix
     assert "all_reduce  ring" in table and "2x4" in table and "tensor-parallel MLP" in table
 
 
+def test_bench_mesh_workers_compares_the_kinds_in_one_run(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "mesh", "--workers", "thread,process", "--quick", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["workers"] == ["thread", "process"]
+    assert [c["n"] for c in result["chains"]] == [64, 96]
+    for c in result["chains"]:  # the same bits from a worker process as from threads
+        assert c["equal"] and c["speedup_vs_thread"]["thread"] == 1.0 and c["speedup_vs_thread"]["process"] > 0, c
+    assert result["mlp"]["equal"] and result["mlp"]["vs_thread"]["process"] > 0
+    assert set(result["submit"]["us_per_submit"]) == {"thread", "process"}
+    assert main(["bench", "mesh", "--workers", "process", "--quick"]) == 0
+    assert "chains of residual blocks" in capsys.readouterr().out
+
+
+def test_bench_workers_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, says in ((["bench", "mesh", "--workers", "thread,fork"], "expected a comma-separated list"),
+                       (["bench", "mesh", "--workers", ""], "expected a comma-separated list"),
+                       (["bench", "kernels", "--workers", "process"], "--workers goes with bench mesh or bench torch")):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2 and says in capsys.readouterr().err, argv
+
+
 def test_dispatch_knows_which_backends_are_installed() -> None:
     assert dispatch.backend_available("asyncio")
     assert not dispatch.backend_available("no_such_event_loop_xyz")
@@ -237,6 +259,15 @@ def test_bench_torch_reports_the_step_against_cpu_torch(capsys: pytest.CaptureFi
     assert result["cpu_ms_per_step_torch_thread"] > 0.05 and result["cpu_ms_per_step_loop_thread"] > 0.05
     assert result["cpu_ms_per_step_other_threads"] >= -0.05
     assert result["step_ms_cpu_aot_eager"] > 0 and result["step_ratio_cpu_aot_eager"] > 0
+
+
+def test_bench_torch_workers_runs_the_suite_per_kind(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch", reason="the PyTorch front-end is optional")
+    assert main(["bench", "torch", "--workers", "process", "--quick", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    one = result["workers"]["process"]
+    assert one["step_ms_tt"] > 0 and one["step_ms_cpu"] > 0
+    assert one["host_to_device_bytes_per_step"] == 64 * 64 * 4 + 64 * 4  # as in-process
 
 
 def test_bench_torch_models_reports_ratios_per_model(capsys: pytest.CaptureFixture[str]) -> None:

@@ -41,6 +41,7 @@ __all__ = [
     "Store", "Load", "Copy", "Slide", "Compute", "Step", "Record", "Plan", "Banks", "run", "run_all",
     "pagewise_storages", "page_kernel", "estimate", "KERNEL_BYTES_PER_SECOND",
     "INLINE_SECONDS",
+    "PROCESS_INLINE_SECONDS",
 ]
 
 Banks = dict[MemorySpace, np.ndarray[Any, np.dtype[np.uint8]]]
@@ -58,6 +59,13 @@ programs so stays inline instead of paying a thread hand-off."""
 INLINE_SECONDS = 100e-6
 """Records estimated below this run inline in the queue task: a thread hand-off costs 85-180 us
 here, so moving shorter work off the loop would make it slower, not the loop freer."""
+
+PROCESS_INLINE_SECONDS = 25e-6
+"""The same for a device whose records run in a worker process (`workers="process"`): a record
+sent there takes no host time to run, and a chain of them goes in a few messages, so a smaller
+record pays off there; one estimated below this still runs here (the estimate leaves out the
+interpreter's cost per op: a 32x32 residual block is estimated at 11 us and runs in 100 us,
+a 64x64 one at 50 us, run in 170 us; `ttflow bench mesh --workers` measures both)."""
 
 
 class Store(NamedTuple):

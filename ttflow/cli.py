@@ -57,6 +57,19 @@ def _positive_int(text: str) -> int:
     return value
 
 
+WORKER_KINDS = ("thread", "process")
+"""What `ttflow bench --workers` takes (`tt.open_device(workers=...)`)."""
+
+
+def _worker_kinds(text: str) -> tuple[str, ...]:
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in WORKER_KINDS]
+    if not kinds or unknown:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated list of {', '.join(WORKER_KINDS)}, got {text!r}")
+    return kinds
+
+
 def _blas_threads(text: str) -> int | None:
     if text == "default":
         return None
@@ -90,6 +103,11 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("suite", choices=list(BENCHMARKS), help="which benchmark to run (below)")
     bench.add_argument("--json", action="store_true", help="print the result as JSON")
     bench.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke test")
+    bench.add_argument("--workers", type=_worker_kinds, metavar="KINDS",
+                       help="with mesh or torch: a comma-separated list of chip worker kinds "
+                       f"({', '.join(WORKER_KINDS)}), measured against each other in the same run "
+                       "(mesh: chains of small programs, the tensor-parallel MLP and the submit "
+                       "call on a 1x2 mesh; torch: the suite once per kind); docs/workers.md")
     bench.add_argument("--models", action="store_true",
                        help="with torch: the model test bed (Hugging Face and torchvision models) "
                        "instead of the MLP step (needs the models extra)")
@@ -189,8 +207,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.subparser.error(f"--models goes with bench torch, not bench {args.suite}")
         if args.models and importlib.util.find_spec("transformers") is None:
             args.subparser.error("bench torch --models needs transformers: pip install 'transformers>=5,<6'")
-        module = importlib.import_module("ttflow._bench.torch_models" if args.models else BENCHMARKS[args.suite][0])
-        result = module.run(quick=args.quick)
+        if args.workers is not None and (args.suite not in ("mesh", "torch") or args.models):
+            args.subparser.error(f"--workers goes with bench mesh or bench torch, not bench {args.suite}"
+                                 + (" --models" if args.models else ""))
+        if args.workers is not None and args.suite == "mesh":
+            module = importlib.import_module("ttflow._bench.workers")
+            result = module.run(quick=args.quick, workers=args.workers)
+        elif args.workers is not None:
+            module = importlib.import_module(BENCHMARKS[args.suite][0])
+            result = module.run(quick=args.quick, workers=args.workers)
+        else:
+            module = importlib.import_module("ttflow._bench.torch_models" if args.models else BENCHMARKS[args.suite][0])
+            result = module.run(quick=args.quick)
         print(json.dumps(result, indent=2) if args.json else module.format_table(result))
         return 0
     if args.command == "memory":

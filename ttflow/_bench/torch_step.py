@@ -34,7 +34,15 @@ from typing import Any
 __all__ = ["format_table", "run"]
 
 
-def run(quick: bool = False) -> dict[str, Any]:
+def run(quick: bool = False, workers: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The suite on the default device; with `workers`, once per kind of worker (tt:0 opened
+    with it), each against CPU torch in its own rounds: `{"workers": {kind: result}}`."""
+    if workers is None:
+        return _run(quick, None)
+    return {"workers": {kind: _run(quick, kind) for kind in workers}}
+
+
+def _run(quick: bool, workers: str | None) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -43,6 +51,9 @@ def run(quick: bool = False) -> dict[str, Any]:
     from ttflow.torch._session import session  # runs a call on the loop thread: its CPU clock
 
     rounds, steps, ops = (2, 10, 200) if quick else (5, 40, 2000)
+    if workers is not None:
+        ttt.close()
+        ttt.open_device(None, 0, workers=workers)
     torch.manual_seed(0)
     cpu_model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
     aot_model = copy.deepcopy(cpu_model)
@@ -193,6 +204,8 @@ def run(quick: bool = False) -> dict[str, Any]:
 
 
 def format_table(result: dict[str, Any]) -> str:
+    if "workers" in result:
+        return "\n\n".join(f"workers={kind}:\n" + format_table(one) for kind, one in result["workers"].items())
     return "\n".join([
         "PyTorch on tt vs CPU torch (same run; best of rounds; ratio best/best, then the rounds' median)",
         f"  training step (MLP 64-64-10, batch 64, SGD momentum): {result['step_ms_tt']:.2f} ms vs "

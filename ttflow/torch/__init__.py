@@ -37,13 +37,15 @@ _install()
 _register_backend()
 
 
-def open_device(spec: _tt.DeviceSpec | None = None, index: int | None = None) -> _torch.device:
+def open_device(spec: _tt.DeviceSpec | None = None, index: int | None = None, *,
+                workers: str = "thread") -> _torch.device:
     """Opens an emulated device (default: n150) and returns its torch device, e.g. `tt:0`.
 
     The first `.to("tt")` opens the default device on its own; call this first to choose another
-    spec, or to open a second device (`tt:1`).
+    spec, to open a second device (`tt:1`), or to run the device's records in a worker process
+    (`workers="process"`, as `ttflow.open_device`'s).
     """
-    return _torch.device("tt", _session.open(spec, index))
+    return _torch.device("tt", _session.open(spec, index, workers))
 
 
 def device(index: int = 0) -> _tt.Device:

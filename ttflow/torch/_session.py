@@ -194,8 +194,9 @@ class Session:
                 self._atexit = True
         return self._portal
 
-    def open(self, spec: tt.DeviceSpec | None = None, index: int | None = None) -> int:
-        """Opens an emulated device as "tt:index" (the lowest free index by default)."""
+    def open(self, spec: tt.DeviceSpec | None = None, index: int | None = None, workers: str = "thread") -> int:
+        """Opens an emulated device as "tt:index" (the lowest free index by default); `workers`
+        as `tt.open_device`'s."""
         with self._lock:
             if index is None:
                 index = next((i for i in range(MAX_DEVICES) if i not in self._devices), None)
@@ -207,7 +208,7 @@ class Session:
                 raise RuntimeError(f"tt:{index} is already open; call ttflow.torch.close() first")
             portal = self._ensure_portal()
             stack = contextlib.ExitStack()
-            device = stack.enter_context(portal.wrap_async_context_manager(tt.open_device(spec)))
+            device = stack.enter_context(portal.wrap_async_context_manager(tt.open_device(spec, workers=workers)))
             self._devices[index] = (device, stack)
             return index
 
