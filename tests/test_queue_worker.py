@@ -333,6 +333,35 @@ async def test_a_chain_goes_to_the_worker_ahead_of_its_turn_and_gives_numpys_val
                 if b.space is space)
 
 
+@pytest.mark.parametrize("workers", ["thread", "process"])
+async def test_a_program_pushed_while_one_runs_is_sent_behind_it(
+        workers: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One program at a time, the host busy in between (a training loop's shape): each is
+    # pushed while the one before is on the worker (held there: paused), and is decided and
+    # sent behind it then, not when it lands. Values against float64 numpy.
+    sent = _count_sent(monkeypatch)
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((64, 64)).astype(np.float32)
+    w = (rng.standard_normal((64, 64)) / 8).astype(np.float32)
+    tile = tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, F32)
+    async with tt.open_device(SMALL, workers=workers, inline_seconds=-1) as device:
+        tx, tw = tt.to_device(x, device, tile), tt.to_device(w, device, tile)
+        await tx
+        await tw
+        y, expected = tx, x
+        device._cq0._worker.pause()
+        try:
+            for _ in range(6):
+                y = tt.submit(device, _block(), 0, [y, tw])[0]
+                expected = _block_numpy(expected, w)
+                for _ in range(3):  # the queue takes the program and sends it
+                    await anyio.lowlevel.checkpoint()
+            assert sent[0] == 5, sent  # all but the first, which runs (held) in its turn
+        finally:
+            device._cq0._worker.resume()
+        np.testing.assert_allclose(await tt.to_host(y), expected, rtol=1e-3, atol=1e-3)
+
+
 def _failing_binary() -> tt.Binary:
     """x + (x / 0 through BFLOAT8_B): fails when it runs (BFLOAT8_B has no infinity)."""
     tile = tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, F32)

@@ -156,9 +156,9 @@ class WorkerProcess:
             self._monitor.join()
 
 
-def _set_all(events: list[Any]) -> None:
-    for event in events:
-        event.set()
+def _finish_all(tickets: list[Ticket]) -> None:
+    for ticket in tickets:
+        ticket.finished()
 
 
 class ProcessQueueWorker(QueueWorker):
@@ -218,7 +218,7 @@ class ProcessQueueWorker(QueueWorker):
                 for done, outcome in zip(batch, self._exchange(batch)):
                     done[0].outcome = outcome
             self.busy = False
-            call_soon(functools.partial(_set_all, [done[0].done for done in batch]))
+            call_soon(functools.partial(_finish_all, [done[0] for done in batch]))
             del job, batch
 
     def _lost(self, function: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, BaseException | None]:

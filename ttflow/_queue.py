@@ -561,6 +561,8 @@ class CommandQueue(QueueCore):
         the worker goes from one record to the next without waiting for the event loop, as a
         device's queue runs its commands back to back."""
         self._decide_ahead(command)
+        if not ticket.done.is_set():
+            await self._wait_or_decide_ahead(command, ticket)
         try:
             try:
                 result = await self._worker.wait(ticket)
@@ -574,6 +576,26 @@ class CommandQueue(QueueCore):
             command.rollback(record)
             return exc
         return None
+
+    async def _wait_or_decide_ahead(self, running: Command, ticket: Ticket) -> None:
+        """Waits for `ticket` (the running command's record) to land, deciding ahead whatever is
+        pushed meanwhile (`_decide_ahead`): a host that submits one program at a time, with its
+        own work in between, still keeps its worker fed. Each push wakes this wait once (the
+        queue's `_wakeup`, as when it is idle). Shielded: the record runs to the end."""
+        with anyio.CancelScope(shield=True):
+            while not ticket.done.is_set():
+                wake = anyio.Event()
+                ticket.also = self._wakeup = wake
+                try:
+                    await wake.wait()
+                finally:
+                    ticket.also = None
+                    if self._wakeup is wake:
+                        self._wakeup = None
+                if ticket.done.is_set() or self._aborted is not None or self._closing:
+                    return
+                if self._pending[-1] is not running:
+                    self._decide_ahead(running)
 
     def _decide_ahead(self, running: Command) -> None:
         """Decides the commands after `running`, in order, and sends their records to the

@@ -42,11 +42,19 @@ class Ticket:
     """A call handed to a worker: its outcome (value, error) once `done` is set. The ticket is
     also the borrower of the thread-limiter token the call holds until it is awaited."""
 
-    __slots__ = ("done", "outcome")
+    __slots__ = ("done", "outcome", "also")
 
     def __init__(self) -> None:
         self.done = anyio.Event()
         self.outcome: tuple[Any, BaseException | None] = (None, None)
+        self.also: anyio.Event | None = None  # set with `done` (a queue waiting for more too)
+
+    def finished(self) -> None:
+        """Sets `done` (and `also`); on the event loop's thread."""
+        self.done.set()
+        also = self.also
+        if also is not None:
+            also.set()
 
 
 class QueueWorker:
@@ -167,5 +175,5 @@ class QueueWorker:
                 ticket.outcome = (None, exc)
             self.busy = False
             del function, args, job
-            call_soon(ticket.done.set)
+            call_soon(ticket.finished)
             del ticket
