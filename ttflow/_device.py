@@ -15,10 +15,10 @@ import anyio
 import attrs
 
 from ._blas import limit_blas_threads
-from ._commands import INLINE_SECONDS
+from ._commands import INLINE_SECONDS, PROCESS_INLINE_SECONDS
 from ._errors import DeviceClosedError, DeviceLostError
 from ._memory import MemorySpaceState, MemoryView
-from ._process_worker import ProcessQueueWorker, WorkerProcess
+from ._process_worker import WORKER_TIMEOUT, ProcessQueueWorker, WorkerProcess
 from ._queue import Command, CommandQueue
 from ._sched import EVICTION_POLICIES, Scheduler
 from ._types import DeviceSpec, MemorySpace
@@ -93,7 +93,7 @@ class Device:
 
     def __init__(self, spec: DeviceSpec, eviction: str = "lookahead",
                  inline_seconds: float = INLINE_SECONDS, workers: str = "thread",
-                 blas_threads: int | None = 1) -> None:
+                 blas_threads: int | None = 1, worker_timeout: float | None = WORKER_TIMEOUT) -> None:
         self.spec = spec
         self.closed = False
         self.workers = workers
@@ -108,7 +108,7 @@ class Device:
         if shared:
             self._process = WorkerProcess(
                 [(space.name, state.memory.shared_path or "", state.num_banks, state.bank_bytes)
-                 for space, state in self._spaces.items()], 2, blas_threads)
+                 for space, state in self._spaces.items()], 2, blas_threads, worker_timeout)
             workers_of = [ProcessQueueWorker(name, self._process, i) for i, name in enumerate(("CQ0", "CQ1"))]
         # Room is made in CQ0's order only (`CommandQueue.makes_room`): CQ1's writes never
         # allocate (a tensor's home is made at `to_device`, or on CQ0 when it must wait for room).
@@ -254,6 +254,7 @@ class Device:
 async def open_device(
     spec: DeviceSpec | None = None, *, blas_threads: int | None = 1, eviction: str = "lookahead",
     inline_seconds: float | None = None, workers: str = "thread",
+    worker_timeout: float | None = WORKER_TIMEOUT,
 ) -> AsyncIterator[Device]:
     """Opens an emulated device (default: a Wormhole n150) and its two command queues.
 
@@ -279,7 +280,8 @@ async def open_device(
 
     `inline_seconds`: a command whose run is estimated at most this long runs inline on the
     event loop's thread (a thread hand-off costs more), a longer one on its queue's worker
-    thread. The default (100 us) suits production; tests set -1 to send every command to a
+    thread. The default (100 us; 25 us with workers="process", where a record sent away costs
+    the host nothing to run) suits production; tests set -1 to send every command to a
     thread (so that a held thread stops it mid-flight) or a large value to run all inline.
     A setting of this device alone (`device.inline_seconds` changes it while it is open).
 
@@ -289,14 +291,25 @@ async def open_device(
     command and answers `submit` at once, and records that exchange values with other chips or
     call host functions still run here. If that process dies, the device's pending and later
     work fails with `DeviceLostError`.
+
+    `worker_timeout` (workers="process"): seconds the worker process may stay silent before it
+    is declared lost (default 30). The worker sends a heartbeat from a thread of its own, which
+    a long record does not stop (numpy releases the interpreter lock); a worker that is stopped
+    or stuck is killed after this long, and the device's pending and later work fails with
+    `DeviceLostError` saying so. `None`: no heartbeat (a silent worker then hangs its awaits).
     """
     if eviction not in EVICTION_POLICIES:
         raise ValueError(f"eviction must be one of {', '.join(map(repr, EVICTION_POLICIES))}, got {eviction!r}")
     if workers not in WORKERS:
         raise ValueError(f"workers must be one of {', '.join(map(repr, WORKERS))}, got {workers!r}")
+    if worker_timeout is not None and (isinstance(worker_timeout, bool) or not isinstance(worker_timeout, (int, float))
+                                       or not 0 < worker_timeout < float("inf")):
+        raise ValueError(f"worker_timeout must be a positive number of seconds or None, got {worker_timeout!r}")
     blas = nullcontext() if blas_threads is None else limit_blas_threads(blas_threads)
     device = Device(spec if spec is not None else DeviceSpec(), eviction,
-                    INLINE_SECONDS if inline_seconds is None else float(inline_seconds), workers, blas_threads)
+                    (PROCESS_INLINE_SECONDS if workers == "process" else INLINE_SECONDS) if inline_seconds is None
+                    else float(inline_seconds), workers, blas_threads,
+                    None if worker_timeout is None else float(worker_timeout))
     body_error: Exception | None = None
     with blas:
         try:

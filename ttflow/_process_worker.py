@@ -21,6 +21,15 @@ connection ends) or by the thread that waits for the child: every record then fa
 `DeviceLostError` naming the chip, and the device's queues fail what they hold and everything
 queued later (`Device._lose`). Closing the device closes the connections, on which the child
 exits, and reaps it (killed after a grace period); the shared files go with the device's memory.
+
+A child that is alive but silent (stopped, or stuck in a kernel forever) is seen by its
+heartbeat: the child sends a byte on a connection of its own every `beat_interval(timeout)`
+seconds from a thread that does nothing else (a numpy kernel releases the interpreter lock, a
+Python loop yields it every switch interval, so a long but healthy record does not stop it),
+and a host thread (`_listen`) that hears nothing for `timeout` seconds (`open_device(
+worker_timeout=...)`) declares the child lost, with why, and kills it: the connections then end
+and everything fails as for a death. Bytes the host did not read yet count as heard, so a host
+that stalls does not misfire; the first beat may take `_START_SECONDS` (the child's imports).
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from __future__ import annotations
 import functools
 import os
 import queue
+import select
 import socket
 import subprocess
 import sys
@@ -50,7 +60,21 @@ _MESSAGE_MAX = 8
 _STOP_SECONDS = 5.0
 """How long a closing device waits for its child to exit on its own before killing it."""
 
+WORKER_TIMEOUT = 30.0
+"""Seconds of silence (no heartbeat) after which a worker process is declared lost (default)."""
+
+_START_SECONDS = 60.0
+"""How long the first heartbeat may take: the child imports numpy and ttflow first."""
+
+_HEARTBEAT_ENV = "TTFLOW_HEARTBEAT"
+"""The child's heartbeat connection and interval, `<fd>:<seconds>` (unset: no heartbeat)."""
+
 _NOTHING = object()
+
+
+def beat_interval(timeout: float) -> float:
+    """Seconds between two heartbeats of a child declared lost after `timeout` s of silence."""
+    return max(0.005, min(1.0, timeout / 10))
 
 _CHILD = "import sys; from ttflow._worker_child import main; main(sys.argv[1:])"
 """The child's program (not `-m`: the package imports this module before running it)."""
@@ -62,7 +86,7 @@ class WorkerProcess:
     whether it was lost. `start` on the event loop's thread; `stop` after the queues stopped."""
 
     def __init__(self, spaces: list[tuple[str, str, int, int]], connections: int = 2,
-                 blas_threads: int | None = 1) -> None:
+                 blas_threads: int | None = 1, timeout: float | None = WORKER_TIMEOUT) -> None:
         self._spaces = spaces  # (space name, shared path, banks, bank bytes)
         self._blas_threads = blas_threads
         pairs = [socket.socketpair() for _ in range(connections)]
@@ -76,6 +100,14 @@ class WorkerProcess:
         self.chip: tuple[int, int] | None = None  # the mesh coordinate, named by DeviceLostError
         self._on_lost: Callable[[DeviceLostError], None] | None = None
         self._call_soon: Callable[[Callable[[], None]], Any] | None = None
+        # The heartbeat: the child's end goes to it, the host's is read by `_listen`.
+        self.timeout = timeout
+        self.beats = 0  # heartbeats heard (tests)
+        self._beat: socket.socket | None = None
+        self._beat_child: socket.socket | None = None
+        self._listener: threading.Thread | None = None
+        if timeout is not None:
+            self._beat, self._beat_child = socket.socketpair()
 
     @property
     def pid(self) -> int | None:
@@ -87,6 +119,7 @@ class WorkerProcess:
         self._on_lost = on_lost
         self._call_soon = _call_soon_threadsafe()
         fds = [end.fileno() for end in self._child_ends]
+        beat_fds = [] if self._beat_child is None else [self._beat_child.fileno()]
         argv = [sys.executable, "-c", _CHILD, ",".join(map(str, fds)),
                 "" if self._blas_threads is None else str(self._blas_threads)]
         for name, path, banks, bank_bytes in self._spaces:
@@ -95,23 +128,58 @@ class WorkerProcess:
         # The child imports this very ttflow, wherever it was imported from.
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        env.pop(_HEARTBEAT_ENV, None)
+        if self.timeout is not None:
+            env[_HEARTBEAT_ENV] = f"{beat_fds[0]}:{beat_interval(self.timeout)!r}"
         try:
             # A session of its own: a terminal's Ctrl-C interrupts the host, which then closes
             # the device (and its child) in order, instead of killing the child under it.
-            self._popen = subprocess.Popen(argv, pass_fds=fds, env=env, start_new_session=True,
+            self._popen = subprocess.Popen(argv, pass_fds=fds + beat_fds, env=env, start_new_session=True,
                                            stdin=subprocess.DEVNULL)
         finally:
             for end in self._child_ends:
                 end.close()
             self._child_ends = []
+            if self._beat_child is not None:
+                self._beat_child.close()
+                self._beat_child = None
         self._monitor = threading.Thread(target=self._watch, name=f"ttflow-watch-{self._popen.pid}",
                                          daemon=True)
         self._monitor.start()
+        if self._beat is not None:
+            self._listener = threading.Thread(target=self._listen, name=f"ttflow-heartbeat-{self._popen.pid}",
+                                              daemon=True)
+            self._listener.start()
 
     def _watch(self) -> None:
         assert self._popen is not None
         code = self._popen.wait()
         self.mark_lost(f"exit code {code}" if code >= 0 else f"killed by signal {-code}")
+
+    def _listen(self) -> None:
+        """Hears the child's heartbeat; silence for `timeout` s declares it lost and kills it."""
+        beat, timeout = self._beat, self.timeout
+        assert beat is not None and timeout is not None and self._popen is not None
+        poller = select.poll()
+        poller.register(beat, select.POLLIN)
+        wait = max(timeout, _START_SECONDS)  # the first beat comes after the child's imports
+        while True:
+            heard = poller.poll(wait * 1000)
+            if self._stopping:
+                return
+            if not heard:
+                self.mark_lost(f"silent for {wait:g} s: no heartbeat, worker_timeout={timeout:g} s; "
+                               "killed")
+                self._popen.kill()  # a stopped process dies too; `_watch` reaps it
+                return
+            try:
+                data = beat.recv(4096)
+            except OSError:
+                return
+            if not data:
+                return  # the child exited: `_watch` tells
+            self.beats += len(data)
+            wait = timeout
 
     def mark_lost(self, why: str) -> None:
         """Records that the child is gone (from any thread); tells the device once, unless it is
@@ -140,6 +208,17 @@ class WorkerProcess:
         it does not exit within a grace period. Call once the queues' threads have stopped."""
         with self._lock:
             self._stopping = True
+        if self._beat is not None:
+            try:
+                self._beat.shutdown(socket.SHUT_RDWR)  # wakes `_listen`
+            except OSError:
+                pass
+            if self._listener is not None:
+                self._listener.join()
+            self._beat.close()
+        if self._beat_child is not None:  # never started
+            self._beat_child.close()
+            self._beat_child = None
         for connection in self.connections:
             connection.close()
         for end in self._child_ends:

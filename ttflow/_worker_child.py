@@ -6,8 +6,11 @@ records each message carries in order and replying with their outcomes in one me
 from __future__ import annotations
 
 import contextlib
+import os
 import pickle
+import socket
 import threading
+import time
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -73,6 +76,18 @@ def _serve_connection(connection: Connection, banks: Any) -> None:
             connection.send([(None, _portable(exc))] * len(replies))
 
 
+def _heartbeat(fd: int, interval: float) -> None:
+    """Sends a byte every `interval` s on the heartbeat connection (`_process_worker._listen`),
+    on a thread that does nothing else; returns when the host is gone."""
+    with socket.socket(fileno=fd) as beat:
+        while True:
+            try:
+                beat.send(b".")
+            except OSError:
+                return
+            time.sleep(interval)
+
+
 def main(argv: list[str]) -> None:
     """The child: `fds blas_threads space:path:banks:bank_bytes...` (see `WorkerProcess.start`)."""
     import numpy as np
@@ -81,6 +96,11 @@ def main(argv: list[str]) -> None:
     from ._memory import map_shared
     from ._types import MemorySpace
 
+    heartbeat = os.environ.pop("TTFLOW_HEARTBEAT", "")
+    if heartbeat:
+        fd, interval = heartbeat.split(":")
+        threading.Thread(target=_heartbeat, args=(int(fd), float(interval)), name="ttflow-heartbeat",
+                         daemon=True).start()
     fds, blas = argv[0], argv[1]
     banks: dict[MemorySpace, Any] = {}
     maps = []
