@@ -197,3 +197,124 @@ async def test_worker_timeout_is_checked() -> None:
         t = tt.to_device(values((8, 8)), device)
         np.testing.assert_array_equal(await tt.to_host(t), values((8, 8)))
 
+
+# -- a full shared-memory segment ----------------------------------------------------------------
+
+
+def _blocks(path: str | None) -> int:
+    assert path is not None
+    return os.stat(path).st_blocks * 512
+
+
+async def test_an_allocation_backs_its_pages_before_any_byte_lands() -> None:
+    async with tt.open_device(SMALL, workers="process") as device:
+        state = device._spaces[DRAM]
+        depth = 1 << 20  # per bank
+        before = _blocks(state.memory.shared_path)
+        address = state.reserve(depth)
+        try:
+            # The file's pages are allocated now, before any record writes there.
+            assert _blocks(state.memory.shared_path) - before >= depth * state.num_banks
+        finally:
+            state.free(tt.BufferInfo(DRAM, address, depth, depth, state.num_banks) if hasattr(tt, "BufferInfo")
+                       else _Buffer(address))
+        l1 = device._spaces[L1]
+        before = _blocks(l1.memory.shared_path)
+        assert l1.allocator.claim(0, 4096)  # a placement at an address (circular buffers) too
+        try:
+            assert _blocks(l1.memory.shared_path) - before >= 4096 * l1.num_banks
+        finally:
+            l1.allocator.free(0)
+    async with tt.open_device(SMALL) as device:  # thread workers: anonymous memory, nothing backed
+        assert device._spaces[DRAM].memory.committed_bytes() is None
+
+
+class _Buffer:
+    def __init__(self, address: int) -> None:
+        self.address = address
+
+
+def _no_room(*args: object) -> None:
+    raise OSError(28, os.strerror(28))  # ENOSPC, as a full tmpfs answers
+
+
+async def test_a_full_shared_memory_gives_a_typed_error_where_it_allocates(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ttflow._memory as memory
+
+    b = tt.ProgramBuilder("double")
+    b.output(b.mul(b.input((512, 512), tt.Layout(DRAM, TILE, F32)), 2.0), tt.Layout(DRAM, TILE, F32))
+    double = tt.Binary([b.build()])
+    big = values((1024, 1024))  # 4 MiB: 1 MiB per bank of the small chip's DRAM
+    async with tt.open_device(SMALL, workers="process", inline_seconds=-1) as device:
+        x = tt.to_device(values((512, 512), 1), device, tt.Layout(DRAM, TILE))
+        await x
+        used = device.memory_used(DRAM)
+        monkeypatch.setattr(memory, "_fallocate", _no_room)
+        with anyio.fail_after(60), pytest.raises(tt.OutOfMemoryError, match="/dev/shm is full") as full:
+            await tt.to_device(big, device)  # by the write that allocates its home
+        assert full.value.space is DRAM and "No space left" in str(full.value)
+        assert device.memory_used(DRAM) == used  # the allocation was undone
+        with anyio.fail_after(60):  # a program whose output finds no room: typed, on its output
+            (y,) = tt.submit(device, double, 0, [x])
+            with pytest.raises(tt.OutOfMemoryError, match="/dev/shm"):
+                await y
+        monkeypatch.undo()
+        with anyio.fail_after(60):  # the device is usable
+            t = tt.to_device(big, device)
+            np.testing.assert_array_equal(await tt.to_host(t), big)
+            np.testing.assert_array_equal(await tt.to_host(tt.submit(device, double, 0, [x])[0]),
+                                          values((512, 512), 1) * 2)
+            np.testing.assert_array_equal(await tt.to_host(x), values((512, 512), 1))
+
+
+
+_FULL_SCRIPT = """
+import anyio, numpy as np, ttflow as tt
+
+async def main():
+    lay = tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE)
+    async with tt.open_device(tt.DeviceSpec.small(), workers="process", inline_seconds=-1) as device:
+        small = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
+        t = tt.to_device(small, device, lay)
+        assert (await tt.to_host(t) == small).all()
+        big = np.ones((2048, 1024), np.float32)  # 8 MiB, 2 MiB per bank: the tmpfs holds 4
+        try:
+            await tt.to_host(tt.to_device(big, device, lay))
+        except tt.OutOfMemoryError as error:
+            assert "/dev/shm is full" in str(error), error
+            print("typed:", error)
+        else:
+            raise SystemExit("no error: the bytes landed on a full tmpfs")
+        t2 = tt.to_device(small * 2, device, lay)  # usable after
+        assert (await tt.to_host(t2) == small * 2).all() and (await tt.to_host(t) == small).all()
+    print("closed cleanly")
+
+anyio.run(main)
+"""
+
+
+def test_a_real_full_tmpfs_gives_a_typed_error_not_sigbus() -> None:
+    """The host and its worker in a mount namespace whose /dev/shm is a 4 MiB tmpfs (a real
+    limit, no root needed where user namespaces are allowed): without backing, the write lands
+    on pages the tmpfs cannot give and SIGBUS kills the worker (or the host)."""
+    import shutil
+    import subprocess
+    import sys
+
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("no unshare(1) to make a small private tmpfs")
+    probe = subprocess.run([unshare, "--user", "--map-root-user", "--mount", "sh", "-c",
+                            "mount -t tmpfs -o size=4m tmpfs /dev/shm"], capture_output=True, timeout=60)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a private tmpfs here: {probe.stderr.decode().strip()}")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(tt.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    done = subprocess.run(
+        [unshare, "--user", "--map-root-user", "--mount", "sh", "-c",
+         'mount -t tmpfs -o size=4m tmpfs /dev/shm && exec "$0" -c "$1"', sys.executable, _FULL_SCRIPT],
+        capture_output=True, timeout=240, env=env, cwd=root)
+    output = done.stdout.decode() + done.stderr.decode()
+    assert done.returncode == 0, f"exit {done.returncode}: {output[-3000:]}"
+    assert "typed: out of DRAM memory" in output and "closed cleanly" in output, output[-3000:]
+

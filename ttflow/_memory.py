@@ -8,6 +8,13 @@ device opens in milliseconds. A device whose records run in a worker process
 (`/dev/shm/ttflow-<pid>-<n>-<space>`, sparse: only touched pages take memory), which the host
 and the worker both map; the host removes it when the device closes.
 
+A shared file's pages are backed explicitly, before bytes can land in them: touching an
+unbacked page of a full tmpfs raises SIGBUS, which kills the process that touched it (the host
+too). `MemorySpaceState.reserve` (and a claim of a given range: circular buffers, a slide's
+target) commits the bank rows' range in every bank with `posix_fallocate`, a chunk at a time
+(`BankMemory.commit`: a chunk once), and turns a failure into an `OutOfMemoryError` naming the
+file system, the allocation undone and the device usable.
+
 Interleaved buffers are allocated in lockstep: one address range, the same in every bank,
 `ceil(pages / banks)` aligned pages deep. The allocator therefore manages a single address line
 per space: a best-fit free list that coalesces freed neighbours, bottom-up for DRAM and top-down
@@ -16,6 +23,7 @@ for L1, as tt-metal does.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import mmap
 import os
@@ -182,6 +190,21 @@ def _unlink(path: str) -> None:
         pass
 
 
+def _close_and_unlink(fd: int, path: str) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+    _unlink(path)
+
+
+_fallocate = os.posix_fallocate  # (tests replace it to fail)
+_FULL = (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT, errno.EFBIG)
+"""Errors of `posix_fallocate` that mean: no room left (anything else is a bug, raised as is)."""
+_CHUNK = 1 << 16
+"""The smallest range of a bank that `BankMemory.commit` backs at once (bytes)."""
+
+
 @final
 class BankMemory:
     """`num_banks` x `bank_bytes` of zero-filled memory, committed lazily by the OS.
@@ -196,11 +219,21 @@ class BankMemory:
         self.bank_bytes = bank_bytes
         self.shared_path = shared_path
         nbytes = num_banks * bank_bytes
+        self._committed: bytearray | None = None  # per chunk of the bank line: backed yet
+        self._chunk = 1
+        self._fd = -1
         if shared_path is None:
             self._map = _anonymous_map(nbytes)
         else:
             self._map = map_shared(shared_path, nbytes, create=True)
-            self._unlink = weakref.finalize(self, _unlink, shared_path)
+            try:
+                self._fd = os.open(shared_path, os.O_RDWR)  # kept for `commit`
+            except BaseException:
+                _unlink(shared_path)
+                raise
+            self._unlink = weakref.finalize(self, _close_and_unlink, self._fd, shared_path)
+            self._chunk = min(bank_bytes, max(_CHUNK, _round_up(bank_bytes // 1024, mmap.PAGESIZE)))
+            self._committed = bytearray(-(-bank_bytes // self._chunk))
         self.banks: np.ndarray[Any, np.dtype[np.uint8]] = np.frombuffer(
             self._map, dtype=np.uint8, count=nbytes
         ).reshape(num_banks, bank_bytes)
@@ -215,6 +248,41 @@ class BankMemory:
             )
         return self.banks[bank, address : address + nbytes].tobytes()
 
+    def commit(self, address: int, depth: int) -> None:
+        """Backs bytes [address, address + depth) of every bank of a shared memory with pages
+        (whole chunks, each once), so that no write there can meet a full file system (SIGBUS);
+        OSError (ENOSPC...) when the file system has no room. Nothing to do when not shared."""
+        committed = self._committed
+        if committed is None or depth <= 0:
+            return
+        chunk = self._chunk
+        first, last = address // chunk, -(-(address + depth) // chunk)
+        if committed.find(0, first, last) < 0:
+            return  # the common case: backed already
+        bank_bytes, fd = self.bank_bytes, self._fd
+        i = first
+        while i < last:
+            if committed[i]:
+                i += 1
+                continue
+            j = i
+            while j < last and not committed[j]:
+                j += 1
+            start = i * chunk
+            length = min(j * chunk, bank_bytes) - start
+            for bank in range(self.num_banks):
+                _fallocate(fd, bank * bank_bytes + start, length)
+            committed[i:j] = b"\x01" * (j - i)
+            i = j
+
+    def committed_bytes(self) -> int | None:
+        """Bytes of the shared file backed so far (None when not shared)."""
+        committed = self._committed
+        if committed is None:
+            return None
+        return sum(min((i + 1) * self._chunk, self.bank_bytes) - i * self._chunk
+                   for i, c in enumerate(committed) if c) * self.num_banks
+
     def close(self) -> None:
         """Give the pages back to the OS. The array must not be used afterwards."""
         self.banks = np.empty((0, 0), np.uint8)
@@ -228,7 +296,8 @@ class BankMemory:
             if hasattr(mmap, "MADV_DONTNEED"):
                 self._map.madvise(mmap.MADV_DONTNEED)
         if self.shared_path is not None:
-            self._unlink()  # the file's pages go once no process maps it
+            self._committed = None
+            self._unlink()  # the file's pages go once no process maps it (and the fd closes)
 
 
 def map_shared(path: str, nbytes: int, create: bool = False) -> mmap.mmap:
@@ -257,6 +326,20 @@ def _anonymous_map(nbytes: int) -> mmap.mmap:
         return mmap.mmap(-1, nbytes)
 
 
+class _BackedAllocator(Allocator):
+    """The allocator of a shared memory space: a placement at a given address (a program's
+    circular buffers, a slide's target) is backed too, as `MemorySpaceState.reserve` backs an
+    allocation (`space` is set after construction: the C constructor takes three arguments)."""
+
+    space: MemorySpaceState
+
+    def claim(self, start: int, nbytes: int) -> bool:
+        if not super().claim(start, nbytes):
+            return False
+        self.space.back(start, nbytes)
+        return True
+
+
 @final
 class MemorySpaceState:
     """One memory space of a device: its banks and the allocator of their shared address line."""
@@ -268,9 +351,14 @@ class MemorySpaceState:
         self.alignment = spec.alignment(space)
         path = shared_path(space.name.lower()) if shared else None
         self.memory = BankMemory(self.num_banks, self.bank_bytes, path)
-        self.allocator = Allocator(
+        self.allocator: Allocator = (_BackedAllocator if shared else Allocator)(
             self.bank_bytes, self.alignment, top_down=space is MemorySpace.L1
         )
+        # A shared space's chunks backed so far (`BankMemory.commit`), read here for its fast path.
+        self._committed = self.memory._committed
+        self._chunk = self.memory._chunk
+        if shared:
+            self.allocator.space = self  # type: ignore[attr-defined]
         self.peak_bytes = 0
 
     @property
@@ -295,10 +383,31 @@ class MemorySpaceState:
         address = allocator.allocate(depth)
         if address is None:
             raise OutOfMemoryError(self.space, depth, allocator.largest_free)
+        committed = self._committed
+        if committed is not None:
+            chunk = self._chunk
+            if committed.find(0, address // chunk, -(-(address + depth) // chunk)) >= 0:
+                self.back(address, depth)
         used = allocator.used_bytes * self.num_banks
         if used > self.peak_bytes:
             self.peak_bytes = used
         return address
+
+    def back(self, address: int, depth: int) -> None:
+        """Commits the shared file's pages of [address, address + depth) in every bank (see the
+        module); when the file system is full, frees the allocation at `address` and raises
+        OutOfMemoryError saying so."""
+        try:
+            self.memory.commit(address, depth)
+        except OSError as exc:
+            if exc.errno not in _FULL:
+                raise
+            self.allocator.free(address)
+            raise OutOfMemoryError(
+                self.space, depth, self.allocator.largest_free,
+                reason=f"{SHARED_DIR} is full: could not back {depth} bytes per bank of "
+                f"{self.memory.shared_path} ({os.strerror(exc.errno)}); free room in {SHARED_DIR} "
+                "(or grow it), or use workers='thread'") from None
 
     def aligned(self, page_size: int) -> int:
         return _round_up(page_size, self.alignment)
