@@ -546,7 +546,8 @@ async def test_one_timeline_with_a_process_per_chip(tmp_path: Any) -> None:
         recorder.save(tmp_path / "mesh.json")
         events = json.loads((tmp_path / "mesh.json").read_text())["traceEvents"]
         names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
-        assert names == {1: "ttflow 1x2 chip 0 (0, 0)", 2: "ttflow 1x2 chip 1 (0, 1)"}
+        workers = {pid: f"chip {chip.chip} worker {pid}" for chip, pid in zip(mesh.chips, mesh.worker_pids) if pid}
+        assert names == {1: "ttflow 1x2 chip 0 (0, 0)", 2: "ttflow 1x2 chip 1 (0, 1)", **workers}
         for pid in (1, 2):
             assert {e["name"] for e in events if e["ph"] == "X" and e["pid"] == pid} >= {"write", "add_one"}
         assert [s["CQ1"]["commands"] for s in recorder.queue_summary()] == [1, 1]

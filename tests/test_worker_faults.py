@@ -120,7 +120,7 @@ async def test_a_stopped_worker_is_declared_lost_within_its_timeout(where: str) 
                     await read
                 with pytest.raises(tt.DeviceLostError):  # later work fails too
                     await tt.to_host(tt.submit(device, binary, 0, [xt, wt])[0])
-            assert time.monotonic() - stopped >= TIMEOUT * 0.9  # declared by the deadline, not before
+            assert time.monotonic() - stopped >= TIMEOUT * 0.8  # by the deadline, not before (less a beat)
             if other is not None:  # the other chip goes on
                 x0, w0 = tt.to_device(x, other, tt.Layout(DRAM, TILE)), tt.to_device(w, other)
                 with anyio.fail_after(60):
@@ -318,3 +318,176 @@ def test_a_real_full_tmpfs_gives_a_typed_error_not_sigbus() -> None:
     assert done.returncode == 0, f"exit {done.returncode}: {output[-3000:]}"
     assert "typed: out of DRAM memory" in output and "closed cleanly" in output, output[-3000:]
 
+
+
+# -- cancellation mid-transfer -------------------------------------------------------------------
+
+
+async def _cancelled_mid_transfer(workers: str, what: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """Cancels a task awaiting a 4 MiB transfer while its record is in the worker: the worker
+    process stopped (SIGSTOP) with the record sent or being sent down its connection; for thread
+    workers, the queue's worker thread paused with the record handed to it. Then lets it go on.
+    Returns the tensor's value, a later read of it and DRAM in use."""
+    old, new = values((1024, 1024), 1), values((1024, 1024), 2)
+    lay = tt.Layout(DRAM, TILE)
+    async with tt.open_device(SMALL, workers=workers, inline_seconds=-1) as device:
+        t = tt.to_device(old, device, lay)
+        await t
+        queue = device._cq0 if what == "to_host" else device._cq1
+        worker = queue._worker
+        pid = device.worker_pid
+        if pid is not None:
+            os.kill(pid, signal.SIGSTOP)
+        else:
+            worker.pause()
+        try:
+            if what == "write":
+                tt.write(t, new)
+                awaited: object = tt.wait(t)
+            elif what == "to_device":
+                t = tt.to_device(new, device, lay)
+                awaited = tt.wait(t)
+            else:
+                awaited = tt.to_host(t)
+
+            async def in_worker() -> bool:  # the record was handed over, and has not run
+                if pid is not None:
+                    return bool(worker.busy)  # the queue's thread is sending it to, or awaiting, the child
+                return bool(worker._outstanding)
+
+            cancelled = []
+            with anyio.move_on_after(30) as scope:  # a bound; cancelled as soon as the record is in
+                async def cancel_when_in() -> None:
+                    while not await in_worker():
+                        await anyio.sleep(0.005)
+                    await anyio.sleep(0.05)
+                    cancelled.append(True)
+                    scope.cancel()
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(cancel_when_in)
+                    await awaited  # type: ignore[misc]
+                    raise AssertionError("the await finished with its record held in the worker")
+            assert scope.cancelled_caught and cancelled, "the record never reached the worker"
+            assert await in_worker()  # still held: the cancel came mid-transfer
+        finally:
+            if pid is not None:
+                os.kill(pid, signal.SIGCONT)
+            else:
+                worker.resume()
+        with anyio.fail_after(60):
+            value = await tt.to_host(t)
+            again = await tt.to_host(tt.to_layout(t, tt.Layout(DRAM, RM)))
+        assert device._process is None or device._process.lost is None
+        return value, again, device.memory_used(DRAM)
+
+
+@pytest.mark.parametrize("what", ["write", "to_device", "to_host"])
+async def test_cancelling_an_await_mid_transfer_keeps_the_device_consistent(what: str) -> None:
+    """As documented for thread workers (docs/concepts.md): cancelling a task that awaits a
+    tensor cancels only the wait; the queued transfer belongs to the device and completes. So a
+    cancelled write or to_device leaves the new value, a cancelled to_host the old one; the same
+    with a worker process, and the device goes on, with the same memory in use."""
+    expected = values((1024, 1024), 1 if what == "to_host" else 2)
+    results = [await _cancelled_mid_transfer(workers, what) for workers in ("thread", "process")]
+    for value, again, _ in results:
+        np.testing.assert_array_equal(value, expected)
+        np.testing.assert_array_equal(again, expected)
+    assert results[0][2] == results[1][2]
+
+
+# -- observability -------------------------------------------------------------------------------
+
+
+def _chain_binary() -> tt.Binary:
+    b = tt.ProgramBuilder("mm_gelu")
+    x = b.input((128, 128), tt.Layout(DRAM, TILE, F32))
+    b.output(b.gelu(b.matmul(x, x)), tt.Layout(DRAM, TILE, F32))
+    return tt.Binary([b.build()])
+
+
+def _slices(trace: dict, pid: int | None = None) -> list[dict]:
+    return [e for e in trace["traceEvents"] if e.get("ph") == "X" and (pid is None or e["pid"] == pid)]
+
+
+def _process_names(trace: dict) -> dict[int, str]:
+    return {e["pid"]: e["args"]["name"] for e in trace["traceEvents"]
+            if e.get("ph") == "M" and e["name"] == "process_name"}
+
+
+def _inside(worker: dict, hosts: list[dict]) -> bool:
+    """Whether a worker slice lies within one of the host slices of its command (same track and
+    name; 1 ns of rounding)."""
+    end = worker["ts"] + worker["dur"]
+    return any(h["tid"] == worker["tid"] and h["name"] == worker["name"]
+               and h["ts"] - 1e-3 <= worker["ts"] and end <= h["ts"] + h["dur"] + 1e-3 for h in hosts)
+
+
+async def _observed(workers: str, programs: int = 4) -> tuple[dict, list[tt.DeviceStatistics], list, list[np.ndarray]]:
+    """A 1x2 mesh's timeline, stats and memory views after writes, programs and reads."""
+    binary = _chain_binary()
+    async with tt.open_mesh_device(tt.MeshSpec((1, 2), chip=SMALL), workers=workers, inline_seconds=-1) as mesh:
+        with tt.record_timeline(mesh) as recorder:
+            x = tt.to_device(values((256, 128)), mesh, tt.Layout(DRAM, TILE), mapper=tt.shard(0))
+            await x
+            ys = []
+            for _ in range(programs):
+                (x,) = tt.submit(mesh, binary, 0, [x])
+                ys.append(x)
+                await x
+            out = [await tt.to_host(y, tt.concat(0)) for y in ys]
+        trace = recorder.to_json()
+        trace["worker_pids"] = mesh.worker_pids
+        trace["chips"] = [str(chip.chip) for chip in mesh.chips]
+        return trace, [mesh.stats.total, *mesh.stats.chips], [mesh.memory_view(space) for space in (DRAM, L1)], out
+
+
+async def test_the_timeline_has_a_worker_process_per_chip_with_its_records() -> None:
+    programs = 4
+    trace, stats, views, out = await _observed("process", programs)
+    names = _process_names(trace)
+    pids = trace["worker_pids"]
+    assert len(set(pids)) == 2 and None not in pids
+    for pid, chip in zip(pids, trace["chips"]):
+        assert names[pid] == f"chip {chip} worker {pid}"
+        worker = _slices(trace, pid)
+        hosts = [e for e in _slices(trace) if e["pid"] not in pids and e["cat"] != "worker"]
+        assert all(e["cat"] == "worker" for e in worker)
+        ran = [e for e in worker if e["name"] == "mm_gelu"]
+        assert len(ran) == programs  # every program ran in the chip's worker (inline_seconds=-1)
+        assert all(e["tid"] == 0 for e in ran)
+        assert any(e["tid"] == 1 for e in worker)  # the write of the shard, on CQ1's track
+        for e in worker:  # inside its command's host slice, on the same clock
+            assert _inside(e, hosts), e
+        threads = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"]
+                   if e.get("ph") == "M" and e["name"] == "thread_name" and e["pid"] == pid}
+        assert set(threads) == {0, 1}
+    # Host slices stay where they were: a process per chip (pids 1 and 2) and no other.
+    host_pids = {e["pid"] for e in _slices(trace)} - set(pids)
+    assert host_pids == {1, 2}
+    # The same run with thread workers: no worker process, and the same stats, memory and values.
+    threads, stats_t, views_t, out_t = await _observed("thread", programs)
+    assert {e["pid"] for e in _slices(threads)} == {1, 2} and set(_process_names(threads)) == {1, 2}
+    assert stats == stats_t
+    assert views == views_t
+    for a, b in zip(out, out_t):
+        assert a.tobytes() == b.tobytes()
+
+
+async def test_a_lone_device_timeline_names_its_worker() -> None:
+    binary = _chain_binary()
+    async with tt.open_device(SMALL, workers="process", inline_seconds=-1) as device:
+        with tt.record_timeline(device) as recorder:
+            x = tt.to_device(values((128, 128)), device, tt.Layout(DRAM, TILE))
+            (y,) = tt.submit(device, binary, 0, [x])
+            await tt.to_host(y)
+        pid = device.worker_pid
+        trace = recorder.to_json()
+        assert _process_names(trace)[pid] == f"ttflow {SMALL.name} worker {pid}"
+        hosts = _slices(trace, 1)
+        worker = _slices(trace, pid)
+        assert sorted(e["name"] for e in worker) == sorted(e["name"] for e in hosts)  # every record travelled
+        assert all(_inside(e, hosts) for e in worker)
+        assert recorder.queue_summary()["CQ0"]["commands"] == len([e for e in hosts if e["tid"] == 0])
+        workers = [device._cq0._worker, device._cq1._worker]
+    assert all(w.spans is None for w in workers)  # detached

@@ -38,6 +38,7 @@ import functools
 import os
 import queue
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -68,6 +69,10 @@ _START_SECONDS = 60.0
 
 _HEARTBEAT_ENV = "TTFLOW_HEARTBEAT"
 """The child's heartbeat connection and interval, `<fd>:<seconds>` (unset: no heartbeat)."""
+
+_TIMES = "times"
+"""Marks the element after a message's replies that holds each job's span in the child
+(`_worker_child.TIMES`, the same)."""
 
 _NOTHING = object()
 
@@ -153,8 +158,18 @@ class WorkerProcess:
 
     def _watch(self) -> None:
         assert self._popen is not None
-        code = self._popen.wait()
-        self.mark_lost(f"exit code {code}" if code >= 0 else f"killed by signal {-code}")
+        self.mark_lost(_exit_reason(self._popen.wait()))
+
+    def connection_closed(self) -> None:
+        """A connection to the child ended: it died, most likely. Its exit status, if it comes
+        within a moment, is the reason given (a signal by name: SIGBUS, SIGKILL...)."""
+        code = None
+        if self._popen is not None:
+            try:
+                code = self._popen.wait(0.5)
+            except subprocess.TimeoutExpired:
+                pass
+        self.mark_lost("its connection closed" if code is None else _exit_reason(code))
 
     def _listen(self) -> None:
         """Hears the child's heartbeat; silence for `timeout` s declares it lost and kills it."""
@@ -235,6 +250,15 @@ class WorkerProcess:
             self._monitor.join()
 
 
+def _exit_reason(code: int) -> str:
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"killed by signal {-code} ({signal.Signals(-code).name})"
+    except ValueError:
+        return f"killed by signal {-code}"
+
+
 def _finish_all(tickets: list[Ticket]) -> None:
     for ticket in tickets:
         ticket.finished()
@@ -251,6 +275,9 @@ class ProcessQueueWorker(QueueWorker):
         self.sent_messages = 0  # messages sent (tests, benchmarks)
         self.sent_jobs = 0
         self.local_jobs = 0  # jobs run on this thread, in the host process
+        # While a timeline records (`_timeline`): id(record) -> (record, start, end, records in
+        # its job) of each record that ran in the child, on the child's perf_counter clock.
+        self.spans: dict[int, tuple[Any, float, float, int]] | None = None
 
     def _put(self, ticket: Ticket, function: Callable[..., Any], args: tuple[Any, ...]) -> Ticket:
         assert self._call_soon is not None, "QueueWorker used before start"
@@ -315,6 +342,20 @@ class ProcessQueueWorker(QueueWorker):
         except BaseException as exc:  # noqa: BLE001 - carried back to the awaiting task
             return None, exc
 
+    def _take_times(self, batch: list[Any], replies: list[Any]) -> None:
+        """Removes the spans element the child puts after its replies; keeps each record's span
+        while a timeline records (`spans`)."""
+        if len(replies) <= len(batch) or type(replies[-1][0]) is not str or replies[-1][0] != _TIMES:
+            return
+        times = replies.pop()[1]
+        spans = self.spans
+        if spans is None:
+            return
+        for job, (start, end) in zip(batch, times):
+            records = job[2][0] if job[1] is run_all else (job[2][0],)
+            for record in records:
+                spans[id(record)] = (record, start, end, len(records))
+
     def _exchange(self, batch: list[Any]) -> list[tuple[Any, BaseException | None]]:
         """Sends the batch's records in one message and returns the child's outcomes."""
         process = self._process
@@ -322,7 +363,7 @@ class ProcessQueueWorker(QueueWorker):
             try:
                 self._connection.send([job[3] for job in batch])
             except (OSError, EOFError):
-                process.mark_lost("its connection closed")
+                process.connection_closed()
             except Exception:  # an array that does not pickle: run the batch here instead
                 self.local_jobs += len(batch)
                 return [self._local(job[1], job[2]) for job in batch]
@@ -331,7 +372,8 @@ class ProcessQueueWorker(QueueWorker):
                 self.sent_jobs += len(batch)
                 try:
                     replies: list[tuple[Any, BaseException | None]] = self._connection.recv()
+                    self._take_times(batch, replies)
                     return replies
                 except (OSError, EOFError):
-                    process.mark_lost("its connection closed")
+                    process.connection_closed()
         return [self._lost(job[1], job[2]) for job in batch]

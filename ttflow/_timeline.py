@@ -12,6 +12,14 @@ all start at once) show as consecutive slices sharing the batch's time, never as
 in one another; such a slice has `args["ran_with_previous"]`. Only a command's own parts (a
 replay's programs) nest inside it. Recording costs
 nothing when no recorder is attached: the device calls its listeners only if there are any.
+
+A device whose records run in a worker process (`open_device(workers="process")`) gets one more
+process in the trace, pid = the worker's pid, named "chip (r, c) worker <pid>" ("ttflow <spec>
+worker <pid>" for a lone device), with a track per queue: a slice per record that ran there,
+from the moment the worker started it to the moment it finished, on the worker's clock (Linux's
+CLOCK_MONOTONIC, which the host shares), so it lies inside its command's host slice (a batch of
+host writes, one job in the worker, shows as one slice per write, each the batch's span,
+`args["records"]` > 1). Records that ran in the host (inline, collectives, host ops) have none.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ __all__ = ["TimelineRecorder", "queue_summary", "record_timeline", "record_trace
 
 _TRACKS = {"CQ0": 0, "CQ1": 1}
 _TRACK_NAMES = {0: "CQ0: programs, conversions, evictions, reads", 1: "CQ1: host-to-device writes"}
+_WORKER_TRACK_NAMES = {0: "CQ0 records in the worker", 1: "CQ1 records in the worker"}
 
 
 @final
@@ -46,6 +55,9 @@ class TimelineRecorder:
         self.events: list[dict[str, Any]] = []
         self.commands = 0
         self._track_end: dict[int, float] = {}  # where each track's last slice ended
+        # Spans of the records that ran in the device's worker process, filled by its queues'
+        # workers while this recorder is attached (`record_timeline`); None with thread workers.
+        self.worker_spans: dict[int, tuple[Any, float, float, int]] | None = None
 
     def _us(self, t: float) -> float:
         return round((t - self.origin) * 1e6, 3)
@@ -92,6 +104,11 @@ class TimelineRecorder:
                     "args": {},
                 }
             )
+        spans = self.worker_spans
+        if spans is not None and command.record is not None:
+            ran = spans.pop(id(command.record), None)
+            if ran is not None and ran[0] is command.record:
+                self._worker_slice(info["name"], track, ran)
         spaces = self.device._spaces
         self.events.append(
             {
@@ -100,6 +117,25 @@ class TimelineRecorder:
                 "ts": self._us(end),
                 "pid": 1,
                 "args": {space.name: spaces[space].used_bytes() for space in MemorySpace},
+            }
+        )
+
+    def _worker_slice(self, name: str, track: int, ran: tuple[Any, float, float, int]) -> None:
+        """The slice of a record that ran in the worker process, on its process's track."""
+        _, start, end, records = ran
+        args: dict[str, Any] = {}
+        if records > 1:
+            args["records"] = records  # one job of several records: they share its span
+        self.events.append(
+            {
+                "name": name,
+                "cat": "worker",
+                "ph": "X",
+                "ts": self._us(start),
+                "dur": max(self._us(end) - self._us(start), 0.0),
+                "pid": self.device.worker_pid,
+                "tid": track,
+                "args": args,
             }
         )
 
@@ -128,6 +164,15 @@ class TimelineRecorder:
             {"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": name}}
             for tid, name in _TRACK_NAMES.items()
         ]
+        pid = self.device.worker_pid
+        if pid is not None:
+            chip = self.device.chip
+            where = f"chip {chip}" if chip is not None else f"ttflow {self.device.spec.name}"
+            meta.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"{where} worker {pid}"}})
+            meta += [
+                {"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}}
+                for tid, name in _WORKER_TRACK_NAMES.items()
+            ]
         return {"traceEvents": meta + self.events, "displayTimeUnit": "ms"}
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -140,8 +185,19 @@ class TimelineRecorder:
 def record_timeline(device: Device) -> Iterator[TimelineRecorder]:
     """Records every command the device completes inside the block."""
     recorder = TimelineRecorder(device)
-    with device._scheduler.listening(recorder.on_command):
-        yield recorder
+    # A worker process's queue workers keep the spans of the records they sent while recording.
+    workers = [worker for worker in (device._cq0._worker, device._cq1._worker) if hasattr(worker, "spans")]
+    if workers:
+        recorder.worker_spans = {}
+        for worker in workers:
+            worker.spans = recorder.worker_spans
+    try:
+        with device._scheduler.listening(recorder.on_command):
+            yield recorder
+    finally:
+        for worker in workers:
+            if worker.spans is recorder.worker_spans:
+                worker.spans = None
 
 
 def queue_summary(events: list[dict[str, Any]]) -> dict[str, Any]:

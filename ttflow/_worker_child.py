@@ -20,6 +20,10 @@ from ._wire import RUN, decode, plan_from_state
 
 __all__ = ["Executor", "main"]
 
+TIMES = "times"
+"""Marks the element after a message's replies that holds each job's span (`_timed`; the host's
+`_process_worker._TIMES` is the same)."""
+
 
 def _portable(error: BaseException) -> BaseException:
     """`error` if it survives pickling, else a TTFlowError that says what it was."""
@@ -67,13 +71,28 @@ def _serve_connection(connection: Connection, banks: Any) -> None:
             message = connection.recv()
         except (EOFError, OSError):
             return
-        replies = executor.handle(message)
+        replies = _timed(executor, message)
         try:
             connection.send(replies)
         except (EOFError, OSError):
             return
         except Exception as exc:  # a result that does not pickle
             connection.send([(None, _portable(exc))] * len(replies))
+
+
+def _timed(executor: Executor, message: list[Any]) -> list[Any]:
+    """`executor.handle(message)` a job at a time, and after the replies one more element,
+    `(TIMES, spans)`: each job's (start, end) on `time.perf_counter` (CLOCK_MONOTONIC, the
+    host's clock too), which the host's timeline shows on the chip's worker track."""
+    replies: list[Any] = []
+    spans = []
+    clock = time.perf_counter
+    for job in message:
+        start = clock()
+        replies += executor.handle([job])
+        spans.append((start, clock()))
+    replies.append((TIMES, spans))
+    return replies
 
 
 def _heartbeat(fd: int, interval: float) -> None:

@@ -2,9 +2,11 @@
 
 Each chip records as `tt.record_timeline(device)` does (its own `TimelineRecorder`); the
 recorders share one time origin, and `to_json` gives chip k the process id k + 1, named after
-its coordinate and id. The links come last, as one more process ("links"): a track per directed
-link that carried collective bytes, and on it a slice per collective that used the link, from
-the moment the last chip of its group arrived, as long as a real mesh would take
+its coordinate and id; a chip's worker process (`workers="process"`) keeps its own pid and
+name ("chip (r, c) worker <pid>", see `_timeline`). The links come last, as one more process
+("links"): a track per directed link that carried collective bytes, and on it a slice per
+collective that used the link, from the moment the last chip of its group arrived, as long as a
+real mesh would take
 (`CollectiveRecord.modelled_seconds`, the link model, whose payload term is split across the
 pair's `links_per_pair` links), with its bytes on that link (the sum over the pair's links), so the trace
 shows where a real mesh would wait; each slice's `args` also say how long each chip waited
@@ -52,6 +54,9 @@ class MeshTimelineRecorder:
         label = self.mesh.spec.label
         for pid, (recorder, name) in enumerate(zip(self.recorders, self._names), start=1):
             for event in recorder.to_json()["traceEvents"]:
+                if event.get("pid") != 1:  # the chip's worker process: its own pid
+                    events.append(event)
+                    continue
                 event = dict(event, pid=pid)
                 if event.get("ph") == "M" and event["name"] == "process_name":
                     event["args"] = {"name": f"ttflow {label} {name}"}
