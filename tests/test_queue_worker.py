@@ -436,10 +436,10 @@ _actions = st.lists(
 )
 
 
-async def _run_actions(actions: list[tuple[Any, ...]]) -> None:
+async def _run_actions(actions: list[tuple[Any, ...]], workers: str = "thread") -> None:
     binary = _two_op_binary()
     rng = np.random.default_rng(0)
-    async with tt.open_device(tt.DeviceSpec.small(), inline_seconds=-1) as device:
+    async with tt.open_device(tt.DeviceSpec.small(), inline_seconds=-1, workers=workers) as device:
         pool: list[tuple[tt.Tensor, np.ndarray[Any, Any]]] = []
         for _ in range(3):
             value = rng.standard_normal(_SMALL).astype(np.float32)
@@ -481,3 +481,11 @@ def test_queued_work_on_the_workers_matches_numpy(
     # are decided ahead), nothing is awaited until an `await` action: values equal numpy's
     # (exact: float32 adds, relu and doubling), and the memory held is the tensors held.
     anyio.run(_run_actions, actions, backend=backend)
+
+
+@settings(deadline=None, max_examples=12, suppress_health_check=[HealthCheck.too_slow])
+@given(actions=_actions)
+def test_queued_work_on_a_worker_process_matches_numpy(actions: list[tuple[Any, ...]]) -> None:
+    # The same property with the records in a worker process (a process per example: fewer
+    # examples): chains and writes behind readers go there in batches, in wire form.
+    anyio.run(_run_actions, actions, "process")
