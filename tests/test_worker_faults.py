@@ -9,6 +9,7 @@ ours is left.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import signal
@@ -149,6 +150,50 @@ async def test_a_worker_stopped_while_idle_does_not_hang_close() -> None:
                     os.kill(process.pid or 0, signal.SIGKILL)
             with pytest.raises(tt.DeviceLostError, match="silent"):
                 await tt.to_host(t)
+
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSEGV])
+async def test_a_dead_worker_is_named_by_its_signal(how: signal.Signals) -> None:
+    binary = _matmul_relu()
+    async with tt.open_device(SMALL, workers="process", inline_seconds=-1) as device:
+        xt = tt.to_device(values((64, 40)), device, tt.Layout(DRAM, TILE))
+        wt = tt.to_device(values((40, 24), 1), device)
+        await tt.to_host(tt.submit(device, binary, 0, [xt, wt])[0])
+        pid = device.worker_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)  # the next records wait in the worker, their replies awaited
+        pending = [tt.submit(device, binary, 0, [xt, wt])[0] for _ in range(2)]
+        await _until(lambda: device._cq0._worker.busy, 30)
+        os.kill(pid, how)
+        with contextlib.suppress(ProcessLookupError):  # (SIGKILL needs none: reaped already)
+            os.kill(pid, signal.SIGCONT)  # a pending SIGSEGV is delivered
+        with anyio.fail_after(LOST_WITHIN):
+            for y in pending:
+                with pytest.raises(tt.DeviceLostError, match=f"killed by signal {int(how)} \\({how.name}\\)"):
+                    await y
+
+
+
+class _Exited:
+    """A child's Popen stand-in whose exit status is there: killed by SIGBUS."""
+
+    pid = 12345
+
+    def wait(self, timeout: float | None = None) -> int:
+        return -int(signal.SIGBUS)
+
+
+def test_a_connection_that_ends_reports_the_exit_status_it_finds() -> None:
+    """Whichever of the watcher and a queue's thread (its connection ended) tells first, the
+    reason is the exit status, here checked on the queue's path alone."""
+    from ttflow._process_worker import WorkerProcess
+
+    process = WorkerProcess([], 0, timeout=None)
+    process._popen = _Exited()  # type: ignore[assignment]
+    process.connection_closed()
+    assert process.lost == "killed by signal 7 (SIGBUS)"
+    assert "killed by signal 7 (SIGBUS)" in str(process.error())
 
 
 CHAIN = 48  # 1024x1024 matmuls in one program: one record of seconds in the worker
