@@ -38,6 +38,7 @@ import functools
 import os
 import queue
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -49,6 +50,7 @@ from typing import Any
 
 from ._commands import run, run_all
 from ._errors import DeviceLostError
+from ._peers import ENDPOINT_FD, land, listen
 from ._wire import RUN, RUN_ALL, PlanIds, encode
 from ._worker import QueueWorker, Ticket, _call_soon_threadsafe
 
@@ -105,6 +107,9 @@ class WorkerProcess:
         self.chip: tuple[int, int] | None = None  # the mesh coordinate, named by DeviceLostError
         self._on_lost: Callable[[DeviceLostError], None] | None = None
         self._call_soon: Callable[[Callable[[], None]], Any] | None = None
+        # The child's endpoint (`_peers`): where other workers and the host reach it.
+        self.address: str | None = None
+        self._endpoint_dir: str | None = None
         # The heartbeat: the child's end goes to it, the host's is read by `_listen`.
         self.timeout = timeout
         self.beats = 0  # heartbeats heard (tests)
@@ -123,6 +128,7 @@ class WorkerProcess:
         before `stop`."""
         self._on_lost = on_lost
         self._call_soon = _call_soon_threadsafe()
+        listener, self.address, self._endpoint_dir = listen()
         fds = [end.fileno() for end in self._child_ends]
         beat_fds = [] if self._beat_child is None else [self._beat_child.fileno()]
         argv = [sys.executable, "-c", _CHILD, ",".join(map(str, fds)),
@@ -133,15 +139,18 @@ class WorkerProcess:
         # The child imports this very ttflow, wherever it was imported from.
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        env[ENDPOINT_FD] = str(listener.fileno())
         env.pop(_HEARTBEAT_ENV, None)
         if self.timeout is not None:
             env[_HEARTBEAT_ENV] = f"{beat_fds[0]}:{beat_interval(self.timeout)!r}"
         try:
             # A session of its own: a terminal's Ctrl-C interrupts the host, which then closes
             # the device (and its child) in order, instead of killing the child under it.
-            self._popen = subprocess.Popen(argv, pass_fds=fds + beat_fds, env=env, start_new_session=True,
+            self._popen = subprocess.Popen(argv, pass_fds=[*fds, *beat_fds, listener.fileno()], env=env,
+                                           start_new_session=True,
                                            stdin=subprocess.DEVNULL)
         finally:
+            listener.close()
             for end in self._child_ends:
                 end.close()
             self._child_ends = []
@@ -248,6 +257,16 @@ class WorkerProcess:
                 popen.wait()
         if self._monitor is not None:
             self._monitor.join()
+        if self._endpoint_dir is not None:
+            shutil.rmtree(self._endpoint_dir, ignore_errors=True)
+            self._endpoint_dir = None
+
+
+def _landed(job: Any, reply: tuple[Any, ...]) -> tuple[Any, BaseException | None]:
+    """The outcome of a record that ran collectives in the worker, its report landed."""
+    records = job[2][0] if job[1] is run_all else [job[2][0]]
+    land(records, reply[2])
+    return reply[0], reply[1]
 
 
 def _exit_reason(code: int) -> str:
@@ -371,9 +390,10 @@ class ProcessQueueWorker(QueueWorker):
                 self.sent_messages += 1
                 self.sent_jobs += len(batch)
                 try:
-                    replies: list[tuple[Any, BaseException | None]] = self._connection.recv()
+                    replies: list[tuple[Any, ...]] = self._connection.recv()
                     self._take_times(batch, replies)
-                    return replies
                 except (OSError, EOFError):
                     process.connection_closed()
+                else:  # a record with collectives also brings its report (`_peers.land`)
+                    return [reply if len(reply) == 2 else _landed(job, reply) for job, reply in zip(batch, replies)]
         return [self._lost(job[1], job[2]) for job in batch]

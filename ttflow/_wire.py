@@ -12,7 +12,7 @@ and a step as a tuple tagged by its kind:
     (LOAD, storage, shape)                  a storage's value back to the host (the reply)
     (COPY, source, target, shape)
     (SLIDE, space, source, target, depth)
-    (COMPUTE, plan id, sources, outputs, scratch items, pagewise, kernel)
+    (COMPUTE, plan id, sources, outputs, scratch items, pagewise, kernel, peer)
 
 A record is `(steps, timed)`. A `Plan` (the program's values and steps, what `Plan.__init__`
 derived from them) travels once per program and connection, as its fields (`plan_state`: the
@@ -21,7 +21,14 @@ worker keeps it under the id its `Compute` steps name (`PlanIds`); the host keep
 while the id is in use, so an id never names two plans, and tells the worker which ids to forget
 once it drops them.
 
-Not every record can travel: a `Compute` that exchanges values with other chips (`peers`), runs
+A `Compute` that exchanges values with other chips carries its `peer`, the wire form of its
+`_peers.Peer` (`Peer.wire`: the rendezvous's key, the chip's coordinate and what the worker needs
+to meet the others: the program's name, the timeout, the fabric's facts, each chip's endpoint
+address, the first failure so far), None otherwise; the worker makes it its own `Peer`
+(`decode`'s `peer`, `_peers.Endpoint.peer`).
+
+Not every record can travel: a `Compute` whose rendezvous does not travel (`Peer.wire` gives
+None: a chip without a worker process, or a rendezvous whose first chip ran in the host), runs
 under debug hooks (`hooks`) or calls host functions (`Plan.host_ops`) stays in the host process
 (`encode` returns None), as does a plan whose fields do not pickle.
 """
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import collections
 import pickle
+from collections.abc import Callable
 from typing import Any
 
 from ._commands import Compute, Copy, Load, Plan, Record, Slide, Store, _Schedule
@@ -131,15 +139,20 @@ def encode(record: Record, plans: PlanIds) -> tuple[Any, ...] | None:
         kind = type(step)
         if kind is Compute:
             compute: Compute = step  # type: ignore[assignment]
-            if compute.peers is not None or compute.hooks is not None or compute.plan.host_ops:
+            if compute.hooks is not None or compute.plan.host_ops:
                 return None
+            peer = None
+            if compute.peers is not None:
+                peer = compute.peers.wire()
+                if peer is None:
+                    return None
             number = plans.ref(compute.plan)
             if number is None:
                 return None
             steps.append((COMPUTE, number, tuple([_storage(s) for s in compute.sources]),
                           tuple([_storage(s) for s in compute.outputs]),
                           tuple([(k, _storage(s)) for k, s in compute.scratch.items()]),
-                          compute.pagewise, compute.kernel))
+                          compute.pagewise, compute.kernel, peer))
         elif kind is Store:
             store: Store = step  # type: ignore[assignment]
             steps.append((STORE, _storage(store.dst), store.array, store.staged))
@@ -161,17 +174,24 @@ def _decode_storage(wire: tuple[Any, ...]) -> Storage:
     return Storage(*wire)
 
 
-def decode(wire: tuple[Any, ...], plans: dict[int, Plan]) -> Record:
-    """The record a worker runs, from its wire form (`plans`: the worker's plans by id)."""
+def decode(wire: tuple[Any, ...], plans: dict[int, Plan],
+           peer: Callable[[tuple[Any, ...]], Any] | None = None) -> Record:
+    """The record a worker runs, from its wire form (`plans`: the worker's plans by id; `peer`:
+    what makes a travelling peer this worker's, `_peers.Endpoint.peer`)."""
     wire_steps, timed = wire
     steps: list[Any] = []
     for step in wire_steps:
         kind = step[0]
         if kind == COMPUTE:
-            _, number, sources, outputs, scratch, pagewise, kernel = step
+            _, number, sources, outputs, scratch, pagewise, kernel, wire_peer = step
+            peers = None
+            if wire_peer is not None:
+                if peer is None:
+                    raise ValueError("a record with collectives reached a worker without an endpoint")
+                peers = peer(wire_peer)
             steps.append(Compute(plans[number], tuple([_decode_storage(s) for s in sources]),
                                  tuple([_decode_storage(s) for s in outputs]),
-                                 {k: _decode_storage(s) for k, s in scratch}, pagewise, kernel))
+                                 {k: _decode_storage(s) for k, s in scratch}, pagewise, kernel, peers))
         elif kind == STORE:
             steps.append(Store(_decode_storage(step[1]), step[2], step[3]))
         elif kind == LOAD:

@@ -16,6 +16,7 @@ from typing import Any
 
 from ._commands import run, run_all
 from ._errors import TTFlowError
+from ._peers import Endpoint
 from ._wire import RUN, decode, plan_from_state
 
 __all__ = ["Executor", "main"]
@@ -38,24 +39,34 @@ class Executor:
     """What runs one queue's messages in a worker: the plans that queue's host side defined
     (by id, `_wire.PlanIds`) and the device's banks. `handle` takes a message (a list of jobs,
     each `(plan definitions, plan ids to forget, RUN or RUN_ALL, record(s) in wire form)`) and
-    gives the reply: one `(value, error)` per job, errors made picklable. Transport-free, so
-    that a socket (here) or another carrier of messages can drive it."""
+    gives the reply: one `(value, error)` per job, errors made picklable, and a record whose
+    collectives ran here (its peers made by `endpoint`, `_peers.Endpoint`) also gives their
+    report, `(value, error, report)`, for the host (`_peers.land`). Transport-free, so that a
+    socket (here) or another carrier of messages can drive it."""
 
-    def __init__(self, banks: Any) -> None:
+    def __init__(self, banks: Any, endpoint: Endpoint | None = None) -> None:
         self.banks = banks
         self.plans: dict[int, Any] = {}
+        # Where a record's collective steps meet their peers (`_peers.Endpoint`), if anywhere.
+        self.endpoint = endpoint
 
-    def handle(self, message: list[tuple[Any, ...]]) -> list[tuple[Any, BaseException | None]]:
+    def handle(self, message: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         plans, banks = self.plans, self.banks
-        replies: list[tuple[Any, BaseException | None]] = []
+        replies: list[tuple[Any, ...]] = []
         for defs, forget, kind, payload in message:
             try:
                 for number, state in defs:
                     plans[number] = plan_from_state(pickle.loads(state))
+                peers: list[Any] = []
                 if kind == RUN:
-                    replies.append((run(decode(payload, plans), banks), None))
+                    record = decode(payload, plans, self._peer(peers))
+                    if not peers:
+                        replies.append((run(record, banks), None))
+                    else:  # its collectives ran here: their report goes back with it
+                        replies.append(self._run_with_peers(record, peers))
                 else:
-                    errors = run_all([decode(record, plans) for record in payload], banks)
+                    records = [decode(record, plans, self._peer(peers)) for record in payload]
+                    errors = run_all(records, banks)
                     replies.append(([None if e is None else _portable(e) for e in errors], None))
             except Exception as exc:
                 replies.append((None, _portable(exc)))
@@ -64,8 +75,31 @@ class Executor:
         return replies
 
 
-def _serve_connection(connection: Connection, banks: Any) -> None:
-    executor = Executor(banks)
+    def _peer(self, peers: list[Any]) -> Any:
+        """What `decode` makes a travelling peer into: this worker's `Peer` (kept in `peers`)."""
+        endpoint = self.endpoint
+        if endpoint is None:
+            return None
+
+        def peer(wire: tuple[Any, ...]) -> Any:
+            made = endpoint.peer(wire)
+            peers.append(made)
+            return made
+
+        return peer
+
+    def _run_with_peers(self, record: Any, peers: list[Any]) -> tuple[Any, BaseException | None, Any]:
+        assert self.endpoint is not None
+        try:
+            value, error = run(record, self.banks), None
+        except Exception as exc:
+            value, error = None, exc
+        report = self.endpoint.finish(peers, error)  # a failure aborts the peers' rendezvous
+        return value, None if error is None else _portable(error), report
+
+
+def _serve_connection(connection: Connection, banks: Any, endpoint: Endpoint | None = None) -> None:
+    executor = Executor(banks, endpoint)
     while True:
         try:
             message = connection.recv()
@@ -131,8 +165,9 @@ def main(argv: list[str]) -> None:
         banks[MemorySpace[name.upper()]] = np.frombuffer(mapping, np.uint8, nbytes).reshape(
             int(num_banks), int(bank_bytes))
     connections = [Connection(int(fd)) for fd in fds.split(",")]
+    endpoint = Endpoint.inherited()  # other workers' chunks for this chip's collectives
     with limit_blas_threads(int(blas)) if blas else contextlib.nullcontext():
-        threads = [threading.Thread(target=_serve_connection, args=(c, banks), daemon=True)
+        threads = [threading.Thread(target=_serve_connection, args=(c, banks, endpoint), daemon=True)
                    for c in connections]
         for thread in threads:
             thread.start()

@@ -48,10 +48,12 @@ crosses.
 from __future__ import annotations
 
 import contextlib
+import itertools
+import pickle
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, final
 
 import numpy as np
@@ -59,11 +61,19 @@ import numpy as np
 from .. import _runtime
 from .._binary import Binary, for_mesh
 from .._errors import CollectiveError
-from .._ops import store_as
+from .._peers import (
+    Array,
+    CollectiveRecord,
+    LinkLike,
+    Meeting,
+    Peer,
+    payload_bytes,
+    portable,
+    post_abort,
+)
 from .._tensor import Tensor
-from .._types import DataType
 from .device import MeshDevice
-from .links import Fabric, Link
+from .links import Fabric
 from .spec import Coord
 from .topology import physical
 
@@ -75,14 +85,14 @@ __all__ = [
     "Rendezvous",
     "ReplayPeers",
     "ReplayRendezvous",
+    "Wiring",
     "collective_log",
+    "fabric_facts",
     "fabric_of",
     "modelled_seconds",
     "payload_bytes",
     "submit_collective",
 ]
-
-Array = np.ndarray[Any, Any]
 
 TIMEOUT_SECONDS = 600.0
 """How long a chip waits for its peers in one collective before it gives up (CollectiveError):
@@ -132,78 +142,60 @@ def modelled_seconds(op: str, n: int, nbytes: int, hops: int, busiest_link_bytes
 
 
 @final
-class CollectiveRecord:
-    """One collective step of one group, as it ran: for the timeline and the counters.
+class Wiring:
+    """What a rendezvous needs for its chips to meet in their worker processes
+    (`workers="process"`): each chip's endpoint address (by coordinate, in the fabric's order)
+    and the fabric's facts (`fabric_facts`: an id and their pickled state)."""
 
-    `started` (perf_counter) is when the last chip of the group arrived; `waited` how long
-    each chip waited for it; `link_bytes` the payload this collective sent over each directed
-    link (by coordinates); `modelled_seconds` what a real mesh would take (`modelled_seconds`)."""
+    __slots__ = ("addresses", "facts", "facts_id")
 
-    __slots__ = (
-        "_arrived",
-        "_left",
-        "chip_ids",
-        "group",
-        "hops",
-        "link_bytes",
-        "links",
-        "modelled_seconds",
-        "nbytes",
-        "op",
-        "program",
-        "started",
-        "step",
-        "topology",
-        "waited",
-    )
+    def __init__(self, addresses: tuple[tuple[Coord, Any], ...], facts_id: int, facts: bytes) -> None:
+        self.addresses = addresses
+        self.facts_id = facts_id
+        self.facts = facts
 
-    def __init__(self, op: str, program: str, step: int, group: tuple[Coord, ...], topology: str) -> None:
-        self.op = op
-        self.program = program
-        self.step = step
-        self.group = group
-        self.topology = topology
-        self.nbytes = 0  # one chip's input
-        self.started = 0.0
-        self.waited: dict[Coord, float] = {}
-        self.link_bytes: dict[tuple[Coord, Coord], int] = {}
-        self.hops = 0  # the longest route a chunk took (point_to_point, broadcast, all_to_all)
-        self.chip_ids: dict[Coord, int] = {}  # each coordinate's chip id in the system
-        self.modelled_seconds = 0.0
-        self.links = 1  # links per neighbour pair the chunks were split across
-        self._arrived: dict[Coord, float] = {}
-        self._left = 0
 
-    def __repr__(self) -> str:
-        return (f"<CollectiveRecord {self.op} step {self.step} of {self.program!r}, {len(self.group)} chips "
-                f"({self.topology}), {sum(self.link_bytes.values())} link bytes, "
-                f"modelled {self.modelled_seconds * 1e6:.2f} us>")
+_KEYS = itertools.count()
+"""Rendezvous keys, unique in this process: what names a rendezvous in the workers."""
+
+STATS = {"host_chunks": 0, "worker_chunks": 0, "worker_steps": 0}
+"""Chunks delivered into a mailbox of this (the host) process; chunks the workers sent each
+other and collective steps they ran, as their reports said (tests read the differences)."""
+WORKER_PIDS: set[int] = set()
+"""The worker processes whose reports came back (tests)."""
+_STATS_LOCK = threading.Lock()
 
 
 @final
-class Rendezvous:
+class Rendezvous(Meeting):
     """What the chips of one SPMD submit share: the barriers of its collective steps, the
     chunks in transit (each addressed to a chip), and the first failure.
 
     `fabric`: the links of the mesh view the submit runs on; `program`: the program's name
     (for messages); `link_bytes_per_second`, `hop_seconds`, `links_per_pair`: the spec's link
     facts (the timing model); `log`: where each completed collective's `CollectiveRecord` goes
-    (or None)."""
+    (or None); `wiring`: where the chips' worker processes listen, when every chip has one.
+
+    With a wiring the chips' records travel to their workers, which meet among themselves
+    (`_peers.ChipRendezvous`) and report each step back (`merge`); this object then keeps the
+    records, counts the links and tells the workers of a failure (`abort`). Which way a
+    rendezvous goes is settled by its first chip: a record that cannot travel (debug hooks)
+    makes the rest stay in the host too (`wire` gives None), and one that already travelled
+    makes a later local run fail typed."""
 
     def __init__(self, fabric: Fabric, program: str, link_bytes_per_second: float = 12.5e9,
                  hop_seconds: float = 711e-9, log: list[CollectiveRecord] | CollectiveLog | None = None,
-                 timeout: float | None = None, links_per_pair: int = 1) -> None:
+                 timeout: float | None = None, links_per_pair: int = 1, wiring: Wiring | None = None) -> None:
+        super().__init__(program, TIMEOUT_SECONDS if timeout is None else timeout)
         self.fabric = fabric
         self.links_per_pair = links_per_pair
-        self.program = program
         self.link_bytes_per_second = link_bytes_per_second
         self.hop_seconds = hop_seconds
         self.log = log
-        self.timeout = TIMEOUT_SECONDS if timeout is None else timeout
-        self._cond = threading.Condition()
+        self.wiring = wiring
+        self.key = next(_KEYS)
+        self._travelled: bool | None = None  # settled by the first chip: in the workers, or here
         self._records: dict[tuple[int, Coord], CollectiveRecord] = {}  # (step, group's first chip)
-        self._mail: dict[tuple[int, Any, Coord], Array] = {}  # (step, tag, to) -> a chunk
-        self._failed: tuple[Coord | None, BaseException] | None = None
 
     def peer(self, coord: Coord) -> Peer:
         """The chip at `coord`'s place in the rendezvous (what its command carries)."""
@@ -213,54 +205,49 @@ class Rendezvous:
         """A new rendezvous of the same chips, links and model, with nothing arrived, sent or
         failed: what one execute of a trace gives a submit the trace captured."""
         return Rendezvous(self.fabric, self.program, self.link_bytes_per_second, self.hop_seconds,
-                          self.log, self.timeout, self.links_per_pair)
-
-    @property
-    def failed(self) -> tuple[Coord | None, BaseException] | None:
-        """(chip, error) of the first failure, or None."""
-        return self._failed
+                          self.log, self.timeout, self.links_per_pair, self.wiring)
 
     def abort(self, chip: Coord | None, error: BaseException) -> None:
         """A chip's command failed (or the mesh is closing): every chip waiting in a collective
         of this submit, now or later, fails with a CollectiveError naming `chip`. The first
-        failure is kept; later ones change nothing."""
+        failure is kept; later ones change nothing. The workers hear of it if a record went
+        there."""
         with self._cond:
-            if self._failed is None:
-                self._failed = (chip, error)
-                self._mail.clear()
-                self._cond.notify_all()
+            first = self._fail(chip, error)
+            tell = first and self._travelled is True
+        if tell:
+            assert self.wiring is not None
+            post_abort([address for _, address in self.wiring.addresses], self.key, chip, error)
+
+    def wire(self, coord: Coord) -> tuple[Any, ...] | None:
+        """The chip's place for its worker (`_peers.Endpoint.peer`), or None: it meets here."""
+        wiring = self.wiring
+        if wiring is None:
+            return None
+        with self._cond:
+            if self._travelled is False:
+                return None
+            self._travelled = True
+            failed = self._failed
+        if failed is not None:
+            failed = (failed[0], portable(failed[1]))
+        return (self.key, coord, (self.program, self.timeout, wiring.facts_id, wiring.facts, wiring.addresses, failed))
 
     # -- what the chips call, on their worker threads ------------------------------------------
-
-    def _wait(self, ready: Any, op: str, step: int, me: Coord) -> None:
-        """Waits (holding the condition) until `ready()`; raises CollectiveError once the
-        rendezvous is aborted or after the timeout. Ready wins: data that arrived is used."""
-        deadline = time.monotonic() + self.timeout
-        while not ready():
-            if self._failed is not None:
-                chip, error = self._failed
-                who = "the submit was aborted" if chip is None else f"chip {chip} failed first"
-                raise CollectiveError(
-                    f"{op} (step {step} of program {self.program!r}) on chip {me} cannot complete: {who}: "
-                    f"{type(error).__name__}: {error}", chip, op)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                error = CollectiveError(
-                    f"{op} (step {step} of program {self.program!r}) on chip {me}: its peers did not "
-                    f"come within {self.timeout:g} s (a chip that never ran this submit, or more chips "
-                    "in a group than free worker-thread tokens); the submit is aborted", None, op)
-                if self._failed is None:
-                    self._failed = (me, error)
-                    self._mail.clear()
-                    self._cond.notify_all()
-                raise error
-            self._cond.wait(remaining)
 
     def _arrive(self, op: str, step: int, group: tuple[Coord, ...], topology: str, me: Coord,
                 nbytes: int) -> CollectiveRecord:
         """The barrier of a collective step: returns once every chip of `group` arrived."""
         key = (step, group[0])
         with self._cond:
+            if self._travelled:
+                error = CollectiveError(
+                    f"{op} (step {step} of program {self.program!r}) on chip {me}: this chip runs it in "
+                    "the host process (under debug hooks), its peers in their worker processes; they "
+                    "cannot meet (put debug hooks on every chip of the mesh, or none)", me, op)
+                self._fail(me, error)
+                raise error
+            self._travelled = False
             record = self._records.get(key)
             if record is None:
                 record = self._records[key] = CollectiveRecord(op, self.program, step, group, topology)
@@ -283,6 +270,10 @@ class Rendezvous:
             if record._left < len(record.group):
                 return
             del self._records[record.step, record.group[0]]
+        self._complete(record)
+
+    def _complete(self, record: CollectiveRecord) -> None:
+        """A step every chip of its group left: its timing model, then the log."""
         hops = len(record.group) - 1 if record.topology != "routes" else record.hops
         record.links = self.links_per_pair
         record.modelled_seconds = modelled_seconds(
@@ -291,14 +282,14 @@ class Rendezvous:
         if self.log is not None:
             self.log.append(record)
 
-    def _send(self, step: int, tag: Any, to: Coord, chunk: Array, nbytes: int, links: Sequence[Link],
+    def _send(self, step: int, tag: Any, to: Coord, chunk: Array, nbytes: int, links: Sequence[LinkLike],
               record: CollectiveRecord) -> None:
         """`chunk` across `links`, one hop after another, then into `to`'s mailbox."""
         for link in links:
             chunk = link.carry(chunk, nbytes)
         self._deliver(step, tag, to, chunk, nbytes, links, record)
 
-    def _deliver(self, step: int, tag: Any, to: Coord, chunk: Array, nbytes: int, links: Sequence[Link],
+    def _deliver(self, step: int, tag: Any, to: Coord, chunk: Array, nbytes: int, links: Sequence[LinkLike],
                  record: CollectiveRecord) -> None:
         """A chunk that crossed `links` into `to`'s mailbox, its bytes on the record."""
         with self._cond:
@@ -306,244 +297,55 @@ class Rendezvous:
                 pair = (link.source, link.target)
                 record.link_bytes[pair] = record.link_bytes.get(pair, 0) + nbytes
             record.hops = max(record.hops, len(links))
-            if self._failed is None:
-                self._mail[step, tag, to] = chunk
-                self._cond.notify_all()
+        with _STATS_LOCK:
+            STATS["host_chunks"] += 1
+        self._post(step, tag, to, chunk)
 
-    def _receive(self, op: str, step: int, tag: Any, me: Coord) -> Array:
-        key = (step, tag, me)
+    # -- what the workers report (`_peers.land`, on a queue's worker thread) -------------------
+
+    def merge(self, done: list[tuple[Any, ...]], sent: dict[tuple[Coord, Coord], int],
+              chunks: tuple[int, int], pid: int, failed: tuple[Coord | None, BaseException] | None) -> None:
+        """One worker's report of its chip's record: each step it left (its arrival, the link
+        bytes it sent, its longest route), the bytes it sent over each link (counted on the
+        mesh's links, failed steps' too), the chunks it sent, and the rendezvous's first failure
+        as the worker knows it. A step's record completes when every chip of its group reported
+        it, as the last chip's `_leave` completes it. A failure is kept here without telling
+        the workers (they told each other): the chip's command then completing with its
+        CollectiveError changes nothing, so a later record names the chip that failed first."""
+        if failed is not None:
+            self._fail(*failed)
+        for (a, b), nbytes in sent.items():
+            self.fabric.link(a, b).carry(_NO_BYTES, nbytes)  # counted, nothing copied
+        complete = []
         with self._cond:
-            self._wait(lambda: key in self._mail, op, step, me)
-            return self._mail.pop(key)
+            for me, step, group, op, topology, nbytes, arrived, link_bytes, hops in done:
+                key = (step, group[0])
+                record = self._records.get(key)
+                if record is None:
+                    record = self._records[key] = CollectiveRecord(op, self.program, step, group, topology)
+                    record.nbytes = nbytes
+                    record.chip_ids = self.fabric.ids
+                record._arrived[me] = arrived
+                for pair, n in link_bytes.items():
+                    record.link_bytes[pair] = record.link_bytes.get(pair, 0) + n
+                record.hops = max(record.hops, hops)
+                record._left += 1
+                if record._left == len(group):
+                    del self._records[key]
+                    record.started = max(record._arrived.values())
+                    record.waited = {c: record.started - t for c, t in record._arrived.items()}
+                    complete.append(record)
+        for record in complete:
+            self._complete(record)
+        with _STATS_LOCK:
+            STATS["worker_chunks"] += chunks[0]
+            STATS["worker_steps"] += len(done)
+            WORKER_PIDS.add(pid)
 
 
-@final
-class Peer:
-    """One chip's place in a rendezvous: what its program's collective steps call."""
-
-    __slots__ = ("coord", "rendezvous")
-
-    def __init__(self, rendezvous: Rendezvous, coord: Coord) -> None:
-        self.rendezvous = rendezvous
-        self.coord = coord
-
-    def abort(self, error: BaseException) -> None:
-        """This chip's command failed: its peers must not wait for it."""
-        self.rendezvous.abort(self.coord, error)
-
-    def collective(self, step: int, op: str, x: Array, attrs: dict[str, Any], dtype: DataType) -> Array:
-        """The result of collective step `step` (`op` with its attrs) on this chip, whose
-        operand is `x` (in its compute dtype, rounded to `dtype`)."""
-        r = self.rendezvous
-        fabric = r.fabric
-        axis = attrs.get("cluster_axis")
-        group = fabric.group(self.coord, axis)
-        path, ring = fabric.path(group)
-        topology = ("ring" if ring else "line") if op in _ALONG_PATH else "routes"
-        itemsize = 0 if dtype is DataType.BFLOAT8_B else np.dtype(dtype.host_dtype).itemsize
-        record = r._arrive(op, step, group, topology, self.coord, payload_bytes(x, itemsize))
-        exchange = _Exchange(r, step, op, self.coord, group, path, ring, itemsize, dtype, record)
-        result = _ALGORITHMS[op](exchange, x, **{k: v for k, v in attrs.items() if k != "cluster_axis"})
-        r._leave(record)
-        return result
+_NO_BYTES = np.zeros(0, np.uint8)
 
 
-@final
-class _Exchange:
-    """One chip's side of one collective step: its group, path, and send / receive."""
-
-    __slots__ = ("dtype", "group", "itemsize", "me", "op", "path", "pos", "r", "record", "ring", "step")
-
-    def __init__(self, r: Rendezvous, step: int, op: str, me: Coord, group: tuple[Coord, ...],
-                 path: list[Coord], ring: bool, itemsize: int, dtype: DataType, record: CollectiveRecord) -> None:
-        self.r, self.step, self.op, self.me = r, step, op, me
-        self.group, self.path, self.ring = group, path, ring
-        self.pos = path.index(me)
-        self.itemsize, self.dtype, self.record = itemsize, dtype, record
-
-    def at(self, offset: int) -> Coord:
-        """The chip `offset` places along the path from this one (around it on a ring)."""
-        return self.path[(self.pos + offset) % len(self.path)]
-
-    def send(self, to: Coord, tag: Any, chunk: Array, links: Sequence[Link] | None = None) -> None:
-        """`chunk` to `to` (a neighbour, unless `links` is its route)."""
-        if links is None:
-            links = (self.r.fabric.link(self.me, to),)
-        self.r._send(self.step, tag, to, chunk, payload_bytes(chunk, self.itemsize), links, self.record)
-
-    def receive(self, tag: Any) -> Array:
-        return self.r._receive(self.op, self.step, tag, self.me)
-
-    def add(self, a: Array, b: Array) -> Array:
-        """a + b as the device stores a partial sum: in the value's dtype (a BFLOAT8_B part is
-        whole tiles, so its rows share exponents as the device's buffer packs them)."""
-        if a.size == 0:
-            return a + b
-        return store_as(a + b, self.dtype)
-
-    # -- the building blocks of the ring and line algorithms ---------------------------------
-
-    def gather(self, mine: Array) -> dict[Coord, Array]:
-        """Every chip's `mine`, by chip (all_gather's data movement)."""
-        n, pos = len(self.path), self.pos
-        parts = {self.me: mine}
-        if self.ring:
-            for s in range(n - 1):
-                self.send(self.at(1), ("ag", s), parts[self.at(-s)])
-                parts[self.at(-1 - s)] = self.receive(("ag", s))
-            return parts
-        if pos + 1 < n:
-            self.send(self.at(1), ("agr", self.me), mine)
-        if pos > 0:
-            self.send(self.at(-1), ("agl", self.me), mine)
-        for k in range(1, pos + 1):  # from the left end, forwarded rightwards
-            home = self.at(-k)
-            parts[home] = self.receive(("agr", home))
-            if pos + 1 < n:
-                self.send(self.at(1), ("agr", home), parts[home])
-        for k in range(1, n - pos):  # from the right end, forwarded leftwards
-            home = self.at(k)
-            parts[home] = self.receive(("agl", home))
-            if pos > 0:
-                self.send(self.at(-1), ("agl", home), parts[home])
-        return parts
-
-    def reduce_scatter(self, parts: dict[Coord, Array]) -> Array:
-        """The sum over the group of each chip's `parts[self.me]` (reduce_scatter's data
-        movement: `parts` is this chip's term of every chip's part)."""
-        n, pos = len(self.path), self.pos
-        if self.ring:
-            partial = parts[self.at(-1)]
-            for s in range(n - 1):
-                self.send(self.at(1), ("rs", s), partial)
-                partial = self.add(self.receive(("rs", s)), parts[self.at(-2 - s)])
-            return partial  # after round N - 2: this chip's own part, summed
-        for home in self.path[pos + 1:]:  # partial sums flowing rightwards
-            partial = parts[home] if pos == 0 else self.add(self.receive(("rsr", home)), parts[home])
-            self.send(self.at(1), ("rsr", home), partial)
-        for home in reversed(self.path[:pos]):  # and leftwards
-            partial = parts[home] if pos == n - 1 else self.add(self.receive(("rsl", home)), parts[home])
-            self.send(self.at(-1), ("rsl", home), partial)
-        mine = parts[self.me]
-        if pos > 0:
-            mine = self.add(self.receive(("rsr", self.me)), mine)
-        if pos < n - 1:
-            mine = self.add(mine, self.receive(("rsl", self.me)))
-        return mine
-
-
-def _all_gather(ex: _Exchange, x: Array, dim: int) -> Array:
-    if len(ex.group) == 1:
-        return x
-    parts = ex.gather(x)
-    return np.concatenate([parts[c] for c in ex.group], axis=dim)
-
-
-def _reduce_scatter(ex: _Exchange, x: Array, dim: int) -> Array:
-    if len(ex.group) == 1:
-        return x
-    return ex.reduce_scatter(dict(zip(ex.group, np.split(x, len(ex.group), axis=dim))))
-
-
-def _all_reduce(ex: _Exchange, x: Array) -> Array:
-    if len(ex.group) == 1:
-        return x
-    if ex.dtype is DataType.BFLOAT8_B:  # parts of whole packed tiles, in tile order
-        tiles = _tiles(x)
-        mine = ex.reduce_scatter(dict(zip(ex.path, np.array_split(tiles, len(ex.path)))))
-        parts = ex.gather(mine)
-        return _untile(np.concatenate([parts[c] for c in ex.path]), x.shape)
-    flat = x.reshape(-1)
-    mine = ex.reduce_scatter(dict(zip(ex.path, np.array_split(flat, len(ex.path)))))
-    parts = ex.gather(mine)
-    return np.concatenate([parts[c] for c in ex.path]).reshape(x.shape)
-
-
-def _tiles(x: Array) -> Array:
-    """x's 32x32 tiles (zero padded; a rank-1 x is one row), (tiles, 32, 32) in tile order:
-    batch, then tile rows, then tile columns, as the device's pages hold them."""
-    h, w = (1, x.shape[0]) if x.ndim == 1 else x.shape[-2:]
-    batch = x.size // (h * w) if h * w else 0
-    ph, pw = -(-h // 32) * 32, -(-w // 32) * 32
-    padded = np.zeros((batch, ph, pw), x.dtype)
-    padded[:, :h, :w] = x.reshape(batch, h, w)
-    return padded.reshape(batch, ph // 32, 32, pw // 32, 32).transpose(0, 1, 3, 2, 4).reshape(-1, 32, 32)
-
-
-def _untile(tiles: Array, shape: tuple[int, ...]) -> Array:
-    """The value of `shape` whose tiles (`_tiles`' order) these are."""
-    h, w = (1, shape[0]) if len(shape) == 1 else shape[-2:]
-    ph, pw = -(-h // 32) * 32, -(-w // 32) * 32
-    batch = tiles.shape[0] // ((ph // 32) * (pw // 32))
-    padded = tiles.reshape(batch, ph // 32, pw // 32, 32, 32).transpose(0, 1, 3, 2, 4).reshape(batch, ph, pw)
-    return np.ascontiguousarray(padded[:, :h, :w]).reshape(shape)
-
-
-def payload_bytes(chunk: Array, itemsize: int) -> int:
-    """The bytes a chunk is on a link: its elements times `itemsize`, or, for BFLOAT8_B
-    (`itemsize` 0), its packed tiles: each 32x32 tile (zero padded) 1088 bytes, 64 shared
-    exponents and 1024 mantissas (a rank-1 chunk is one row of tiles)."""
-    if itemsize:
-        return chunk.size * itemsize
-    if chunk.size == 0:
-        return 0
-    h, w = (1, chunk.shape[0]) if chunk.ndim == 1 else chunk.shape[-2:]
-    return chunk.size // (h * w) * -(-h // 32) * -(-w // 32) * DataType.BFLOAT8_B.tile_bytes
-
-
-def _broadcast(ex: _Exchange, x: Array, sender: tuple[int, int]) -> Array:
-    if ex.me != tuple(sender):
-        return ex.receive("broadcast")
-    nbytes = payload_bytes(x, ex.itemsize)
-    held = {ex.me: x}
-    route: dict[Coord, tuple[Link, ...]] = {ex.me: ()}
-    for link in ex.r.fabric.tree(ex.me):  # parents before children: each link carries x once
-        held[link.target] = link.carry(held[link.source], nbytes)
-        route[link.target] = (*route[link.source], link)
-        ex.r._deliver(ex.step, "broadcast", link.target, held[link.target], nbytes, (link,), ex.record)
-    with ex.r._cond:
-        ex.record.hops = max(len(links) for links in route.values())
-    return x
-
-
-def _point_to_point(ex: _Exchange, x: Array, sender: tuple[int, int], receiver: tuple[int, int]) -> Array:
-    sender, receiver = tuple(sender), tuple(receiver)  # type: ignore[assignment]
-    if sender == receiver:
-        return x
-    if ex.me == sender:
-        ex.send(receiver, "p2p", x, ex.r.fabric.route(sender, receiver))
-    elif ex.me == receiver:
-        return ex.receive("p2p")
-    return x
-
-
-def _all_to_all(ex: _Exchange, x: Array, split_dim: int, concat_dim: int) -> Array:
-    n = len(ex.group)
-    if n == 1:
-        return x
-    parts = np.split(x, n, axis=split_dim)
-    fabric = ex.r.fabric
-    received = {}
-    for dest, part in zip(ex.group, parts):
-        if dest == ex.me:
-            received[dest] = part
-        else:
-            ex.send(dest, ("a2a", ex.me), part, fabric.route(ex.me, dest))
-    for source in ex.group:
-        if source != ex.me:
-            received[source] = ex.receive(("a2a", source))
-    return np.concatenate([received[c] for c in ex.group], axis=concat_dim)
-
-
-_ALGORITHMS: dict[str, Callable[..., Array]] = {
-    "all_gather": _all_gather,
-    "reduce_scatter": _reduce_scatter,
-    "all_reduce": _all_reduce,
-    "broadcast": _broadcast,
-    "point_to_point": _point_to_point,
-    "all_to_all": _all_to_all,
-}
-_ALONG_PATH = frozenset({"all_gather", "reduce_scatter", "all_reduce"})
 
 
 # -- the SPMD hook: one rendezvous per submit --------------------------------------------------------
@@ -567,6 +369,44 @@ def fabric_of(mesh: MeshDevice) -> Fabric:
     return fabric
 
 
+def fabric_facts(fabric: Fabric) -> bytes:
+    """What a worker's algorithms ask of `fabric` (`_peers.FabricFacts`), pickled: every chip's
+    group along each cluster axis, each group's path and whether it is a ring, the directed
+    links, the route between every two chips and the tree from every chip, each link a
+    (from, to) pair of coordinates. The fabric's own answers, so the worker runs no topology
+    code of its own."""
+    coords = fabric.coords
+    groups = {(c, axis): fabric.group(c, axis) for c in coords for axis in (None, 0, 1)}
+    paths = {group: fabric.path(group) for group in set(groups.values())}
+    links = [(link.source, link.target) for link in fabric.links]
+    routes = {(a, b): tuple((link.source, link.target) for link in fabric.route(a, b))
+              for a in coords for b in coords if a != b}
+    trees = {c: tuple((link.source, link.target) for link in fabric.tree(c)) for c in coords}
+    return pickle.dumps((groups, paths, links, routes, trees), pickle.HIGHEST_PROTOCOL)
+
+
+_WIRINGS: weakref.WeakKeyDictionary[Any, dict[tuple[Coord, tuple[int, ...]], Wiring | None]] = \
+    weakref.WeakKeyDictionary()
+
+
+def wiring_of(mesh: MeshDevice) -> Wiring | None:
+    """Where the chips of `mesh`'s view meet when each has a worker process (`Wiring`, kept per
+    system and view), or None: they meet in this process."""
+    system = mesh._system
+    wirings = _WIRINGS.get(system)
+    if wirings is None:
+        wirings = _WIRINGS[system] = {}
+    key = (mesh._shape, mesh._ids)
+    if key not in wirings:
+        # A chip without a worker process (or one of another kind) meets here.
+        addresses = [getattr(chip._process, "address", None) for chip in mesh._chips]
+        wiring = None
+        if None not in addresses:
+            wiring = Wiring(tuple(zip(mesh.coords, addresses)), next(_KEYS), fabric_facts(fabric_of(mesh)))
+        wirings[key] = wiring
+    return wirings[key]
+
+
 def submit_collective(mesh: MeshDevice, binary: Binary, program_index: int,
                       per_chip: list[list[Tensor]]) -> list[list[Tensor]] | None:
     """An SPMD submit of a program with collectives: one checked single-chip submit per chip
@@ -586,7 +426,7 @@ def submit_collective(mesh: MeshDevice, binary: Binary, program_index: int,
     system = mesh._system
     spec = system.spec
     rendezvous = Rendezvous(fabric_of(mesh), program.name, spec.link_bytes_per_second, spec.hop_seconds,
-                            collective_log(mesh), links_per_pair=spec.links_per_pair)
+                            collective_log(mesh), links_per_pair=spec.links_per_pair, wiring=wiring_of(mesh))
     system.rendezvous.add(rendezvous)
     outputs: list[list[Tensor]] = []
     try:
@@ -657,7 +497,9 @@ class ReplayPeers:
         self.coord = coord
 
     def replace(self, captured: Peer) -> Peer:
-        return self.execution.renew(captured.rendezvous).peer(captured.coord)
+        rendezvous = captured.rendezvous
+        assert isinstance(rendezvous, Rendezvous)
+        return self.execution.renew(rendezvous).peer(captured.coord)
 
     def abort(self, error: BaseException) -> None:
         self.execution.abort(self.coord, error)
