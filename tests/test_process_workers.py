@@ -384,7 +384,7 @@ async def test_closing_with_work_queued_reaps_the_worker(how: str) -> None:
 
 async def test_workers_is_checked() -> None:
     with pytest.raises(ValueError, match="workers"):
-        async with tt.open_device(SMALL, workers="ray"):
+        async with tt.open_device(SMALL, workers="gpu"):
             pass
     async with tt.open_device(SMALL) as device:
         assert device.worker_pid is None

@@ -27,6 +27,7 @@ EXPECTED = {
     "DebugHookError", "OpContext", "OpTensor", "ProgramContext", "debug_hooks",  # issue 27: hooks
     "GoldenReport", "GoldenRow", "compare_with_golden",  # issue 27: golden comparison
     "DeviceLostError",  # issue 28: a device whose worker process died
+    "RemoteMemoryError",  # issue 28: the host reaching for a Ray chip's memory
 }
 
 

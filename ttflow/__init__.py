@@ -35,6 +35,7 @@ from ._golden import compare_with_golden as compare_with_golden
 from ._errors import CollectiveError as CollectiveError
 from ._errors import HostOpError as HostOpError
 from ._errors import DeviceLostError as DeviceLostError
+from ._memory import RemoteMemoryError as RemoteMemoryError
 from ._device import Device as Device
 from ._device import DeviceStatistics as DeviceStatistics
 from ._device import open_device as open_device
@@ -109,7 +110,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BinaryFormatError", "DeallocatedTensorError", "DeviceClosedError", "LayoutError",
     "OutOfMemoryError", "ProgramError", "ShapeError", "TTFlowError", "TraceError", "MeshError",
-    "CollectiveError", "HostOpError", "DeviceLostError",
+    "CollectiveError", "HostOpError", "DeviceLostError", "RemoteMemoryError",
     "Trace", "capture_trace", "execute_trace", "release_trace",
     "Device", "DeviceStatistics", "open_device", "BufferInfo",
     "MemoryView", "BufferView", "MemoryMapRecorder", "record_memory_map", "draw_memory_map",

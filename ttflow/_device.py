@@ -20,12 +20,13 @@ from ._errors import DeviceClosedError, DeviceLostError
 from ._memory import MemorySpaceState, MemoryView
 from ._process_worker import WORKER_TIMEOUT, ProcessQueueWorker, WorkerProcess
 from ._queue import Command, CommandQueue
+from ._ray_worker import STRATEGIES, RayChip, RayQueueWorker, RayWorkers, spaces_of
 from ._sched import EVICTION_POLICIES, Scheduler
 from ._types import DeviceSpec, MemorySpace
 
 __all__ = ["Device", "DeviceStatistics", "open_device", "WORKERS"]
 
-WORKERS = ("thread", "process")
+WORKERS = ("thread", "process", "ray")
 """Where a device's large records run (`open_device(workers=...)`)."""
 
 
@@ -93,19 +94,24 @@ class Device:
 
     def __init__(self, spec: DeviceSpec, eviction: str = "lookahead",
                  inline_seconds: float = INLINE_SECONDS, workers: str = "thread",
-                 blas_threads: int | None = 1, worker_timeout: float | None = WORKER_TIMEOUT) -> None:
+                 blas_threads: int | None = 1, worker_timeout: float | None = WORKER_TIMEOUT,
+                 ray_chip: RayChip | None = None) -> None:
         self.spec = spec
         self.closed = False
         self.workers = workers
         shared = workers == "process"
-        self._spaces = {space: MemorySpaceState(spec, space, shared) for space in MemorySpace}
+        # workers="ray": the banks live in the chip's Ray actor; the host keeps refusals.
+        remote = None if ray_chip is None else "a Ray actor"
+        self._spaces = {space: MemorySpaceState(spec, space, shared, remote) for space in MemorySpace}
         self._banks = {space: state.banks for space, state in self._spaces.items()}
         scheduler_complete = self._complete
         # With workers="process", the records the queues hand to their workers run in one child
         # process that maps the same bank memory (`_process_worker`); the rest is as with threads.
-        self._process: WorkerProcess | None = None
+        self._process: Any = ray_chip  # a WorkerProcess, or a RayChip (the same interface)
         workers_of: list[ProcessQueueWorker | None] = [None, None]
-        if shared:
+        if ray_chip is not None:
+            workers_of = [RayQueueWorker(name, ray_chip, i) for i, name in enumerate(("CQ0", "CQ1"))]
+        elif shared:
             self._process = WorkerProcess(
                 [(space.name, state.memory.shared_path or "", state.num_banks, state.bank_bytes)
                  for space, state in self._spaces.items()], 2, blas_threads, worker_timeout)
@@ -129,6 +135,9 @@ class Device:
 
     @inline_seconds.setter
     def inline_seconds(self, seconds: float) -> None:
+        if self.workers == "ray" and not seconds < 0:
+            raise ValueError('a workers="ray" device runs every record in its actor: inline_seconds stays '
+                             f"negative, got {seconds!r}")
         self._cq0.inline_seconds = self._cq1.inline_seconds = float(seconds)
 
     @property
@@ -215,7 +224,10 @@ class Device:
     def read_bank(self, space: MemorySpace, bank: int, address: int, nbytes: int) -> bytes:
         """Raw bytes of one bank, for debugging and byte-exact tests."""
         self.check_open()
-        return self._spaces[space].memory.read(bank, address, nbytes)
+        state = self._spaces[space]
+        if self.workers == "ray":  # a call to the chip's actor, which holds the bytes
+            return self._process.read_bank(space.name, state.num_banks, state.bank_bytes, bank, address, nbytes)  # type: ignore[no-any-return]
+        return state.memory.read(bank, address, nbytes)
 
     async def synchronize(self) -> None:
         """Waits until every command queued on the device so far has completed (as
@@ -254,7 +266,7 @@ class Device:
 async def open_device(
     spec: DeviceSpec | None = None, *, blas_threads: int | None = 1, eviction: str = "lookahead",
     inline_seconds: float | None = None, workers: str = "thread",
-    worker_timeout: float | None = WORKER_TIMEOUT,
+    worker_timeout: float | None = WORKER_TIMEOUT, ray_cpus: float = 1.0, _ray_chip: RayChip | None = None,
 ) -> AsyncIterator[Device]:
     """Opens an emulated device (default: a Wormhole n150) and its two command queues.
 
@@ -297,6 +309,15 @@ async def open_device(
     a long record does not stop (numpy releases the interpreter lock); a worker that is stopped
     or stuck is killed after this long, and the device's pending and later work fails with
     `DeviceLostError` saying so. `None`: no heartbeat (a silent worker then hangs its awaits).
+    With workers="ray", the longest one actor call (a batch of up to 8 records) may take.
+
+    workers="ray": the device's bank memory and every record's run are in a Ray actor (placed
+    on the cluster `ray.init()` joined, which must be called first), which may be on another
+    host; the host decides and answers `submit` at once, and batches each queue's records into
+    one actor call. Nothing runs inline in the host (`inline_seconds` is negative), and what
+    cannot travel fails with `RemoteMemoryError`: programs with host ops, runs under debug
+    hooks. `ray_cpus`: the CPUs the actor asks of the cluster (its placement bundle).
+    `tt.open_mesh_device(..., workers="ray", chips_per_worker=n)` puts n chips in each actor.
     """
     if eviction not in EVICTION_POLICIES:
         raise ValueError(f"eviction must be one of {', '.join(map(repr, EVICTION_POLICIES))}, got {eviction!r}")
@@ -305,11 +326,36 @@ async def open_device(
     if worker_timeout is not None and (isinstance(worker_timeout, bool) or not isinstance(worker_timeout, (int, float))
                                        or not 0 < worker_timeout < float("inf")):
         raise ValueError(f"worker_timeout must be a positive number of seconds or None, got {worker_timeout!r}")
+    spec = spec if spec is not None else DeviceSpec()
+    ray_workers: RayWorkers | None = None
+    if workers == "ray":
+        if inline_seconds is not None and not inline_seconds < 0:
+            raise ValueError('a workers="ray" device runs every record in its actor: inline_seconds must be '
+                             f"negative (or None), got {inline_seconds!r}")
+        inline_seconds = -1.0
+        if _ray_chip is None:  # a lone device: one actor of its own
+            ray_workers = RayWorkers([spaces_of(spec)], 1, blas_threads, STRATEGIES[0], ray_cpus, worker_timeout)
+            await anyio.to_thread.run_sync(ray_workers.start)
+            _ray_chip = ray_workers.chips[0]
+    elif _ray_chip is not None:
+        raise ValueError('a Ray chip needs workers="ray"')
+    try:
+        async with _open(spec, eviction, inline_seconds, workers, blas_threads, worker_timeout, _ray_chip) as device:
+            yield device
+    finally:
+        if ray_workers is not None:
+            ray_workers.stop()
+
+
+@asynccontextmanager
+async def _open(spec: DeviceSpec, eviction: str, inline_seconds: float | None, workers: str,
+                blas_threads: int | None, worker_timeout: float | None,
+                ray_chip: RayChip | None) -> AsyncIterator[Device]:
     blas = nullcontext() if blas_threads is None else limit_blas_threads(blas_threads)
-    device = Device(spec if spec is not None else DeviceSpec(), eviction,
+    device = Device(spec, eviction,
                     (PROCESS_INLINE_SECONDS if workers == "process" else INLINE_SECONDS) if inline_seconds is None
                     else float(inline_seconds), workers, blas_threads,
-                    None if worker_timeout is None else float(worker_timeout))
+                    None if worker_timeout is None else float(worker_timeout), ray_chip)
     body_error: Exception | None = None
     with blas:
         try:

@@ -35,11 +35,12 @@ import numpy as np
 
 from ._core._allocator import Allocator
 from ._core._dispatch import StorageCore
-from ._errors import OutOfMemoryError, ShapeError
+from ._errors import OutOfMemoryError, ShapeError, TTFlowError
 from ._types import DataType, DeviceSpec, Layout, MemorySpace
 
 __all__ = ["BufferInfo", "BufferView", "MemoryView", "Storage", "BankMemory", "Allocator",
-           "MemorySpaceState", "SHARED_PREFIX", "map_shared", "shared_path"]
+           "MemorySpaceState", "RemoteBanks", "RemoteBankMemory", "RemoteMemoryError", "SHARED_PREFIX",
+           "map_shared", "shared_path"]
 
 _MAP_NORESERVE = 0x4000  # Linux; Python < 3.13 does not export it.
 
@@ -300,6 +301,69 @@ class BankMemory:
             self._unlink()  # the file's pages go once no process maps it (and the fd closes)
 
 
+class RemoteMemoryError(TTFlowError):
+    """Something in the host process tried to read or write a chip's bank memory that lives
+    elsewhere (`open_device(workers="ray")`: in a Ray actor, maybe on another host), or to run
+    there what cannot travel to it (debug hooks, host ops)."""
+
+
+@final
+class RemoteBanks:
+    """The host's stand-in for the banks of a memory space that lives in a Ray actor: every
+    read, write, view or conversion of it raises `RemoteMemoryError`, so that no record can
+    run on the host against a copy that is not the chip's (a wrong value raising nothing)."""
+
+    __slots__ = ("space", "where")
+
+    def __init__(self, space: str, where: str) -> None:
+        self.space = space
+        self.where = where
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise RemoteMemoryError(
+            f"the {self.space} banks of this device live in {self.where}, not in this process: "
+            "the host never reads or writes them (every record runs there: debug hooks and host ops, "
+            "which would run here, cannot)")
+
+    __getitem__ = __setitem__ = __array__ = __len__ = __iter__ = __bytes__ = _refuse
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        self._refuse()
+
+    def __repr__(self) -> str:
+        return f"<RemoteBanks {self.space} in {self.where}>"
+
+
+@final
+class RemoteBankMemory:
+    """A memory space's bank memory as the host holds it when it lives in a Ray actor: its
+    shape, and `banks` that refuse every access (`RemoteBanks`); `read` refuses too (the
+    device reads a bank through its actor, `Device.read_bank`)."""
+
+    shared_path = None
+    _committed = None
+    _chunk = 1
+
+    def __init__(self, num_banks: int, bank_bytes: int, space: str, where: str) -> None:
+        self.num_banks = num_banks
+        self.bank_bytes = bank_bytes
+        self.banks: Any = RemoteBanks(space, where)
+
+    def read(self, bank: int, address: int, nbytes: int) -> bytes:
+        return self.banks[bank, address: address + nbytes]  # type: ignore[no-any-return]
+
+    def commit(self, address: int, depth: int) -> None:
+        pass  # the actor's memory is committed as it is touched
+
+    def committed_bytes(self) -> None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
 def map_shared(path: str, nbytes: int, create: bool = False) -> mmap.mmap:
     """A shared mapping of the file at `path` (`create`: made here, `nbytes` long and sparse;
     it must not exist yet)."""
@@ -344,13 +408,16 @@ class _BackedAllocator(Allocator):
 class MemorySpaceState:
     """One memory space of a device: its banks and the allocator of their shared address line."""
 
-    def __init__(self, spec: DeviceSpec, space: MemorySpace, shared: bool = False) -> None:
+    def __init__(self, spec: DeviceSpec, space: MemorySpace, shared: bool = False,
+                 remote: str | None = None) -> None:
         self.space = space
         self.num_banks = spec.banks(space)
         self.bank_bytes = spec.bank_bytes(space)
         self.alignment = spec.alignment(space)
         path = shared_path(space.name.lower()) if shared else None
-        self.memory = BankMemory(self.num_banks, self.bank_bytes, path)
+        # `remote`: where the banks live instead (a Ray actor): the host keeps only refusals.
+        self.memory: Any = (BankMemory(self.num_banks, self.bank_bytes, path) if remote is None
+                            else RemoteBankMemory(self.num_banks, self.bank_bytes, space.name, remote))
         self.allocator: Allocator = (_BackedAllocator if shared else Allocator)(
             self.bank_bytes, self.alignment, top_down=space is MemorySpace.L1
         )

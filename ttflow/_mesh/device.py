@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, final
 
+import anyio
 import attrs
 
 from .._device import Device, DeviceStatistics, open_device
@@ -286,12 +287,25 @@ async def open_mesh_device(spec: MeshSpec | tuple[int, int], **open_device_kwarg
     `inline_seconds`, `workers`: "process" gives each chip a worker process) go to every chip.
     On exit every chip drains its queued work (or fails it with DeviceClosedError, if the block
     raised), frees every buffer and closes, as `open_device` does.
+
+    workers="ray": the chips go in Ray actors, `chips_per_worker` chips (default 1) in each
+    (row-major: chips 0..n-1 in the first), placed with one Ray placement group of a bundle of
+    `ray_cpus` CPUs per actor, `ray_strategy` "PACK" (the default: as few nodes as fit) or
+    "SPREAD" (one actor per node while nodes last). Closing kills the actors and removes the
+    group.
     """
     if not isinstance(spec, MeshSpec):
         spec = MeshSpec(spec)
     async with AsyncExitStack() as stack:
-        chips = [await stack.enter_async_context(open_device(spec.chip, **open_device_kwargs))
-                 for _ in range(spec.num_chips)]
+        per_chip: list[dict[str, Any]] = [{}] * spec.num_chips
+        ray_options = {name: open_device_kwargs.pop(name) for name in ("chips_per_worker", "ray_strategy")
+                       if name in open_device_kwargs}
+        if open_device_kwargs.get("workers") == "ray":
+            per_chip = await _ray_chips(stack, spec, open_device_kwargs, **ray_options)
+        elif ray_options:
+            raise ValueError(f"{', '.join(ray_options)}: only for workers='ray'")
+        chips = [await stack.enter_async_context(open_device(spec.chip, **open_device_kwargs, **per_chip[i]))
+                 for i in range(spec.num_chips)]
         for index, chip in enumerate(chips):  # named by a DeviceLostError
             chip._set_chip(divmod(index, spec.shape[1]))
         system = _System(spec, chips)
@@ -305,6 +319,24 @@ async def open_mesh_device(spec: MeshSpec | tuple[int, int], **open_device_kwarg
             raise
         finally:
             system.closed = True  # the chips close as the stack unwinds, the last first
+
+
+async def _ray_chips(stack: AsyncExitStack, spec: MeshSpec, kwargs: dict[str, Any], chips_per_worker: int = 1,
+                     ray_strategy: str = "PACK") -> list[dict[str, Any]]:
+    """Places the mesh's Ray actors (`_ray_worker.RayWorkers`, stopped when `stack` unwinds,
+    after the chips closed); each chip's `open_device` argument naming its place."""
+    from .._process_worker import WORKER_TIMEOUT
+    from .._ray_worker import STRATEGIES, RayWorkers, spaces_of
+
+    if isinstance(chips_per_worker, bool) or not isinstance(chips_per_worker, int) or chips_per_worker < 1:
+        raise ValueError(f"chips_per_worker must be a positive int, got {chips_per_worker!r}")
+    if ray_strategy not in STRATEGIES:
+        raise ValueError(f"ray_strategy must be one of {', '.join(map(repr, STRATEGIES))}, got {ray_strategy!r}")
+    workers = RayWorkers([spaces_of(spec.chip)] * spec.num_chips, chips_per_worker, kwargs.get("blas_threads", 1),
+                         ray_strategy, kwargs.pop("ray_cpus", 1.0), kwargs.get("worker_timeout", WORKER_TIMEOUT))
+    await anyio.to_thread.run_sync(workers.start)
+    stack.callback(workers.stop)
+    return [{"_ray_chip": chip} for chip in workers.chips]
 
 
 def create_submesh(mesh: MeshDevice, shape: tuple[int, int], offset: tuple[int, int] = (0, 0)) -> MeshDevice:
