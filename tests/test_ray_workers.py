@@ -222,9 +222,12 @@ async def _mesh(kwargs: dict[str, Any]) -> list[np.ndarray]:
     return out
 
 
-@pytest.mark.parametrize("chips_per_worker", [1, 2])
-async def test_a_1x2_mesh_spmd_program_and_collectives(chips_per_worker: int) -> None:
-    await both(_mesh, chips_per_worker=chips_per_worker)
+@pytest.mark.parametrize(("chips_per_worker", "strategy"), [(1, "PACK"), (2, "PACK"), (1, "SPREAD")])
+async def test_a_1x2_mesh_spmd_program_and_collectives(chips_per_worker: int, strategy: str) -> None:
+    await both(_mesh, chips_per_worker=chips_per_worker, ray_strategy=strategy)
+    (placement, actors), = STARTED
+    assert len(actors) == 2 // chips_per_worker
+    assert ray.util.placement_group_table(placement)["strategy"] == strategy
 
 
 async def test_a_4x8_galaxy_of_small_chips_over_2_actors_runs_the_tensor_parallel_mlp() -> None:
