@@ -95,6 +95,10 @@ class ChipActor:
             host = ray.util.get_node_ip_address()
         except Exception:  # noqa: BLE001 - outside Ray (a test): loopback
             host = "127.0.0.1"
+        # An endpoint per chip, not one per actor: an endpoint retires a rendezvous (dropping its
+        # mail) when its last running record there finishes, so a chip of this actor whose
+        # record has not started yet would lose the chunks other actors already sent it. Chips
+        # of one actor reach each other over loopback instead.
         self.endpoints = [_tcp_endpoint(host) for _ in chips]
         self._executors: dict[tuple[int, int], Executor] = {}
         self._lock = threading.Lock()
