@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import anyio
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import settings
@@ -282,6 +283,43 @@ async def test_host_ops_and_debug_hooks_run_in_the_host_process() -> None:
     await both(_in_process)
 
 
+# -- bulk bytes through the staging area -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("room", ["enough", "none"])
+async def test_bulk_bytes_cross_in_the_staging_area_not_pickled(room: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A 1 MiB write and its read back, a BFLOAT16 one, and a program between: with room, every
+    # array crosses in a slot (none pickled); with an area too small for any, every one crosses
+    # pickled instead. Values equal numpy's either way, and every slot is given back.
+    from ttflow import _staging
+
+    if room == "none":
+        monkeypatch.setattr(_staging, "STAGING_BYTES", 64 * 2**10)
+    big = values((512, 512))
+    half = values((256, 512), F32, 3)
+    async with tt.open_device(SMALL, workers="process", inline_seconds=-1) as device:
+        staging = device._process.staging  # type: ignore[union-attr]
+        assert staging is not None
+        t = tt.to_device(big, device, tt.Layout(DRAM, TILE))
+        b = tt.to_device(half, device, tt.Layout(DRAM, RM, BF16))
+        doubled = tt.submit(device, _double_binary(), 0, [t])[0]
+        assert np.array_equal(await tt.to_host(t), big)
+        assert np.array_equal(await tt.to_host(doubled), big * np.float32(2))
+        got = await tt.to_host(b)
+        assert np.array_equal(got.astype(np.float32), half.astype(ml_dtypes.bfloat16).astype(np.float32))
+        assert staging.used_bytes() == 0
+        if room == "enough":
+            assert staging.staged >= 5 and staging.spilled == 0, (staging.staged, staging.spilled)
+        else:
+            assert staging.staged == 0 and staging.spilled >= 5, (staging.staged, staging.spilled)
+
+
+def _double_binary() -> tt.Binary:
+    b = tt.ProgramBuilder("double")
+    b.output(b.mul(b.input((512, 512), tt.Layout(DRAM, TILE)), 2.0), tt.Layout(DRAM, TILE))
+    return tt.Binary([b.build()])
+
+
 # -- faults --------------------------------------------------------------------------------------
 
 
@@ -294,7 +332,7 @@ async def _killed(device: tt.Device) -> None:
 async def test_a_killed_worker_fails_pending_and_later_awaits_typed() -> None:
     binary = _mlp_binary()
     async with tt.open_device(SMALL, workers="process", inline_seconds=-1) as device:
-        assert device.worker_pid is not None and len(_segments()) == 2
+        assert device.worker_pid is not None and len(_segments()) == 3  # DRAM, L1, the staging area
         xt = tt.to_device(values((64, 40)), device, tt.Layout(DRAM, TILE))
         wt = tt.to_device(values((40, 24), F32, 1), device)
         before = await tt.to_host(tt.submit(device, binary, 0, [xt, wt])[0])
@@ -480,3 +518,4 @@ def _borrow(module_name: str) -> None:
 _borrow("test_mesh")
 _borrow("test_trace")
 _borrow("test_donation")
+_borrow("test_mesh_submit")

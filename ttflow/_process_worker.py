@@ -51,6 +51,7 @@ from typing import Any
 from ._commands import run, run_all
 from ._errors import DeviceLostError
 from ._peers import ENDPOINT_FD, land, listen
+from ._staging import Staged, StagingArea
 from ._wire import RUN, RUN_ALL, PlanIds, encode
 from ._worker import QueueWorker, Ticket, _call_soon_threadsafe
 
@@ -107,6 +108,7 @@ class WorkerProcess:
         self.chip: tuple[int, int] | None = None  # the mesh coordinate, named by DeviceLostError
         self._on_lost: Callable[[DeviceLostError], None] | None = None
         self._call_soon: Callable[[Callable[[], None]], Any] | None = None
+        self.staging: StagingArea | None = None  # made by `start`, removed by `stop`
         # The child's endpoint (`_peers`): where other workers and the host reach it.
         self.address: str | None = None
         self._endpoint_dir: str | None = None
@@ -135,6 +137,9 @@ class WorkerProcess:
                 "" if self._blas_threads is None else str(self._blas_threads)]
         for name, path, banks, bank_bytes in self._spaces:
             argv.append(f"{name}:{path}:{banks}:{bank_bytes}")
+        # Writes' arrays and reads' results cross here, not pickled (`_staging`).
+        self.staging = StagingArea()
+        argv.append(f"staging:{self.staging.path}:1:{self.staging.nbytes}")
         env = dict(os.environ)
         # The child imports this very ttflow, wherever it was imported from.
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -257,6 +262,9 @@ class WorkerProcess:
                 popen.wait()
         if self._monitor is not None:
             self._monitor.join()
+        if self.staging is not None:
+            self.staging.close()
+            self.staging = None
         if self._endpoint_dir is not None:
             shutil.rmtree(self._endpoint_dir, ignore_errors=True)
             self._endpoint_dir = None
@@ -301,17 +309,37 @@ class ProcessQueueWorker(QueueWorker):
     def _put(self, ticket: Ticket, function: Callable[..., Any], args: tuple[Any, ...]) -> Ticket:
         assert self._call_soon is not None, "QueueWorker used before start"
         wire: tuple[Any, ...] | None = None
+        staging = self._process.staging
+        slots: list[Staged] = []
         if function is run:
-            record = encode(args[0], self._plans)
+            record = encode(args[0], self._plans, staging, slots)
             if record is not None:
                 wire = (*self._plans.take(), RUN, record)
         elif function is run_all:
-            records = [encode(record, self._plans) for record in args[0]]
+            records = [encode(record, self._plans, staging, slots) for record in args[0]]
             if all(record is not None for record in records):
                 wire = (*self._plans.take(), RUN_ALL, records)
+        if wire is None and staging is not None:  # it runs here: its slots are not needed
+            for slot in slots:
+                staging.release(slot)
+            slots = []
         self._outstanding.add(ticket)
-        self._jobs.put((ticket, function, args, wire))
+        self._jobs.put((ticket, function, args, wire, slots))
         return ticket
+
+    def _unstage(self, batch: list[Any], outcomes: list[tuple[Any, BaseException | None]]) -> None:
+        """Gives back the batch's slots of the staging area once its reply is in (or it is lost):
+        a read's result comes out of its slot (copied), every other slot is released."""
+        staging = self._process.staging
+        if staging is None:
+            return
+        for k, (job, outcome) in enumerate(zip(batch, outcomes)):
+            value = outcome[0]
+            for slot in job[4]:
+                if value is slot or (type(value) is Staged and value == slot):
+                    outcomes[k] = (staging.take(slot), outcome[1])
+                else:
+                    staging.release(slot)
 
     def _serve(self) -> None:
         jobs, call_soon = self._jobs, self._call_soon
@@ -340,7 +368,9 @@ class ProcessQueueWorker(QueueWorker):
                         held = more
                         break
                     batch.append(more)
-                for done, outcome in zip(batch, self._exchange(batch)):
+                outcomes = self._exchange(batch)
+                self._unstage(batch, outcomes)
+                for done, outcome in zip(batch, outcomes):
                     done[0].outcome = outcome
             self.busy = False
             call_soon(functools.partial(_finish_all, [done[0] for done in batch]))
@@ -395,5 +425,6 @@ class ProcessQueueWorker(QueueWorker):
                 except (OSError, EOFError):
                     process.connection_closed()
                 else:  # a record with collectives also brings its report (`_peers.land`)
-                    return [reply if len(reply) == 2 else _landed(job, reply) for job, reply in zip(batch, replies)]
+                    return [(reply[0], reply[1]) if len(reply) == 2 else _landed(job, reply)
+                            for job, reply in zip(batch, replies)]
         return [self._lost(job[1], job[2]) for job in batch]

@@ -57,8 +57,8 @@ class StagingArea:
     """One device's staging file, on the host side (see the module). `path`, `nbytes`: what the
     worker maps; `staged`/`spilled`: arrays that crossed in a slot / pickled for want of one."""
 
-    def __init__(self, nbytes: int = STAGING_BYTES) -> None:
-        self.nbytes = nbytes
+    def __init__(self, nbytes: int | None = None) -> None:
+        self.nbytes = nbytes = STAGING_BYTES if nbytes is None else nbytes
         self.path = shared_path("staging")
         self._map = map_shared(self.path, nbytes, create=True)
         self._fd: int | None = os.open(self.path, os.O_RDWR)

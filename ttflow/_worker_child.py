@@ -6,6 +6,7 @@ records each message carries in order and replying with their outcomes in one me
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import pickle
 import socket
@@ -14,10 +15,13 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+import numpy as np
+
 from ._commands import run, run_all
 from ._errors import TTFlowError
 from ._peers import Endpoint
-from ._wire import RUN, decode, plan_from_state
+from ._staging import map_staging, staged_view
+from ._wire import RUN, decode, load_slot, plan_from_state
 
 __all__ = ["Executor", "main"]
 
@@ -44,11 +48,14 @@ class Executor:
     report, `(value, error, report)`, for the host (`_peers.land`). Transport-free, so that a
     socket (here) or another carrier of messages can drive it."""
 
-    def __init__(self, banks: Any, endpoint: Endpoint | None = None) -> None:
+    def __init__(self, banks: Any, endpoint: Endpoint | None = None, staging: Any = None) -> None:
         self.banks = banks
         self.plans: dict[int, Any] = {}
         # Where a record's collective steps meet their peers (`_peers.Endpoint`), if anywhere.
         self.endpoint = endpoint
+        # The host's staging area, mapped (`_staging`): writes' arrays and reads' results.
+        self.staging = staging
+        self._staged = None if staging is None else functools.partial(staged_view, staging)
 
     def handle(self, message: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         plans, banks = self.plans, self.banks
@@ -59,13 +66,18 @@ class Executor:
                     plans[number] = plan_from_state(pickle.loads(state))
                 peers: list[Any] = []
                 if kind == RUN:
-                    record = decode(payload, plans, self._peer(peers))
+                    record = decode(payload, plans, self._peer(peers), self._staged)
                     if not peers:
-                        replies.append((run(record, banks), None))
+                        value = run(record, banks)
+                        slot = load_slot(payload)
+                        if slot is not None:  # the result goes back in the slot the host reserved
+                            np.copyto(staged_view(self.staging, slot), value)
+                            value = slot
+                        replies.append((value, None))
                     else:  # its collectives ran here: their report goes back with it
                         replies.append(self._run_with_peers(record, peers))
                 else:
-                    records = [decode(record, plans, self._peer(peers)) for record in payload]
+                    records = [decode(record, plans, self._peer(peers), self._staged) for record in payload]
                     errors = run_all(records, banks)
                     replies.append(([None if e is None else _portable(e) for e in errors], None))
             except Exception as exc:
@@ -98,8 +110,9 @@ class Executor:
         return value, None if error is None else _portable(error), report
 
 
-def _serve_connection(connection: Connection, banks: Any, endpoint: Endpoint | None = None) -> None:
-    executor = Executor(banks, endpoint)
+def _serve_connection(connection: Connection, banks: Any, endpoint: Endpoint | None = None,
+                      staging: Any = None) -> None:
+    executor = Executor(banks, endpoint, staging)
     while True:
         try:
             message = connection.recv()
@@ -142,9 +155,8 @@ def _heartbeat(fd: int, interval: float) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """The child: `fds blas_threads space:path:banks:bank_bytes...` (see `WorkerProcess.start`)."""
-    import numpy as np
-
+    """The child: `fds blas_threads space:path:banks:bank_bytes...` (see `WorkerProcess.start`;
+    the space `staging` is the host's staging area, `_staging`)."""
     from ._blas import limit_blas_threads
     from ._memory import map_shared
     from ._types import MemorySpace
@@ -157,9 +169,13 @@ def main(argv: list[str]) -> None:
     fds, blas = argv[0], argv[1]
     banks: dict[MemorySpace, Any] = {}
     maps = []
+    staging = None
     for spec in argv[2:]:
         name, path, num_banks, bank_bytes = spec.rsplit(":", 3)
         nbytes = int(num_banks) * int(bank_bytes)
+        if name == "staging":
+            staging = map_staging(path, nbytes)
+            continue
         mapping = map_shared(path, nbytes)
         maps.append(mapping)
         banks[MemorySpace[name.upper()]] = np.frombuffer(mapping, np.uint8, nbytes).reshape(
@@ -167,7 +183,7 @@ def main(argv: list[str]) -> None:
     connections = [Connection(int(fd)) for fd in fds.split(",")]
     endpoint = Endpoint.inherited()  # other workers' chunks for this chip's collectives
     with limit_blas_threads(int(blas)) if blas else contextlib.nullcontext():
-        threads = [threading.Thread(target=_serve_connection, args=(c, banks, endpoint), daemon=True)
+        threads = [threading.Thread(target=_serve_connection, args=(c, banks, endpoint, staging), daemon=True)
                    for c in connections]
         for thread in threads:
             thread.start()
