@@ -223,6 +223,14 @@ def test_bench_mesh_workers_compares_the_kinds_in_one_run(capsys: pytest.Capture
     assert "chains of residual blocks" in capsys.readouterr().out
 
 
+def test_bench_mesh_workers_ray(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("ray", reason="Ray is the optional ray extra: pip install '.[ray]'")
+    assert main(["bench", "mesh", "--workers", "thread,ray", "--quick", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert all(c["equal"] for c in result["chains"]) and result["mlp"]["equal"]
+    assert result["submit"]["vs_thread"]["ray"] > 0
+
+
 def test_bench_workers_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
     for argv, says in ((["bench", "mesh", "--workers", "thread,fork"], "expected a comma-separated list"),
                        (["bench", "mesh", "--workers", ""], "expected a comma-separated list"),

@@ -57,7 +57,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-WORKER_KINDS = ("thread", "process")
+WORKER_KINDS = ("thread", "process", "ray")
 """What `ttflow bench --workers` takes (`tt.open_device(workers=...)`)."""
 
 
@@ -210,6 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.workers is not None and (args.suite not in ("mesh", "torch") or args.models):
             args.subparser.error(f"--workers goes with bench mesh or bench torch, not bench {args.suite}"
                                  + (" --models" if args.models else ""))
+        if args.workers is not None and "ray" in args.workers and importlib.util.find_spec("ray") is None:
+            args.subparser.error("--workers ray needs Ray: pip install '.[ray]' from the ttflow checkout")
         if args.workers is not None and args.suite == "mesh":
             module = importlib.import_module("ttflow._bench.workers")
             result = module.run(quick=args.quick, workers=args.workers)

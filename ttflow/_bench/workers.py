@@ -11,7 +11,7 @@ worker, in the same run (rounds interleaved, best of the rounds), the first kind
 - **submit**: the `tt.submit` call alone of a tiny SPMD program on a 1x2 mesh (the host's cost
   per submit, work queued meanwhile).
 
-Each kind runs at its own default inline threshold. Outputs of every kind are compared bit for
+Each kind runs at its own default inline threshold (a Ray chip runs nothing in the host). Outputs of every kind are compared bit for
 bit with the first kind's. A worker process is started before anything is timed (its first
 record waited for).
 """
@@ -37,8 +37,9 @@ from .mesh import _submit_us, _tiny_binary, mlp_binary
 
 __all__ = ["run", "format_table", "WORKER_KINDS"]
 
-WORKER_KINDS = ("thread", "process")
-"""The kinds `--workers` takes."""
+WORKER_KINDS = ("thread", "process", "ray")
+"""The kinds `--workers` takes ("ray": chips in Ray actors, one per chip, on a local Ray instance
+this run starts unless `ray.init()` was called already)."""
 
 TILE = Layout(MemorySpace.DRAM, TensorLayout.TILE, DataType.FLOAT32)
 
@@ -108,7 +109,22 @@ async def _submit(workers: str, count: int) -> float:
         return await _submit_us(mesh, _tiny_binary(), x, count)
 
 
-def run(quick: bool = False, workers: tuple[str, ...] = WORKER_KINDS) -> dict[str, Any]:
+def run(quick: bool = False, workers: tuple[str, ...] = ("thread", "process")) -> dict[str, Any]:
+    if "ray" not in workers:
+        return _run(quick, workers)
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        return _run(quick, workers)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _run(quick: bool, workers: tuple[str, ...]) -> dict[str, Any]:
     sizes = (64, 96) if quick else (32, 64, 96, 128)
     length = 60 if quick else 300
     rounds = 2 if quick else 3
