@@ -468,6 +468,42 @@ def test_the_runtime_machine_on_a_worker_process() -> None:
     assert sum(SENT) > 0
 
 
+def _process_mesh_machine() -> Any:
+    from ttflow.testing import MeshStateMachine, _machine_mesh
+
+    class ProcessMeshMachine(MeshStateMachine):
+        """The mesh machine's rules (collectives, mappers, L1 pressure, a failing peer,
+        submeshes) on a 1x3 ring whose chips run their records in worker processes."""
+
+        mesh_spec = tt.MeshSpec((1, 3), chip=SMALL, topology="ring")
+
+        def __init__(self) -> None:
+            opened = _machine_mesh.open_mesh_device
+            _machine_mesh.open_mesh_device = functools.partial(opened, workers="process")  # type: ignore[assignment]
+            try:
+                super().__init__()
+            finally:
+                _machine_mesh.open_mesh_device = opened  # type: ignore[assignment]
+            assert all(pid is not None for pid in self.mesh.worker_pids)
+
+        def teardown(self) -> None:
+            workers = [w for chip in self.chips for w in _workers(chip)]
+            try:
+                super().teardown()
+            finally:
+                SENT.append(sum(w.sent_jobs for w in workers))
+
+    return ProcessMeshMachine
+
+
+def test_the_mesh_machine_on_worker_processes() -> None:
+    case = _process_mesh_machine().TestCase
+    case.settings = settings(max_examples=6, stateful_step_count=30, deadline=None)
+    SENT.clear()
+    case().runTest()
+    assert sum(SENT) > 0
+
+
 # -- existing modules, again on worker processes -------------------------------------------------
 
 
