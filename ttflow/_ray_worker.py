@@ -63,8 +63,7 @@ def require_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise TTFlowError('workers="ray" needs Ray: pip install "ttflow[ray]" (or ".[ray]" from a '
-                          "checkout)") from None
+        raise TTFlowError('workers="ray" needs Ray: pip install ".[ray]" from the ttflow checkout') from None
     if not ray.is_initialized():
         raise TTFlowError('workers="ray" places chips on the Ray cluster this process joined: call '
                           "ray.init() first (ray.init(address=...) for a cluster, ray.init() for a local "
