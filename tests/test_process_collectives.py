@@ -32,7 +32,7 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
-from test_process_workers import _children, _on_processes, _segments
+from test_process_workers import _children, _segments, borrow
 
 import ttflow as tt
 from ttflow._mesh import collectives
@@ -342,19 +342,5 @@ _NOT_BORROWED = {
 }
 
 
-def _borrow(module_name: str) -> None:
-    """Every plain async test of `module_name` (hypothesis' and `_NOT_BORROWED` excepted), again on worker processes
-    as `<name>_on_processes` (see test_process_workers' `_on_processes`)."""
-    import importlib
-    import inspect
-
-    module = importlib.import_module(module_name)
-    for name, test in vars(module).items():
-        if (name.startswith("test_") and inspect.iscoroutinefunction(test)
-                and not getattr(test, "is_hypothesis_test", False) and name not in _NOT_BORROWED):
-            globals()[f"{name}_on_processes"] = _on_processes(test)
-
-
-_borrow("test_collectives")
-_borrow("test_mesh_examples")
-_borrow("test_mesh_traces")
+for _module in ("test_collectives", "test_mesh_examples", "test_mesh_traces"):
+    borrow(_module, globals(), _NOT_BORROWED)

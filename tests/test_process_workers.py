@@ -538,20 +538,19 @@ _NOT_BORROWED = {
 }
 
 
-def _borrow(module_name: str) -> None:
+def borrow(module_name: str, into: dict[str, Any], not_borrowed: dict[str, str]) -> None:
     """Every plain async test of `module_name` (hypothesis' excepted: a process per example is
-    too slow here; and `_NOT_BORROWED`), again as `<name>_on_processes`."""
+    too slow here; and `not_borrowed`'s), again in `into` (a test module's globals) as
+    `<name>_on_processes`."""
     import importlib
     import inspect
 
     module = importlib.import_module(module_name)
     for name, test in vars(module).items():
         if (name.startswith("test_") and inspect.iscoroutinefunction(test)
-                and not getattr(test, "is_hypothesis_test", False) and name not in _NOT_BORROWED):
-            globals()[f"{name}_on_processes"] = _on_processes(test)
+                and not getattr(test, "is_hypothesis_test", False) and name not in not_borrowed):
+            into[f"{name}_on_processes"] = _on_processes(test)
 
 
-_borrow("test_mesh")
-_borrow("test_trace")
-_borrow("test_donation")
-_borrow("test_mesh_submit")
+for _module in ("test_mesh", "test_trace", "test_donation", "test_mesh_submit"):
+    borrow(_module, globals(), _NOT_BORROWED)

@@ -10,7 +10,6 @@ ours is left.
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
 import signal
 import time
@@ -19,9 +18,9 @@ from collections.abc import Iterator
 import anyio
 import numpy as np
 import pytest
+from test_process_workers import _children, _segments
 
 import ttflow as tt
-from ttflow._memory import SHARED_DIR, SHARED_PREFIX
 
 pytestmark = pytest.mark.anyio
 
@@ -29,24 +28,6 @@ F32 = tt.DataType.FLOAT32
 DRAM, L1 = tt.MemorySpace.DRAM, tt.MemorySpace.L1
 TILE, RM = tt.TensorLayout.TILE, tt.TensorLayout.ROW_MAJOR
 SMALL = tt.DeviceSpec.small()
-
-
-def _children() -> list[int]:
-    """Pids of this process's live (or unreaped) children, from /proc (no psutil)."""
-    me, found = os.getpid(), []
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            with open(stat) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == me:
-            found.append(int(stat.split("/")[2]))
-    return found
-
-
-def _segments() -> list[str]:
-    return glob.glob(os.path.join(SHARED_DIR, SHARED_PREFIX + "*"))
 
 
 @pytest.fixture(autouse=True)

@@ -98,13 +98,13 @@ class LinkLike(Protocol):
     def carry(self, chunk: Array, nbytes: int) -> Array: ...
 
 
-def portable(error: BaseException) -> BaseException:
-    """`error` if it survives pickling, else a TTFlowError that says what it was."""
+def portable(error: BaseException, where: str = "") -> BaseException:
+    """`error` if it survives pickling, else a TTFlowError that says what it was (and `where`)."""
     try:
         pickle.loads(pickle.dumps(error))
         return error
     except Exception:
-        return TTFlowError(f"{type(error).__name__}: {error}")
+        return TTFlowError(f"{type(error).__name__}{where}: {error}")
 
 
 class Meeting:

@@ -18,8 +18,7 @@ from typing import Any
 import numpy as np
 
 from ._commands import run, run_all
-from ._errors import TTFlowError
-from ._peers import Endpoint
+from ._peers import Endpoint, portable
 from ._staging import map_staging, staged_view
 from ._wire import RUN, decode, load_slot, plan_from_state
 
@@ -31,12 +30,7 @@ TIMES = "times"
 
 
 def _portable(error: BaseException) -> BaseException:
-    """`error` if it survives pickling, else a TTFlowError that says what it was."""
-    try:
-        pickle.loads(pickle.dumps(error))
-        return error
-    except Exception:
-        return TTFlowError(f"{type(error).__name__} in the worker process: {error}")
+    return portable(error, " in the worker process")
 
 
 class Executor:
