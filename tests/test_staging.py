@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ttflow import _staging
-from ttflow._staging import STAGE_MIN_BYTES, StagingArea, map_staging, staged_view
+from ttflow._memory import map_shared
+from ttflow._staging import STAGE_MIN_BYTES, StagingArea, staged_view
 
 DTYPES = [np.float32, np.int32, np.uint32, ml_dtypes.bfloat16, np.uint8]
 
@@ -33,7 +34,7 @@ def area() -> Any:
 def test_a_staged_array_reads_back_bit_for_bit_in_the_workers_mapping(data: st.DataObject) -> None:
     staging = StagingArea(4 * 2**20)
     try:
-        worker = map_staging(staging.path, staging.nbytes)  # as the worker maps it
+        worker = map_shared(staging.path, staging.nbytes)  # as the worker maps it
         dtype = np.dtype(data.draw(st.sampled_from(DTYPES)))
         rows = data.draw(st.integers(1, 300))
         least = -(-STAGE_MIN_BYTES // (rows * dtype.itemsize))  # staged, not pickled

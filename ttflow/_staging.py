@@ -7,7 +7,7 @@ reference (offset, dtype, shape), which the worker reads in place; for a read th
 the slot the result takes, the worker writes the result there, and the host copies it out. The
 host owns the slots (`StagingArea`, allocated and freed under one lock: the event loop's thread
 puts, the queue's thread frees once the message's reply is in, when the worker no longer
-touches them); the worker only maps the file (`map_staging`, `staged_view`).
+touches them); the worker only maps the file (`_memory.map_shared`, `staged_view`).
 
 A slot's pages are committed (`posix_fallocate`) before any byte lands in them, as bank memory's
 are (`_memory`): on a full /dev/shm a byte written to an unbacked page would raise SIGBUS. An
@@ -28,7 +28,7 @@ import numpy as np
 from ._core._allocator import Allocator
 from ._memory import map_shared, shared_path
 
-__all__ = ["STAGING_BYTES", "STAGE_MIN_BYTES", "Staged", "StagingArea", "map_staging", "staged_view"]
+__all__ = ["STAGING_BYTES", "STAGE_MIN_BYTES", "Staged", "StagingArea", "staged_view"]
 
 STAGING_BYTES = 64 * 2**20
 """The staging file's size per device (sparse: only slots ever used take memory)."""
@@ -94,15 +94,11 @@ class StagingArea:
 
     def put(self, array: np.ndarray[Any, Any]) -> Staged | None:
         """`array` copied into a new slot, or None (it crosses pickled: too small, or no room)."""
-        if array.nbytes < STAGE_MIN_BYTES or array.dtype.hasobject:
+        if array.dtype.hasobject:
             return None
-        with self._lock:
-            offset = self._slot(array.nbytes)
-            if offset is None:
-                self.spilled += 1
-                return None
-            self.staged += 1
-        ref = Staged(offset, array.dtype, tuple(array.shape))
+        ref = self.reserve(array.dtype, tuple(array.shape))
+        if ref is None:
+            return None
         np.copyto(self._view(ref), array)
         return ref
 
@@ -147,11 +143,6 @@ class StagingArea:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
-
-
-def map_staging(path: str, nbytes: int) -> mmap.mmap:
-    """The worker's mapping of the host's staging file."""
-    return map_shared(path, nbytes)
 
 
 def staged_view(mapping: mmap.mmap, ref: Staged) -> np.ndarray[Any, Any]:

@@ -19,7 +19,7 @@ import numpy as np
 
 from ._commands import run, run_all
 from ._peers import Endpoint, portable
-from ._staging import map_staging, staged_view
+from ._staging import staged_view
 from ._wire import RUN, decode, load_slot, plan_from_state
 
 __all__ = ["Executor", "main"]
@@ -168,7 +168,7 @@ def main(argv: list[str]) -> None:
         name, path, num_banks, bank_bytes = spec.rsplit(":", 3)
         nbytes = int(num_banks) * int(bank_bytes)
         if name == "staging":
-            staging = map_staging(path, nbytes)
+            staging = map_shared(path, nbytes)
             continue
         mapping = map_shared(path, nbytes)
         maps.append(mapping)
