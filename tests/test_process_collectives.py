@@ -21,22 +21,18 @@ After every test: no child process, no /dev/shm file and no endpoint directory o
 
 from __future__ import annotations
 
-import glob
 import os
 import signal
-import tempfile
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
 import numpy as np
 import pytest
-from test_process_workers import _children, _segments, borrow
+from test_process_workers import borrow, nothing_left_behind  # noqa: F401 (autouse)
 
 import ttflow as tt
 from ttflow._mesh import collectives
-from ttflow._peers import ENDPOINT_PREFIX
 from ttflow._process_worker import ProcessQueueWorker
 
 pytestmark = pytest.mark.anyio
@@ -46,19 +42,6 @@ DRAM, L1 = tt.MemorySpace.DRAM, tt.MemorySpace.L1
 TILE, RM = tt.TensorLayout.TILE, tt.TensorLayout.ROW_MAJOR
 SMALL = tt.DeviceSpec.small()
 BOUND = 20.0  # seconds: every fault must fail the waiting chips typed by then, never hang
-
-
-def _endpoints() -> list[str]:
-    return glob.glob(os.path.join(tempfile.gettempdir(), f"{ENDPOINT_PREFIX}{os.getpid()}-*"))
-
-
-@pytest.fixture(autouse=True)
-def nothing_left_behind() -> Iterator[None]:
-    before = set(_children())
-    yield
-    assert set(_children()) - before == set(), "a worker process outlived its device"
-    assert _segments() == [], "a shared bank memory outlived its device"
-    assert _endpoints() == [], "an endpoint's directory outlived its worker"
 
 
 def _workers(mesh: tt.MeshDevice) -> list[ProcessQueueWorker]:

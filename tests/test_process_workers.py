@@ -18,6 +18,7 @@ import functools
 import glob
 import os
 import signal
+import tempfile
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -29,6 +30,7 @@ from hypothesis import settings
 
 import ttflow as tt
 from ttflow._memory import SHARED_DIR, SHARED_PREFIX
+from ttflow._peers import ENDPOINT_PREFIX
 from ttflow._process_worker import ProcessQueueWorker
 from ttflow.testing import _machine_base
 
@@ -59,12 +61,19 @@ def _segments() -> list[str]:
     return glob.glob(os.path.join(SHARED_DIR, SHARED_PREFIX + "*"))
 
 
+def _endpoints() -> list[str]:
+    return glob.glob(os.path.join(tempfile.gettempdir(), f"{ENDPOINT_PREFIX}{os.getpid()}-*"))
+
+
 @pytest.fixture(autouse=True)
 def nothing_left_behind() -> Iterator[None]:
+    """After each test: no child process, shared-memory file or endpoint directory left (the
+    other worker test files import this fixture)."""
     before = set(_children())
     yield
     assert set(_children()) - before == set(), "a worker process outlived its device"
     assert _segments() == [], "a shared bank memory outlived its device"
+    assert _endpoints() == [], "an endpoint's directory outlived its worker"
 
 
 def _workers(device: tt.Device) -> list[ProcessQueueWorker]:

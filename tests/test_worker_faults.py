@@ -13,12 +13,11 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterator
 
 import anyio
 import numpy as np
 import pytest
-from test_process_workers import _children, _segments
+from test_process_workers import _children, _segments, nothing_left_behind  # noqa: F401 (autouse)
 
 import ttflow as tt
 
@@ -30,12 +29,6 @@ TILE, RM = tt.TensorLayout.TILE, tt.TensorLayout.ROW_MAJOR
 SMALL = tt.DeviceSpec.small()
 
 
-@pytest.fixture(autouse=True)
-def nothing_left_behind() -> Iterator[None]:
-    before = set(_children())
-    yield
-    assert set(_children()) - before == set(), "a worker process outlived its device"
-    assert _segments() == [], "a shared bank memory outlived its device"
 
 
 def values(shape: tuple[int, ...], seed: int = 0, scale: float = 1.0) -> np.ndarray:
