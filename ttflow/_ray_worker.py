@@ -81,8 +81,10 @@ class ChipActor:
 
     def __init__(self, chips: Sequence[Sequence[tuple[str, int, int]]], blas_threads: int | None) -> None:
         from ._blas import limit_blas_threads
+        from ._heap import keep_freed_heap
         from ._types import MemorySpace
 
+        keep_freed_heap()  # the actor's process is its own, as a worker process is
         if blas_threads is not None:
             self._blas = limit_blas_threads(blas_threads)
             self._blas.__enter__()  # for the actor's life

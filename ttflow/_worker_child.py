@@ -152,9 +152,11 @@ def main(argv: list[str]) -> None:
     """The child: `fds blas_threads space:path:banks:bank_bytes...` (see `WorkerProcess.start`;
     the space `staging` is the host's staging area, `_staging`)."""
     from ._blas import limit_blas_threads
+    from ._heap import keep_freed_heap
     from ._memory import map_shared
     from ._types import MemorySpace
 
+    keep_freed_heap()
     heartbeat = os.environ.pop("TTFLOW_HEARTBEAT", "")
     if heartbeat:
         fd, interval = heartbeat.split(":")
