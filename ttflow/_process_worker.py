@@ -52,7 +52,7 @@ from ._commands import run, run_all
 from ._errors import DeviceLostError
 from ._peers import ENDPOINT_FD, land, listen
 from ._staging import Staged, StagingArea
-from ._wire import RUN, RUN_ALL, PlanIds, encode
+from ._wire import RUN, RUN_ALL, PlanIds, encode, recv_message, send_message
 from ._worker import QueueWorker, Ticket, _call_soon_threadsafe
 
 __all__ = ["WorkerProcess", "ProcessQueueWorker"]
@@ -410,7 +410,7 @@ class ProcessQueueWorker(QueueWorker):
         process = self._process
         if process.lost is None:
             try:
-                self._connection.send([job[3] for job in batch])
+                send_message(self._connection, [job[3] for job in batch])
             except (OSError, EOFError):
                 process.connection_closed()
             except Exception:  # an array that does not pickle: run the batch here instead
@@ -420,7 +420,7 @@ class ProcessQueueWorker(QueueWorker):
                 self.sent_messages += 1
                 self.sent_jobs += len(batch)
                 try:
-                    replies: list[tuple[Any, ...]] = self._connection.recv()
+                    replies: list[tuple[Any, ...]] = recv_message(self._connection)
                     self._take_times(batch, replies)
                 except (OSError, EOFError):
                     process.connection_closed()

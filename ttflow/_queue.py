@@ -561,7 +561,7 @@ class CommandQueue(QueueCore):
         the worker goes from one record to the next without waiting for the event loop, as a
         device's queue runs its commands back to back."""
         self._decide_ahead(command)
-        if not ticket.done.is_set():
+        if not ticket.done:
             await self._wait_or_decide_ahead(command, ticket)
         try:
             try:
@@ -583,7 +583,7 @@ class CommandQueue(QueueCore):
         own work in between, still keeps its worker fed. Each push wakes this wait once (the
         queue's `_wakeup`, as when it is idle). Shielded: the record runs to the end."""
         with anyio.CancelScope(shield=True):
-            while not ticket.done.is_set():
+            while not ticket.done:
                 wake = anyio.Event()
                 ticket.also = self._wakeup = wake
                 try:
@@ -592,7 +592,7 @@ class CommandQueue(QueueCore):
                     ticket.also = None
                     if self._wakeup is wake:
                         self._wakeup = None
-                if ticket.done.is_set() or self._aborted is not None or self._closing:
+                if ticket.done or self._aborted is not None or self._closing:
                     return
                 if self._pending[-1] is not running:
                     self._decide_ahead(running)

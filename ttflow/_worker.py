@@ -39,22 +39,34 @@ def _call_soon_threadsafe() -> Callable[[Callable[[], None]], Any]:
 
 
 class Ticket:
-    """A call handed to a worker: its outcome (value, error) once `done` is set. The ticket is
-    also the borrower of the thread-limiter token the call holds until it is awaited."""
+    """A call handed to a worker: its outcome (value, error) once `done`. The ticket is also the
+    borrower of the thread-limiter token the call holds until it is awaited. Its event is made
+    only when someone waits before it is done (a record decided ahead is mostly done by then,
+    and an event costs more to make than the rest of the ticket)."""
 
-    __slots__ = ("done", "outcome", "also")
+    __slots__ = ("done", "outcome", "also", "_event")
 
     def __init__(self) -> None:
-        self.done = anyio.Event()
+        self.done = False
         self.outcome: tuple[Any, BaseException | None] = (None, None)
         self.also: anyio.Event | None = None  # set with `done` (a queue waiting for more too)
+        self._event: anyio.Event | None = None
 
     def finished(self) -> None:
-        """Sets `done` (and `also`); on the event loop's thread."""
-        self.done.set()
+        """Marks the call done and wakes its waiters (and `also`); on the event loop's thread."""
+        self.done = True
+        if self._event is not None:
+            self._event.set()
         also = self.also
         if also is not None:
             also.set()
+
+    async def wait_done(self) -> None:
+        """Returns once the call is done (on the event loop's thread)."""
+        if not self.done:
+            if self._event is None:
+                self._event = anyio.Event()
+            await self._event.wait()
 
 
 class QueueWorker:
@@ -138,9 +150,9 @@ class QueueWorker:
     async def wait(self, ticket: Ticket) -> Any:
         """The result of a sent call (or its error, raised), once it has run. Shielded."""
         try:
-            if not ticket.done.is_set():  # a batch's later calls are done when the first is
+            if not ticket.done:  # a batch's later calls are done when the first is
                 with anyio.CancelScope(shield=True):
-                    await ticket.done.wait()
+                    await ticket.wait_done()
         finally:
             self._release(ticket)
         value, error = ticket.outcome

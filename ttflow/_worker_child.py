@@ -20,7 +20,7 @@ import numpy as np
 from ._commands import run, run_all
 from ._peers import Endpoint, portable
 from ._staging import staged_view
-from ._wire import RUN, decode, load_slot, plan_from_state
+from ._wire import RUN, decode, load_slot, plan_from_state, recv_message, send_message
 
 __all__ = ["Executor", "main"]
 
@@ -109,16 +109,16 @@ def _serve_connection(connection: Connection, banks: Any, endpoint: Endpoint | N
     executor = Executor(banks, endpoint, staging)
     while True:
         try:
-            message = connection.recv()
+            message = recv_message(connection)
         except (EOFError, OSError):
             return
         replies = _timed(executor, message)
         try:
-            connection.send(replies)
+            send_message(connection, replies)
         except (EOFError, OSError):
             return
         except Exception as exc:  # a result that does not pickle
-            connection.send([(None, _portable(exc))] * len(replies))
+            send_message(connection, [(None, _portable(exc))] * len(replies))
 
 
 def _timed(executor: Executor, message: list[Any]) -> list[Any]:
