@@ -323,7 +323,7 @@ async def test_the_host_side_banks_refuse_every_access() -> None:
             device.read_bank(DRAM, 99, 0, 4)
 
 
-async def test_host_ops_and_debug_hooks_fail_typed_and_the_device_goes_on() -> None:
+async def test_host_ops_and_debug_hooks_are_refused_at_once_and_the_device_goes_on() -> None:
     b = tt.ProgramBuilder("hosted")
     x = b.input((64, 64), tt.Layout(DRAM, TILE, F32))
     (h,) = b.host_op(lambda v: np.sort(v, axis=-1), [b.mul(x, 2.0)], [((64, 64), F32)], name="sort")
@@ -336,11 +336,14 @@ async def test_host_ops_and_debug_hooks_fail_typed_and_the_device_goes_on() -> N
     with anyio.fail_after(60):
         async with tt.open_device(SMALL, **RAY) as device:
             t = tt.to_device(values((64, 64)), device, tt.Layout(DRAM, TILE))
-            with pytest.raises(tt.RemoteMemoryError, match="host ops"):
-                await tt.to_host(tt.submit(device, hosted, 0, [t])[0])
-            with tt.debug_hooks(device, post_op=lambda ctx: seen.append(ctx.name)):
-                with pytest.raises(tt.RemoteMemoryError, match="debug hooks"):
-                    await tt.to_host(tt.submit(device, plain, 0, [t])[0])
+            # Refused at once, before anything is queued: at the submit, at the hooks' block.
+            for _ in range(2):  # the second submit too (no plan was cached for a fast path)
+                with pytest.raises(tt.RemoteMemoryError, match="host ops"):
+                    tt.submit(device, hosted, 0, [t])
+            with pytest.raises(tt.RemoteMemoryError, match="debug_hooks"):
+                with tt.debug_hooks(device, post_op=lambda ctx: seen.append(ctx.name)):
+                    pass
+            assert device.stats.programs_run == 0
             got = await tt.to_host(tt.submit(device, plain, 0, [t])[0])
     async with tt.open_device(SMALL) as device:
         want = await tt.to_host(tt.submit(device, plain, 0, [tt.to_device(values((64, 64)), device,

@@ -40,6 +40,7 @@ from . import _storage_io as io
 from ._device import Device
 from ._errors import DebugHookError, ShapeError, TraceError
 from ._host_ops import HOST_OP
+from ._memory import RemoteMemoryError
 from ._program import Program
 from ._runtime import _host_array
 from ._types import DataType, Layout
@@ -284,6 +285,10 @@ def debug_hooks(device: Any, *, pre_op: Callback | None = None, post_op: Callbac
     devices = _devices(device)
     for chip in devices:
         chip.check_open()
+        if chip.workers == "ray":
+            raise RemoteMemoryError("debug_hooks: a Ray chip's memory is in its actor, and hooks read and write "
+                                    "it from this process between ops; debug on a device with "
+                                    'workers="thread" or "process"')
         s = chip._scheduler
         if s.hooks is not None:
             raise DebugHookError("debug_hooks: the device already has hooks set (one block at a time)")

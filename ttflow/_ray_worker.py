@@ -13,8 +13,10 @@ The host side of a chip is a `RayChip` (what `Device` holds where a worker proce
 `RayQueueWorker`s, `_process_worker.ProcessQueueWorker`s whose batches (up to 8 records, in wire
 form) each cross as one actor call (`ChipActor.handle`, one `ray.get`), instead of a socket
 message. The device's own banks are `_memory.RemoteBanks`, which refuse every access, and its
-`inline_seconds` is -1, so that no record runs in the host: a record that cannot travel (debug
-hooks, host ops) fails with `RemoteMemoryError` saying why, never runs on a stand-in.
+`inline_seconds` is -1, so that no record runs in the host. What cannot travel is refused
+before it is queued (`tt.submit` of a program with host ops, `tt.debug_hooks` on a Ray chip:
+`RemoteMemoryError`); a record that still cannot (`_why_not`) fails the same way, never runs on a
+stand-in.
 
 `RayWorkers` places the actors: one per group of `chips_per_worker` chips, in one Ray
 placement group (a bundle per actor, `strategy` "PACK" or "SPREAD"), and closing kills them and

@@ -18,7 +18,7 @@ from ._core import _dispatch
 from ._device import Device
 from ._errors import LayoutError, ProgramError, ShapeError, TraceError, raise_stored
 from ._kernels import _bfp8, _pointwise
-from ._memory import Storage
+from ._memory import RemoteMemoryError, Storage
 from ._queue import NO_DEPS
 from ._sched import ProgramCommand, TensorState
 from ._binary import Binary, for_mesh
@@ -300,6 +300,11 @@ def _submit_checked(device: Device, binary: Binary, program_index: int,
         _check_dtype(tensor, spec.dtype, index)
     for _, index in program.donations:
         _check_donation(program, program_index, inputs, index)
+    if program.host_ops and device.workers == "ray":
+        raise RemoteMemoryError(
+            f"{program.name!r} has host ops ({', '.join(label for _, label in program.host_ops)}): "
+            "Python functions of this process, which do not travel to a Ray chip's actor; "
+            'run it on a device with workers="thread" or "process"')
     scheduler = device._scheduler
     unretained = [tensor._state for tensor in inputs if tensor._state.unretained]
     if unretained and scheduler.capturing is not None:
