@@ -38,14 +38,16 @@ _register_backend()
 
 
 def open_device(spec: _tt.DeviceSpec | None = None, index: int | None = None, *,
-                workers: str = "thread") -> _torch.device:
+                workers: str = "thread", inline_seconds: float | None = None) -> _torch.device:
     """Opens an emulated device (default: n150) and returns its torch device, e.g. `tt:0`.
 
     The first `.to("tt")` opens the default device on its own; call this first to choose another
     spec, to open a second device (`tt:1`), or to run the device's records in a worker process
-    (`workers="process"`, as `ttflow.open_device`'s).
+    (`workers="process"`, as `ttflow.open_device`'s). `inline_seconds` as `ttflow.open_device`'s,
+    except that a worker process's device keeps records estimated up to 150 us in the host by
+    default (torch's programs are small and dispatched one by one: docs/workers.md).
     """
-    return _torch.device("tt", _session.open(spec, index, workers))
+    return _torch.device("tt", _session.open(spec, index, workers, inline_seconds))
 
 
 def device(index: int = 0) -> _tt.Device:

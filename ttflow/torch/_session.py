@@ -42,6 +42,14 @@ BATCH_SECONDS = 0.005
 """The loop thread runs posted calls once nothing more was posted for this long (or a caller waits)."""
 MAX_DELAY_SECONDS = 0.05
 """... or once the oldest has waited this long, if the poster never pauses."""
+PROCESS_INLINE_SECONDS = 150e-6
+"""`inline_seconds` of a `workers="process"` device opened here (`tt.open_device`'s default there
+is 25 us, for chains of programs submitted ahead): torch's eager ops and compiled graphs are
+small programs (estimated 30-130 us in the MLP step) dispatched one by one from the user's
+thread, and sending one to the worker costs the host about what running it does, plus a round
+trip the next op waits for. Measured (`ttflow bench torch --workers thread,process`, the same
+run): the eager MLP step 5.6-7.0x CPU torch with this against 9.8-10.4x with 25 us (thread
+workers 4.9-5.9x); fully compiled 4.4-4.6x against 5.1-5.3x."""
 MAX_QUEUED = 256
 """A poster with this many calls queued waits until they, and the device work they queued, have
 run (CUDA's launch queue blocks the host the same way): memory held by queued work stays bounded."""
@@ -194,9 +202,13 @@ class Session:
                 self._atexit = True
         return self._portal
 
-    def open(self, spec: tt.DeviceSpec | None = None, index: int | None = None, workers: str = "thread") -> int:
+    def open(self, spec: tt.DeviceSpec | None = None, index: int | None = None, workers: str = "thread",
+             inline_seconds: float | None = None) -> int:
         """Opens an emulated device as "tt:index" (the lowest free index by default); `workers`
-        as `tt.open_device`'s."""
+        and `inline_seconds` as `tt.open_device`'s, except that a worker process's device keeps
+        records up to `PROCESS_INLINE_SECONDS` in the host unless told otherwise."""
+        if inline_seconds is None and workers == "process":
+            inline_seconds = PROCESS_INLINE_SECONDS
         with self._lock:
             if index is None:
                 index = next((i for i in range(MAX_DEVICES) if i not in self._devices), None)
@@ -208,7 +220,8 @@ class Session:
                 raise RuntimeError(f"tt:{index} is already open; call ttflow.torch.close() first")
             portal = self._ensure_portal()
             stack = contextlib.ExitStack()
-            device = stack.enter_context(portal.wrap_async_context_manager(tt.open_device(spec, workers=workers)))
+            device = stack.enter_context(portal.wrap_async_context_manager(tt.open_device(spec, workers=workers,
+                                                                                   inline_seconds=inline_seconds)))
             self._devices[index] = (device, stack)
             return index
 
