@@ -23,7 +23,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:aten.*ran on the CPU")
 
 
 @pytest.fixture(autouse=True)
-def closed(nothing_left_behind):  # closed before the leftovers are looked for
+def closed(request: pytest.FixtureRequest):
+    request.getfixturevalue("nothing_left_behind")  # set up first: torn down after the close below
     ttt.close()
     yield
     ttt.close()
