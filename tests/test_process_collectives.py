@@ -1,7 +1,7 @@
 """Collectives worker to worker (issue 28: `workers="process"`).
 
 A chip's record with collectives travels to its worker process, which meets the other chips'
-workers straight (`ttflow/_peers.py`: arrivals and chunks over each worker's endpoint) and
+workers straight (`ttflow/_peers.py`, `ttflow/_endpoint.py`: arrivals and chunks over each worker's endpoint) and
 reports each step back to the host (link bytes, arrivals, hops), which keeps the records, the
 link counters and the log as when the chips meet in the host. Checked here:
 

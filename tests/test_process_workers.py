@@ -30,7 +30,7 @@ from hypothesis import settings
 
 import ttflow as tt
 from ttflow._memory import SHARED_DIR, SHARED_PREFIX
-from ttflow._peers import ENDPOINT_PREFIX
+from ttflow._endpoint import ENDPOINT_PREFIX
 from ttflow._process_worker import ProcessQueueWorker
 from ttflow.testing import _machine_base
 
@@ -468,10 +468,15 @@ def _process_machine() -> Any:
 SENT: list[int] = []  # records each machine run sent to its worker process
 
 
+def _scaled(examples: int) -> int:
+    """`examples` under the ci profile (40 examples), as many more under a longer one."""
+    return max(examples, settings.default.max_examples * examples // 40)
+
+
 def test_the_runtime_machine_on_a_worker_process() -> None:
     machine = _process_machine()
     case = machine.TestCase
-    case.settings = settings(max_examples=8, stateful_step_count=30, deadline=None)
+    case.settings = settings(max_examples=_scaled(8), stateful_step_count=30, deadline=None)
     SENT.clear()
     case().runTest()
     assert sum(SENT) > 0
@@ -507,7 +512,7 @@ def _process_mesh_machine() -> Any:
 
 def test_the_mesh_machine_on_worker_processes() -> None:
     case = _process_mesh_machine().TestCase
-    case.settings = settings(max_examples=6, stateful_step_count=30, deadline=None)
+    case.settings = settings(max_examples=_scaled(6), stateful_step_count=30, deadline=None)
     SENT.clear()
     case().runTest()
     assert sum(SENT) > 0

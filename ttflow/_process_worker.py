@@ -49,8 +49,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from ._commands import run, run_all
+from ._endpoint import ENDPOINT_FD, land, listen
 from ._errors import DeviceLostError
-from ._peers import ENDPOINT_FD, land, listen
 from ._staging import Staged, StagingArea
 from ._wire import RUN, RUN_ALL, PlanIds, encode, recv_message, send_message
 from ._worker import QueueWorker, Ticket, _call_soon_threadsafe
@@ -424,7 +424,7 @@ class ProcessQueueWorker(QueueWorker):
                     self._take_times(batch, replies)
                 except (OSError, EOFError):
                     process.connection_closed()
-                else:  # a record with collectives also brings its report (`_peers.land`)
+                else:  # a record with collectives also brings its report (`_endpoint.land`)
                     return [(reply[0], reply[1]) if len(reply) == 2 else _landed(job, reply)
                             for job, reply in zip(batch, replies)]
         return [self._lost(job[1], job[2]) for job in batch]

@@ -3,7 +3,7 @@
 A Ray actor (`ChipActor`) holds a group of chips: each chip's bank memory (`np.zeros`, whose
 pages the OS commits as they are touched), an `_worker_child.Executor` per chip and queue (the
 plans that queue defined, as a worker process keeps them) and, per chip, a collectives
-`_peers.Endpoint` listening on TCP (the node's address), so that a chunk for a chip in another
+`_endpoint.Endpoint` listening on TCP (the node's address), so that a chunk for a chip in another
 actor, on this host or another, goes straight to that chip's actor. The actor may be on
 another host: its memory never is in the host process, and nothing here reads or writes it
 except by a call to the actor.
@@ -37,9 +37,9 @@ from typing import Any
 import numpy as np
 
 from ._commands import Compute, run, run_all
+from ._endpoint import Endpoint
 from ._errors import DeviceLostError, ShapeError, TTFlowError
 from ._memory import RemoteMemoryError
-from ._peers import Endpoint
 from ._process_worker import ProcessQueueWorker, _landed
 from ._worker import _call_soon_threadsafe
 from ._worker_child import Executor, _timed

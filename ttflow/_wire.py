@@ -29,7 +29,7 @@ A `Compute` that exchanges values with other chips carries its `peer`, the wire 
 `_peers.Peer` (`Peer.wire`: the rendezvous's key, the chip's coordinate and what the worker needs
 to meet the others: the program's name, the timeout, the fabric's facts, each chip's endpoint
 address, the first failure so far), None otherwise; the worker makes it its own `Peer`
-(`decode`'s `peer`, `_peers.Endpoint.peer`).
+(`decode`'s `peer`, `_endpoint.Endpoint.peer`).
 
 Not every record can travel: a `Compute` whose rendezvous does not travel (`Peer.wire` gives
 None: a chip without a worker process, or a rendezvous whose first chip ran in the host), runs
@@ -227,7 +227,7 @@ def decode(wire: tuple[Any, ...], plans: dict[int, Plan],
            peer: Callable[[tuple[Any, ...]], Any] | None = None,
            staged: Callable[[Staged], Any] | None = None) -> Record:
     """The record a worker runs, from its wire form (`plans`: the worker's plans by id; `peer`:
-    what makes a travelling peer this worker's, `_peers.Endpoint.peer`; `staged`: a slot of the
+    what makes a travelling peer this worker's, `_endpoint.Endpoint.peer`; `staged`: a slot of the
     staging area as the array in it, `_staging.staged_view`)."""
     wire_steps, timed = wire
     steps: list[Any] = []

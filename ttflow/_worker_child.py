@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from ._commands import run, run_all
-from ._peers import Endpoint, portable
+from ._endpoint import Endpoint
+from ._peers import portable
 from ._staging import staged_view
 from ._wire import RUN, decode, load_slot, plan_from_state, recv_message, send_message
 
@@ -38,14 +39,14 @@ class Executor:
     (by id, `_wire.PlanIds`) and the device's banks. `handle` takes a message (a list of jobs,
     each `(plan definitions, plan ids to forget, RUN or RUN_ALL, record(s) in wire form)`) and
     gives the reply: one `(value, error)` per job, errors made picklable, and a record whose
-    collectives ran here (its peers made by `endpoint`, `_peers.Endpoint`) also gives their
-    report, `(value, error, report)`, for the host (`_peers.land`). Transport-free, so that a
+    collectives ran here (its peers made by `endpoint`, `_endpoint.Endpoint`) also gives their
+    report, `(value, error, report)`, for the host (`_endpoint.land`). Transport-free, so that a
     socket (here) or another carrier of messages can drive it."""
 
     def __init__(self, banks: Any, endpoint: Endpoint | None = None, staging: Any = None) -> None:
         self.banks = banks
         self.plans: dict[int, Any] = {}
-        # Where a record's collective steps meet their peers (`_peers.Endpoint`), if anywhere.
+        # Where a record's collective steps meet their peers (`_endpoint.Endpoint`), if anywhere.
         self.endpoint = endpoint
         # The host's staging area, mapped (`_staging`): writes' arrays and reads' results.
         self.staging = staging
