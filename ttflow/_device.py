@@ -139,6 +139,7 @@ class Device:
             raise ValueError('a workers="ray" device runs every record in its actor: inline_seconds stays '
                              f"negative, got {seconds!r}")
         self._cq0.inline_seconds = self._cq1.inline_seconds = float(seconds)
+        self._cq0.transfer_inline_seconds = self._cq1.transfer_inline_seconds = None  # this governs all
 
     @property
     def worker_pid(self) -> int | None:
@@ -356,6 +357,10 @@ async def _open(spec: DeviceSpec, eviction: str, inline_seconds: float | None, w
                     (PROCESS_INLINE_SECONDS if workers == "process" else INLINE_SECONDS) if inline_seconds is None
                     else float(inline_seconds), workers, blas_threads,
                     None if worker_timeout is None else float(worker_timeout), ray_chip)
+    if workers == "process" and inline_seconds is None:
+        # Writes and reads run in the host either way (`ProcessQueueWorker.transfers_here`):
+        # inline as a thread-worker device's do.
+        device._cq0.transfer_inline_seconds = device._cq1.transfer_inline_seconds = INLINE_SECONDS
     body_error: Exception | None = None
     with blas:
         try:

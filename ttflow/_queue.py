@@ -38,7 +38,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from ._commands import INLINE_SECONDS, Banks, Compute, Record, estimate, run, run_all
+from ._commands import INLINE_SECONDS, Banks, Compute, Load, Record, Store, estimate, run, run_all
 from ._core._dispatch import CommandCore, QueueCore, run_program
 from ._errors import DeviceClosedError, OutOfMemoryError
 from ._worker import QueueWorker, Ticket
@@ -224,6 +224,9 @@ class CommandQueue(QueueCore):
         self.name = name
         self.makes_room = makes_room
         self.inline_seconds = inline_seconds
+        # When set, writes and reads run inline up to this long instead (a worker process's
+        # queue runs them on its own thread in the host: they would not leave the host anyway).
+        self.transfer_inline_seconds: float | None = None
         # Told when a record is handed to the worker (start) and when it lands (the scheduler's
         # `flight`): what it names stays put meanwhile.
         self.in_flight: Callable[[Command, Record, bool], None] = _no_flight
@@ -392,7 +395,7 @@ class CommandQueue(QueueCore):
                         error = await self._run_hooked(command, record)
                     # A record whose collectives wait for other chips, or that calls a host
                     # function (which may block), never runs on the loop, whatever the threshold.
-                    elif (estimate(record.nbytes, record.kernel_bytes, record.macs) > self.inline_seconds
+                    elif (estimate(record.nbytes, record.kernel_bytes, record.macs) > self._limit(record)
                             or command.peers is not None or _calls_host(record)):
                         error = await self._run_on_worker(command, record)
                         # The loop was free while the worker ran: go straight on to the next
@@ -439,6 +442,14 @@ class CommandQueue(QueueCore):
                 return None, exc
         return None, command.out_of_memory(error)
 
+    def _limit(self, record: Record) -> float:
+        """The longest estimated run of `record` that runs inline (`transfer_inline_seconds`
+        for a write or a read, when set)."""
+        transfer = self.transfer_inline_seconds
+        if transfer is not None and all(type(step) is Store or type(step) is Load for step in record.steps):
+            return transfer
+        return self.inline_seconds
+
     def _ready_batch(self) -> list[Command]:
         batch: list[Command] = []
         for command in self._pending:
@@ -467,7 +478,8 @@ class CommandQueue(QueueCore):
             except Exception as exc:
                 errors[i] = exc
         records = [record for i in decided if (record := batch[i].record) is not None]
-        if seconds > self.inline_seconds:
+        limit = self.inline_seconds if self.transfer_inline_seconds is None else self.transfer_inline_seconds
+        if seconds > limit:  # a batch of writes
             flying = [batch[i] for i in decided]
             for command, record in zip(flying, records):
                 self.in_flight(command, record, True)

@@ -262,7 +262,6 @@ class RayChip:
     `WorkerProcess` would be: `pid`, `address`, `chip`, `lost`, `error`, `start`, `stop`)."""
 
     connections = (None, None)  # what `ProcessQueueWorker.__init__` looks up (unused here)
-    staging = None  # no shared staging area: the actor may be on another host (arrays pickled)
 
     def __init__(self, workers: RayWorkers, index: int) -> None:
         self.workers = workers
@@ -353,6 +352,8 @@ class RayQueueWorker(ProcessQueueWorker):
     """A queue's worker whose batches run in the chip's Ray actor, one actor call per batch
     (`ProcessQueueWorker`'s batching; see the module). A record that cannot travel fails with
     `RemoteMemoryError`; host work that needs no bank (a write's conversion ahead) runs here."""
+
+    transfers_here = False  # the banks are the actor's
 
     def __init__(self, name: str, chip: RayChip, index: int) -> None:
         super().__init__(name, chip, index)  # type: ignore[arg-type]

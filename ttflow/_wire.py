@@ -9,14 +9,14 @@ storage travels as the tuple
 and a step as a tuple tagged by its kind:
 
     (STORE, storage, array, staged)         a host array (or None: zeros) into a storage
-    (LOAD, storage, shape, slot)            a storage's value back to the host (the reply)
+    (LOAD, storage, shape)                  a storage's value back to the host (the reply)
     (COPY, source, target, shape)
     (SLIDE, space, source, target, depth)
     (COMPUTE, plan id, sources, outputs, scratch items, pagewise, kernel, peer)
 
-A write's array, and a read's result, cross in a slot of the device's staging area in shared
-memory (`_staging`: the array's `Staged` reference travels, not its bytes; `slot` is None and the
-array is pickled when it is small or the area has no room).
+A worker process gets no writes or reads: they run in the host, on the shared banks
+(`_process_worker.ProcessQueueWorker.transfers_here`). A Ray actor does, and their arrays cross
+pickled, in Ray's object store (the actor may be on another host).
 
 A record is `(steps, timed)`. A `Plan` (the program's values and steps, what `Plan.__init__`
 derived from them) travels once per program and connection, as its fields (`plan_state`: the
@@ -44,14 +44,11 @@ import pickle
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from ._commands import Compute, Copy, Load, Plan, Record, Slide, Store, _Schedule
 from ._memory import Storage
 from ._ops import OPS
-from ._staging import Staged, StagingArea
 
-__all__ = ["STORE", "LOAD", "COPY", "SLIDE", "COMPUTE", "RUN", "RUN_ALL", "PlanIds", "encode", "decode", "load_slot",
+__all__ = ["STORE", "LOAD", "COPY", "SLIDE", "COMPUTE", "RUN", "RUN_ALL", "PlanIds", "encode", "decode",
            "plan_state", "plan_from_state", "send_message", "recv_message"]
 
 STORE, LOAD, COPY, SLIDE, COMPUTE = range(5)
@@ -139,13 +136,8 @@ def _storage(s: Storage) -> tuple[Any, ...]:
     return (s.layout, s.address, s.page_size, s.aligned_page_size, s.num_pages, s.dims3)
 
 
-def encode(record: Record, plans: PlanIds, staging: StagingArea | None = None,
-           refs: list[Staged] | None = None) -> tuple[Any, ...] | None:
-    """`record` in wire form, or None when it must run in the host process (see the module).
-
-    With `staging` (a worker process's `_staging.StagingArea`), a write's host array crosses in
-    a slot of it and a read's result comes back in one reserved here, instead of pickled; the
-    slots taken go to `refs`, for the caller to give back once the reply is in."""
+def encode(record: Record, plans: PlanIds) -> tuple[Any, ...] | None:
+    """`record` in wire form, or None when it must run in the host process (see the module)."""
     steps: list[tuple[Any, ...]] = []
     for step in record.steps:
         kind = type(step)
@@ -167,24 +159,10 @@ def encode(record: Record, plans: PlanIds, staging: StagingArea | None = None,
                           compute.pagewise, compute.kernel, peer))
         elif kind is Store:
             store: Store = step  # type: ignore[assignment]
-            array: Any = store.array
-            if staging is not None and type(array) is np.ndarray:
-                slot = staging.put(array)
-                if slot is not None:
-                    assert refs is not None
-                    refs.append(slot)
-                    array = slot
-            steps.append((STORE, _storage(store.dst), array, store.staged))
+            steps.append((STORE, _storage(store.dst), store.array, store.staged))
         elif kind is Load:
             load: Load = step  # type: ignore[assignment]
-            slot = None
-            dtype = load.src.layout.dtype
-            if staging is not None and dtype is not None:
-                slot = staging.reserve(np.dtype(dtype.host_dtype), tuple(load.shape))
-                if slot is not None:
-                    assert refs is not None
-                    refs.append(slot)
-            steps.append((LOAD, _storage(load.src), load.shape, slot))
+            steps.append((LOAD, _storage(load.src), load.shape))
         elif kind is Copy:
             copy: Copy = step  # type: ignore[assignment]
             steps.append((COPY, _storage(copy.src), _storage(copy.dst), copy.shape))
@@ -215,20 +193,10 @@ def _decode_storage(wire: tuple[Any, ...]) -> Storage:
     return Storage(*wire)
 
 
-def load_slot(wire: tuple[Any, ...]) -> Staged | None:
-    """The slot a record's read result goes back in (`encode`'s `staging`), if it has one."""
-    for step in wire[0]:
-        if step[0] == LOAD:
-            return step[3]  # type: ignore[no-any-return]
-    return None
-
-
 def decode(wire: tuple[Any, ...], plans: dict[int, Plan],
-           peer: Callable[[tuple[Any, ...]], Any] | None = None,
-           staged: Callable[[Staged], Any] | None = None) -> Record:
+           peer: Callable[[tuple[Any, ...]], Any] | None = None) -> Record:
     """The record a worker runs, from its wire form (`plans`: the worker's plans by id; `peer`:
-    what makes a travelling peer this worker's, `_endpoint.Endpoint.peer`; `staged`: a slot of the
-    staging area as the array in it, `_staging.staged_view`)."""
+    what makes a travelling peer this worker's, `_endpoint.Endpoint.peer`)."""
     wire_steps, timed = wire
     steps: list[Any] = []
     for step in wire_steps:
@@ -244,12 +212,7 @@ def decode(wire: tuple[Any, ...], plans: dict[int, Plan],
                                  tuple([_decode_storage(s) for s in outputs]),
                                  {k: _decode_storage(s) for k, s in scratch}, pagewise, kernel, peers))
         elif kind == STORE:
-            array = step[2]
-            if type(array) is Staged:
-                if staged is None:
-                    raise ValueError("a staged array reached a worker without the staging area")
-                array = staged(array)
-            steps.append(Store(_decode_storage(step[1]), array, step[3]))
+            steps.append(Store(_decode_storage(step[1]), step[2], step[3]))
         elif kind == LOAD:
             steps.append(Load(_decode_storage(step[1]), step[2]))
         elif kind == COPY:

@@ -6,7 +6,6 @@ records each message carries in order and replying with their outcomes in one me
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import pickle
 import socket
@@ -20,8 +19,7 @@ import numpy as np
 from ._commands import run, run_all
 from ._endpoint import Endpoint
 from ._peers import portable
-from ._staging import staged_view
-from ._wire import RUN, decode, load_slot, plan_from_state, recv_message, send_message
+from ._wire import RUN, decode, plan_from_state, recv_message, send_message
 
 __all__ = ["Executor", "main"]
 
@@ -43,14 +41,11 @@ class Executor:
     report, `(value, error, report)`, for the host (`_endpoint.land`). Transport-free, so that a
     socket (here) or another carrier of messages can drive it."""
 
-    def __init__(self, banks: Any, endpoint: Endpoint | None = None, staging: Any = None) -> None:
+    def __init__(self, banks: Any, endpoint: Endpoint | None = None) -> None:
         self.banks = banks
         self.plans: dict[int, Any] = {}
         # Where a record's collective steps meet their peers (`_endpoint.Endpoint`), if anywhere.
         self.endpoint = endpoint
-        # The host's staging area, mapped (`_staging`): writes' arrays and reads' results.
-        self.staging = staging
-        self._staged = None if staging is None else functools.partial(staged_view, staging)
 
     def handle(self, message: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         plans, banks = self.plans, self.banks
@@ -61,18 +56,13 @@ class Executor:
                     plans[number] = plan_from_state(pickle.loads(state))
                 peers: list[Any] = []
                 if kind == RUN:
-                    record = decode(payload, plans, self._peer(peers), self._staged)
+                    record = decode(payload, plans, self._peer(peers))
                     if not peers:
-                        value = run(record, banks)
-                        slot = load_slot(payload)
-                        if slot is not None:  # the result goes back in the slot the host reserved
-                            np.copyto(staged_view(self.staging, slot), value)
-                            value = slot
-                        replies.append((value, None))
+                        replies.append((run(record, banks), None))
                     else:  # its collectives ran here: their report goes back with it
                         replies.append(self._run_with_peers(record, peers))
                 else:
-                    records = [decode(record, plans, self._peer(peers), self._staged) for record in payload]
+                    records = [decode(record, plans, self._peer(peers)) for record in payload]
                     errors = run_all(records, banks)
                     replies.append(([None if e is None else _portable(e) for e in errors], None))
             except Exception as exc:
@@ -105,9 +95,8 @@ class Executor:
         return value, None if error is None else _portable(error), report
 
 
-def _serve_connection(connection: Connection, banks: Any, endpoint: Endpoint | None = None,
-                      staging: Any = None) -> None:
-    executor = Executor(banks, endpoint, staging)
+def _serve_connection(connection: Connection, banks: Any, endpoint: Endpoint | None = None) -> None:
+    executor = Executor(banks, endpoint)
     while True:
         try:
             message = recv_message(connection)
@@ -150,8 +139,7 @@ def _heartbeat(fd: int, interval: float) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """The child: `fds blas_threads space:path:banks:bank_bytes...` (see `WorkerProcess.start`;
-    the space `staging` is the host's staging area, `_staging`)."""
+    """The child: `fds blas_threads space:path:banks:bank_bytes...` (see `WorkerProcess.start`)."""
     from ._blas import limit_blas_threads
     from ._heap import keep_freed_heap
     from ._memory import map_shared
@@ -166,13 +154,9 @@ def main(argv: list[str]) -> None:
     fds, blas = argv[0], argv[1]
     banks: dict[MemorySpace, Any] = {}
     maps = []
-    staging = None
     for spec in argv[2:]:
         name, path, num_banks, bank_bytes = spec.rsplit(":", 3)
         nbytes = int(num_banks) * int(bank_bytes)
-        if name == "staging":
-            staging = map_shared(path, nbytes)
-            continue
         mapping = map_shared(path, nbytes)
         maps.append(mapping)
         banks[MemorySpace[name.upper()]] = np.frombuffer(mapping, np.uint8, nbytes).reshape(
@@ -180,7 +164,7 @@ def main(argv: list[str]) -> None:
     connections = [Connection(int(fd)) for fd in fds.split(",")]
     endpoint = Endpoint.inherited()  # other workers' chunks for this chip's collectives
     with limit_blas_threads(int(blas)) if blas else contextlib.nullcontext():
-        threads = [threading.Thread(target=_serve_connection, args=(c, banks, endpoint, staging), daemon=True)
+        threads = [threading.Thread(target=_serve_connection, args=(c, banks, endpoint), daemon=True)
                    for c in connections]
         for thread in threads:
             thread.start()
