@@ -285,7 +285,11 @@ def _finish_all(tickets: list[Ticket]) -> None:
 
 def _transfer(record: Record) -> bool:
     """Whether `record` only moves bytes between the host and the banks (a write, a read)."""
-    return all(type(step) is Store or type(step) is Load for step in record.steps)
+    for step in record.steps:  # (a loop: this is asked of every record sent)
+        kind = type(step)
+        if kind is not Store and kind is not Load:
+            return False
+    return True
 
 
 class ProcessQueueWorker(QueueWorker):

@@ -446,9 +446,13 @@ class CommandQueue(QueueCore):
         """The longest estimated run of `record` that runs inline (`transfer_inline_seconds`
         for a write or a read, when set)."""
         transfer = self.transfer_inline_seconds
-        if transfer is not None and all(type(step) is Store or type(step) is Load for step in record.steps):
-            return transfer
-        return self.inline_seconds
+        if transfer is None:
+            return self.inline_seconds
+        for step in record.steps:
+            kind = type(step)
+            if kind is not Store and kind is not Load:
+                return self.inline_seconds
+        return transfer
 
     def _ready_batch(self) -> list[Command]:
         batch: list[Command] = []
