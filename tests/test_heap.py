@@ -1,4 +1,4 @@
-"""A worker keeps its freed heap (`_heap.keep_freed_heap`): checked by the page faults of a
+"""A worker keeps its freed heap (`_workers.heap.keep_freed_heap`): checked by the page faults of a
 loop of large temporaries on a thread of a fresh interpreter, with and without it."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from ttflow._heap import keep_freed_heap
+from ttflow._workers.heap import keep_freed_heap
 
 _LOOP = """
 import resource, sys, threading
 import numpy as np
-from ttflow._heap import keep_freed_heap
+from ttflow._workers.heap import keep_freed_heap
 from ttflow._ops import _gelu
 if sys.argv[1] == "keep":
     assert keep_freed_heap()

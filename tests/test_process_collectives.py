@@ -1,7 +1,7 @@
 """Collectives worker to worker (issue 28: `workers="process"`).
 
 A chip's record with collectives travels to its worker process, which meets the other chips'
-workers straight (`ttflow/_peers.py`, `ttflow/_endpoint.py`: arrivals and chunks over each worker's endpoint) and
+workers straight (`ttflow/_peers.py`, `ttflow/_workers/endpoint.py`: arrivals and chunks over each worker's endpoint) and
 reports each step back to the host (link bytes, arrivals, hops), which keeps the records, the
 link counters and the log as when the chips meet in the host. Checked here:
 
@@ -33,7 +33,7 @@ from test_process_workers import borrow, nothing_left_behind  # noqa: F401 (auto
 
 import ttflow as tt
 from ttflow._mesh import collectives
-from ttflow._process_worker import ProcessQueueWorker
+from ttflow._workers.process import ProcessQueueWorker
 
 pytestmark = pytest.mark.anyio
 

@@ -30,8 +30,8 @@ from hypothesis import settings
 
 import ttflow as tt
 from ttflow._memory import SHARED_DIR, SHARED_PREFIX
-from ttflow._endpoint import ENDPOINT_PREFIX
-from ttflow._process_worker import ProcessQueueWorker
+from ttflow._workers.endpoint import ENDPOINT_PREFIX
+from ttflow._workers.process import ProcessQueueWorker
 from ttflow.testing import _machine_base
 
 pytestmark = pytest.mark.anyio

@@ -36,7 +36,7 @@ from test_process_workers import (  # noqa: E402
 
 import ttflow as tt  # noqa: E402
 from ttflow._memory import RemoteBanks  # noqa: E402
-from ttflow._ray_worker import RayQueueWorker, RayWorkers  # noqa: E402
+from ttflow._workers.ray import RayQueueWorker, RayWorkers  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 

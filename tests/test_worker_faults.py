@@ -161,7 +161,7 @@ class _Exited:
 def test_a_connection_that_ends_reports_the_exit_status_it_finds() -> None:
     """Whichever of the watcher and a queue's thread (its connection ended) tells first, the
     reason is the exit status, here checked on the queue's path alone."""
-    from ttflow._process_worker import WorkerProcess
+    from ttflow._workers.process import WorkerProcess
 
     process = WorkerProcess([], 0, timeout=None)
     process._popen = _Exited()  # type: ignore[assignment]

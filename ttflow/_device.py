@@ -18,11 +18,11 @@ from ._blas import limit_blas_threads
 from ._commands import INLINE_SECONDS, PROCESS_INLINE_SECONDS
 from ._errors import DeviceClosedError, DeviceLostError
 from ._memory import MemorySpaceState, MemoryView
-from ._process_worker import WORKER_TIMEOUT, ProcessQueueWorker, WorkerProcess
 from ._queue import Command, CommandQueue
-from ._ray_worker import STRATEGIES, RayChip, RayQueueWorker, RayWorkers, spaces_of
 from ._sched import EVICTION_POLICIES, Scheduler
 from ._types import DeviceSpec, MemorySpace
+from ._workers.process import WORKER_TIMEOUT, ProcessQueueWorker, WorkerProcess
+from ._workers.ray import STRATEGIES, RayChip, RayQueueWorker, RayWorkers, spaces_of
 
 __all__ = ["Device", "DeviceStatistics", "open_device", "WORKERS"]
 
@@ -106,7 +106,7 @@ class Device:
         self._banks = {space: state.banks for space, state in self._spaces.items()}
         scheduler_complete = self._complete
         # With workers="process", the records the queues hand to their workers run in one child
-        # process that maps the same bank memory (`_process_worker`); the rest is as with threads.
+        # process that maps the same bank memory (`_workers.process`); the rest is as with threads.
         self._process: Any = ray_chip  # a WorkerProcess, or a RayChip (the same interface)
         workers_of: list[ProcessQueueWorker | None] = [None, None]
         if ray_chip is not None:

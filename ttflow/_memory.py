@@ -212,7 +212,7 @@ class BankMemory:
 
     With `shared_path`, the memory is that file, made here (sparse, so still committed page by
     page) and mapped shared, so that a worker process can map the same bytes
-    (`_process_worker`); `close` removes the file (and so does the interpreter's exit, if the
+    (`_workers.process`); `close` removes the file (and so does the interpreter's exit, if the
     memory was never closed)."""
 
     def __init__(self, num_banks: int, bank_bytes: int, shared_path: str | None = None) -> None:

@@ -7,7 +7,7 @@ of them too, below the `_mesh` layer).
   (`_send`, `_deliver`), a chunk received (`_receive`), a step left (`_leave`), the first failure
   (`abort`). In the host process the meeting is `_mesh.collectives.Rendezvous` (the chips'
   threads share it); in a worker process (`workers="process"`) it is a `ChipRendezvous`.
-- `ChipRendezvous` (in `_endpoint`, with the rest of the transport) is one chip's part of a submit's rendezvous in its worker process. Its
+- `ChipRendezvous` (in `_workers.endpoint`, with the rest of the transport) is one chip's part of a submit's rendezvous in its worker process. Its
   chip's arrival at a step is announced to the group's other chips, and a chunk for another chip
   goes straight to that chip's worker, over the worker's `Endpoint` (a listening Unix socket
   in a private directory, `listen`; an address per worker, as a TCP endpoint would be). The host
@@ -225,7 +225,7 @@ class Peer:
         self.rendezvous.abort(self.coord, error)
 
     def wire(self) -> tuple[Any, ...] | None:
-        """This place as it travels to a worker process (`_wire`), or None: the record stays."""
+        """This place as it travels to a worker process (`_workers.wire`), or None: the record stays."""
         return self.rendezvous.wire(self.coord)
 
     def collective(self, step: int, op: str, x: Array, attrs: dict[str, Any], dtype: DataType) -> Array:

@@ -6,7 +6,7 @@ bytes (kernels and numpy, which release the GIL) and touches no scheduling state
 the result back to the scheduler. Small records run inline in the queue's task: a thread
 hand-off costs 85-180 us here, more than a tiny program. Records estimated above the queue's
 `inline_seconds` (the device's setting, `INLINE_SECONDS` by default) go to the queue's own
-worker thread (`_worker.py`), so the event loop is never
+worker thread (`_workers.thread.py`), so the event loop is never
 blocked by a large kernel and a CQ1 write overlaps a CQ0 program. A program whose collectives
 wait for other chips (`Command.peers`, an SPMD submit's) always runs on the worker: inline, its
 wait would block the loop that must run the other chips' queues. Consecutive ready host writes
@@ -41,7 +41,7 @@ import anyio.lowlevel
 from ._commands import INLINE_SECONDS, Banks, Compute, Load, Record, Store, estimate, run, run_all
 from ._core._dispatch import CommandCore, QueueCore, run_program
 from ._errors import DeviceClosedError, OutOfMemoryError
-from ._worker import QueueWorker, Ticket
+from ._workers.thread import QueueWorker, Ticket
 
 __all__ = ["Command", "CommandQueue", "NO_DEPS", "RETRY"]
 
@@ -71,7 +71,7 @@ hand-off, while the first write of a stream of large ones is not held back by th
 
 _AHEAD_MAX = 16
 """Most commands of a queue decided and sent to its worker behind the running one: enough for
-a worker process to take a chain of small programs in one message (`_process_worker`)."""
+a worker process to take a chain of small programs in one message (`_workers.process`)."""
 
 _YIELD_EVERY = 0.002
 """Seconds a queue may run ready commands back to back before it lets other tasks in."""
@@ -243,7 +243,7 @@ class CommandQueue(QueueCore):
         self._aborted: BaseException | None = None
         self.on_complete = on_complete
         # Where large records run: a thread of this process, or one that sends them to the
-        # device's worker process (`_process_worker`, the same interface).
+        # device's worker process (`_workers.process`, the same interface).
         self._worker = worker if worker is not None else QueueWorker(name)
 
     def __len__(self) -> int:

@@ -60,7 +60,6 @@ import numpy as np
 
 from .. import _runtime
 from .._binary import Binary, for_mesh
-from .._endpoint import post_abort
 from .._errors import CollectiveError
 from .._peers import (
     Array,
@@ -72,6 +71,7 @@ from .._peers import (
     portable,
 )
 from .._tensor import Tensor
+from .._workers.endpoint import post_abort
 from .device import MeshDevice
 from .links import Fabric
 from .spec import Coord
@@ -177,7 +177,7 @@ class Rendezvous(Meeting):
     (or None); `wiring`: where the chips' worker processes listen, when every chip has one.
 
     With a wiring the chips' records travel to their workers, which meet among themselves
-    (`_endpoint.ChipRendezvous`) and report each step back (`merge`); this object then keeps the
+    (`_workers.endpoint.ChipRendezvous`) and report each step back (`merge`); this object then keeps the
     records, counts the links and tells the workers of a failure (`abort`). Which way a
     rendezvous goes is settled by its first chip: a record that cannot travel (debug hooks)
     makes the rest stay in the host too (`wire` gives None), and one that already travelled
@@ -220,7 +220,7 @@ class Rendezvous(Meeting):
             post_abort([address for _, address in self.wiring.addresses], self.key, chip, error)
 
     def wire(self, coord: Coord) -> tuple[Any, ...] | None:
-        """The chip's place for its worker (`_endpoint.Endpoint.peer`), or None: it meets here."""
+        """The chip's place for its worker (`_workers.endpoint.Endpoint.peer`), or None: it meets here."""
         wiring = self.wiring
         if wiring is None:
             return None
@@ -301,7 +301,7 @@ class Rendezvous(Meeting):
             STATS["host_chunks"] += 1
         self._post(step, tag, to, chunk)
 
-    # -- what the workers report (`_endpoint.land`, on a queue's worker thread) -------------------
+    # -- what the workers report (`_workers.endpoint.land`, on a queue's worker thread) -------------------
 
     def merge(self, done: list[tuple[Any, ...]], sent: dict[tuple[Coord, Coord], int],
               chunks: tuple[int, int], pid: int, failed: tuple[Coord | None, BaseException] | None) -> None:

@@ -323,10 +323,10 @@ async def open_mesh_device(spec: MeshSpec | tuple[int, int], **open_device_kwarg
 
 async def _ray_chips(stack: AsyncExitStack, spec: MeshSpec, kwargs: dict[str, Any], chips_per_worker: int = 1,
                      ray_strategy: str = "PACK") -> list[dict[str, Any]]:
-    """Places the mesh's Ray actors (`_ray_worker.RayWorkers`, stopped when `stack` unwinds,
+    """Places the mesh's Ray actors (`_workers.ray.RayWorkers`, stopped when `stack` unwinds,
     after the chips closed); each chip's `open_device` argument naming its place."""
-    from .._process_worker import WORKER_TIMEOUT
-    from .._ray_worker import STRATEGIES, RayWorkers, spaces_of
+    from .._workers.process import WORKER_TIMEOUT
+    from .._workers.ray import STRATEGIES, RayWorkers, spaces_of
 
     if isinstance(chips_per_worker, bool) or not isinstance(chips_per_worker, int) or chips_per_worker < 1:
         raise ValueError(f"chips_per_worker must be a positive int, got {chips_per_worker!r}")

@@ -4,7 +4,7 @@ The host keeps everything it decides with (the scheduler, the queues, the C fast
 answers `submit` at once, as with thread workers; only the records its queues would hand to
 their worker threads go to one child process per device, which maps the device's bank memory
 (a shared file, `_memory.BankMemory(shared_path=...)`) and runs `_commands.run(record, banks)`
-there. Records travel in wire form (`_wire`): storages as their geometry, a program's plan once
+there. Records travel in wire form (`_workers.wire`): storages as their geometry, a program's plan once
 per connection, then its id; host arrays of writes and the arrays reads return are pickled.
 
 `WorkerProcess` is the child (a new interpreter running `main`, never forked: the
@@ -48,11 +48,11 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ._commands import Load, Record, Store, run, run_all
-from ._endpoint import ENDPOINT_FD, land, listen
-from ._errors import DeviceLostError
-from ._wire import RUN, RUN_ALL, PlanIds, encode, recv_message, send_message
-from ._worker import QueueWorker, Ticket, _call_soon_threadsafe
+from .._commands import Load, Record, Store, run, run_all
+from .._errors import DeviceLostError
+from .endpoint import ENDPOINT_FD, land, listen
+from .thread import QueueWorker, Ticket, _call_soon_threadsafe
+from .wire import RUN, RUN_ALL, PlanIds, encode, recv_message, send_message
 
 __all__ = ["WorkerProcess", "ProcessQueueWorker"]
 
@@ -74,7 +74,7 @@ _HEARTBEAT_ENV = "TTFLOW_HEARTBEAT"
 
 _TIMES = "times"
 """Marks the element after a message's replies that holds each job's span in the child
-(`_worker_child.TIMES`, the same)."""
+(`_workers.child.TIMES`, the same)."""
 
 _NOTHING = object()
 
@@ -83,7 +83,7 @@ def beat_interval(timeout: float) -> float:
     """Seconds between two heartbeats of a child declared lost after `timeout` s of silence."""
     return max(0.005, min(1.0, timeout / 10))
 
-_CHILD = "import sys; from ttflow._worker_child import main; main(sys.argv[1:])"
+_CHILD = "import sys; from ttflow._workers.child import main; main(sys.argv[1:])"
 """The child's program (not `-m`: the package imports this module before running it)."""
 
 
@@ -416,7 +416,7 @@ class ProcessQueueWorker(QueueWorker):
                     self._take_times(batch, replies)
                 except (OSError, EOFError):
                     process.connection_closed()
-                else:  # a record with collectives also brings its report (`_endpoint.land`)
+                else:  # a record with collectives also brings its report (`_workers.endpoint.land`)
                     return [(reply[0], reply[1]) if len(reply) == 2 else _landed(job, reply)
                             for job, reply in zip(batch, replies)]
         return [self._lost(job[1], job[2]) for job in batch]

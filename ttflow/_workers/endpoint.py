@@ -21,8 +21,8 @@ from typing import Any, final
 
 import numpy as np
 
-from ._errors import CollectiveError
-from ._peers import (
+from .._errors import CollectiveError
+from .._peers import (
     Array,
     CollectiveRecord,
     Coord,
@@ -42,7 +42,7 @@ chip's arrival at a step, a rendezvous's first failure."""
 
 ENDPOINT_FD = "TTFLOW_ENDPOINT_FD"
 """The environment variable that gives a worker process its endpoint's listening socket (an
-inherited descriptor; `_process_worker` sets it, `Endpoint.inherited` reads it)."""
+inherited descriptor; `_workers.process` sets it, `Endpoint.inherited` reads it)."""
 
 ENDPOINT_PREFIX = "ttflow-endpoint-"
 """An endpoint's private directory: `<temp dir>/ttflow-endpoint-<host pid>-<random>`, removed
@@ -236,7 +236,7 @@ class Endpoint:
     # -- what the worker's records call -----------------------------------------------------
 
     def peer(self, wire: tuple[Any, ...]) -> Peer:
-        """The chip's `Peer` for a record's collective steps (`_wire.decode`), from the wire
+        """The chip's `Peer` for a record's collective steps (`_workers.wire.decode`), from the wire
         form of its host peer: (rendezvous key, coordinate, context, see `bind`)."""
         key, coord, context = wire
         state = self.state(key)
@@ -357,7 +357,7 @@ class Endpoint:
 
 def _socket_for(address: Any) -> socket.socket:
     """A socket to reach the endpoint at `address`: a path (a Unix socket, `listen`) or a
-    (host, port) pair (TCP: a Ray actor's chip, `_ray_worker`, maybe on another host)."""
+    (host, port) pair (TCP: a Ray actor's chip, `_workers.ray`, maybe on another host)."""
     if not isinstance(address, tuple):
         return socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock = socket.socket(socket.AF_INET6 if len(address) == 4 else socket.AF_INET, socket.SOCK_STREAM)

@@ -1,4 +1,4 @@
-"""The worker process's side of `workers="process"` (see `_process_worker`, the host's side):
+"""The worker process's side of `workers="process"` (see `_workers.process`, the host's side):
 a fresh interpreter that maps the device's bank memory (the shared files the host made) and
 serves each of the host's connections (one per queue) on a thread of its own, running the
 records each message carries in order and replying with their outcomes in one message."""
@@ -16,16 +16,16 @@ from typing import Any
 
 import numpy as np
 
-from ._commands import run, run_all
-from ._endpoint import Endpoint
-from ._peers import portable
-from ._wire import RUN, decode, plan_from_state, recv_message, send_message
+from .._commands import run, run_all
+from .._peers import portable
+from .endpoint import Endpoint
+from .wire import RUN, decode, plan_from_state, recv_message, send_message
 
 __all__ = ["Executor", "main"]
 
 TIMES = "times"
 """Marks the element after a message's replies that holds each job's span (`_timed`; the host's
-`_process_worker._TIMES` is the same)."""
+`_workers.process._TIMES` is the same)."""
 
 
 def _portable(error: BaseException) -> BaseException:
@@ -34,17 +34,17 @@ def _portable(error: BaseException) -> BaseException:
 
 class Executor:
     """What runs one queue's messages in a worker: the plans that queue's host side defined
-    (by id, `_wire.PlanIds`) and the device's banks. `handle` takes a message (a list of jobs,
+    (by id, `_workers.wire.PlanIds`) and the device's banks. `handle` takes a message (a list of jobs,
     each `(plan definitions, plan ids to forget, RUN or RUN_ALL, record(s) in wire form)`) and
     gives the reply: one `(value, error)` per job, errors made picklable, and a record whose
-    collectives ran here (its peers made by `endpoint`, `_endpoint.Endpoint`) also gives their
-    report, `(value, error, report)`, for the host (`_endpoint.land`). Transport-free, so that a
+    collectives ran here (its peers made by `endpoint`, `_workers.endpoint.Endpoint`) also gives their
+    report, `(value, error, report)`, for the host (`_workers.endpoint.land`). Transport-free, so that a
     socket (here) or another carrier of messages can drive it."""
 
     def __init__(self, banks: Any, endpoint: Endpoint | None = None) -> None:
         self.banks = banks
         self.plans: dict[int, Any] = {}
-        # Where a record's collective steps meet their peers (`_endpoint.Endpoint`), if anywhere.
+        # Where a record's collective steps meet their peers (`_workers.endpoint.Endpoint`), if anywhere.
         self.endpoint = endpoint
 
     def handle(self, message: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
@@ -127,7 +127,7 @@ def _timed(executor: Executor, message: list[Any]) -> list[Any]:
 
 
 def _heartbeat(fd: int, interval: float) -> None:
-    """Sends a byte every `interval` s on the heartbeat connection (`_process_worker._listen`),
+    """Sends a byte every `interval` s on the heartbeat connection (`_workers.process._listen`),
     on a thread that does nothing else; returns when the host is gone."""
     with socket.socket(fileno=fd) as beat:
         while True:
@@ -140,10 +140,10 @@ def _heartbeat(fd: int, interval: float) -> None:
 
 def main(argv: list[str]) -> None:
     """The child: `fds blas_threads space:path:banks:bank_bytes...` (see `WorkerProcess.start`)."""
-    from ._blas import limit_blas_threads
-    from ._heap import keep_freed_heap
-    from ._memory import map_shared
-    from ._types import MemorySpace
+    from .._blas import limit_blas_threads
+    from .._memory import map_shared
+    from .._types import MemorySpace
+    from .heap import keep_freed_heap
 
     keep_freed_heap()
     heartbeat = os.environ.pop("TTFLOW_HEARTBEAT", "")

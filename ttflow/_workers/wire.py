@@ -15,7 +15,7 @@ and a step as a tuple tagged by its kind:
     (COMPUTE, plan id, sources, outputs, scratch items, pagewise, kernel, peer)
 
 A worker process gets no writes or reads: they run in the host, on the shared banks
-(`_process_worker.ProcessQueueWorker.transfers_here`). A Ray actor does, and their arrays cross
+(`_workers.process.ProcessQueueWorker.transfers_here`). A Ray actor does, and their arrays cross
 pickled, in Ray's object store (the actor may be on another host).
 
 A record is `(steps, timed)`. A `Plan` (the program's values and steps, what `Plan.__init__`
@@ -29,7 +29,7 @@ A `Compute` that exchanges values with other chips carries its `peer`, the wire 
 `_peers.Peer` (`Peer.wire`: the rendezvous's key, the chip's coordinate and what the worker needs
 to meet the others: the program's name, the timeout, the fabric's facts, each chip's endpoint
 address, the first failure so far), None otherwise; the worker makes it its own `Peer`
-(`decode`'s `peer`, `_endpoint.Endpoint.peer`).
+(`decode`'s `peer`, `_workers.endpoint.Endpoint.peer`).
 
 Not every record can travel: a `Compute` whose rendezvous does not travel (`Peer.wire` gives
 None: a chip without a worker process, or a rendezvous whose first chip ran in the host), runs
@@ -44,9 +44,9 @@ import pickle
 from collections.abc import Callable
 from typing import Any
 
-from ._commands import Compute, Copy, Load, Plan, Record, Slide, Store, _Schedule
-from ._memory import Storage
-from ._ops import OPS
+from .._commands import Compute, Copy, Load, Plan, Record, Slide, Store, _Schedule
+from .._memory import Storage
+from .._ops import OPS
 
 __all__ = ["STORE", "LOAD", "COPY", "SLIDE", "COMPUTE", "RUN", "RUN_ALL", "PlanIds", "encode", "decode",
            "plan_state", "plan_from_state", "send_message", "recv_message"]
@@ -196,7 +196,7 @@ def _decode_storage(wire: tuple[Any, ...]) -> Storage:
 def decode(wire: tuple[Any, ...], plans: dict[int, Plan],
            peer: Callable[[tuple[Any, ...]], Any] | None = None) -> Record:
     """The record a worker runs, from its wire form (`plans`: the worker's plans by id; `peer`:
-    what makes a travelling peer this worker's, `_endpoint.Endpoint.peer`)."""
+    what makes a travelling peer this worker's, `_workers.endpoint.Endpoint.peer`)."""
     wire_steps, timed = wire
     steps: list[Any] = []
     for step in wire_steps:

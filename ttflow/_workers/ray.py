@@ -1,16 +1,16 @@
 """Chips in Ray actors (`open_device(workers="ray")`, `open_mesh_device(..., workers="ray")`).
 
 A Ray actor (`ChipActor`) holds a group of chips: each chip's bank memory (`np.zeros`, whose
-pages the OS commits as they are touched), an `_worker_child.Executor` per chip and queue (the
+pages the OS commits as they are touched), an `_workers.child.Executor` per chip and queue (the
 plans that queue defined, as a worker process keeps them) and, per chip, a collectives
-`_endpoint.Endpoint` listening on TCP (the node's address), so that a chunk for a chip in another
+`_workers.endpoint.Endpoint` listening on TCP (the node's address), so that a chunk for a chip in another
 actor, on this host or another, goes straight to that chip's actor. The actor may be on
 another host: its memory never is in the host process, and nothing here reads or writes it
 except by a call to the actor.
 
 The host side of a chip is a `RayChip` (what `Device` holds where a worker process's
 `WorkerProcess` would be: pid, endpoint address, chip coordinate, loss) and two
-`RayQueueWorker`s, `_process_worker.ProcessQueueWorker`s whose batches (up to 8 records, in wire
+`RayQueueWorker`s, `_workers.process.ProcessQueueWorker`s whose batches (up to 8 records, in wire
 form) each cross as one actor call (`ChipActor.handle`, one `ray.get`), instead of a socket
 message. The device's own banks are `_memory.RemoteBanks`, which refuse every access, and its
 `inline_seconds` is -1, so that no record runs in the host. What cannot travel is refused
@@ -36,13 +36,13 @@ from typing import Any
 
 import numpy as np
 
-from ._commands import Compute, run, run_all
-from ._endpoint import Endpoint
-from ._errors import DeviceLostError, ShapeError, TTFlowError
-from ._memory import RemoteMemoryError
-from ._process_worker import ProcessQueueWorker, _landed
-from ._worker import _call_soon_threadsafe
-from ._worker_child import Executor, _timed
+from .._commands import Compute, run, run_all
+from .._errors import DeviceLostError, ShapeError, TTFlowError
+from .._memory import RemoteMemoryError
+from .child import Executor, _timed
+from .endpoint import Endpoint
+from .process import ProcessQueueWorker, _landed
+from .thread import _call_soon_threadsafe
 
 __all__ = ["ChipActor", "RayChip", "RayQueueWorker", "RayWorkers", "STRATEGIES", "require_ray", "spaces_of"]
 
@@ -55,7 +55,7 @@ _READY_SECONDS = 120.0
 
 def spaces_of(spec: Any) -> list[tuple[str, int, int]]:
     """A chip's memory spaces as its actor makes them: (space name, banks, bank bytes)."""
-    from ._types import MemorySpace
+    from .._types import MemorySpace
 
     return [(space.name, spec.banks(space), spec.bank_bytes(space)) for space in MemorySpace]
 
@@ -82,9 +82,9 @@ class ChipActor:
     collective's chips waiting for each other, run at once."""
 
     def __init__(self, chips: Sequence[Sequence[tuple[str, int, int]]], blas_threads: int | None) -> None:
-        from ._blas import limit_blas_threads
-        from ._heap import keep_freed_heap
-        from ._types import MemorySpace
+        from .._blas import limit_blas_threads
+        from .._types import MemorySpace
+        from .heap import keep_freed_heap
 
         keep_freed_heap()  # the actor's process is its own, as a worker process is
         if blas_threads is not None:
@@ -111,7 +111,7 @@ class ChipActor:
         return os.getpid(), [endpoint.address for endpoint in self.endpoints]
 
     def handle(self, chip: int, queue: int, message: list[tuple[Any, ...]]) -> list[Any]:
-        """One batch of a chip's queue (`_worker_child.Executor.handle`, timed as a worker
+        """One batch of a chip's queue (`_workers.child.Executor.handle`, timed as a worker
         process times it)."""
         key = (chip, queue)
         executor = self._executors.get(key)
@@ -121,7 +121,7 @@ class ChipActor:
         return _timed(executor, message)
 
     def read_bank(self, chip: int, space: str, bank: int, address: int, nbytes: int) -> bytes:
-        from ._types import MemorySpace
+        from .._types import MemorySpace
 
         return self.banks[chip][MemorySpace[space]][bank, address:address + nbytes].tobytes()
 
@@ -333,7 +333,7 @@ class RayChip:
 
 
 def _why_not(records: Sequence[Any]) -> str:
-    """Why a record cannot travel to its actor (`_wire.encode` gave None)."""
+    """Why a record cannot travel to its actor (`_workers.wire.encode` gave None)."""
     for record in records:
         for step in record.steps:
             if type(step) is Compute:
