@@ -171,11 +171,12 @@ class WorkerProcess:
 
     def connection_closed(self) -> None:
         """A connection to the child ended: it died, most likely. Its exit status, if it comes
-        within a moment, is the reason given (a signal by name: SIGBUS, SIGKILL...)."""
+        within a moment, is the reason given (a signal by name: SIGBUS, SIGKILL...). The moment
+        is 2 s: on a loaded machine 0.5 s was sometimes too short for the exit status to come."""
         code = None
         if self._popen is not None:
             try:
-                code = self._popen.wait(0.5)
+                code = self._popen.wait(2.0)
             except subprocess.TimeoutExpired:
                 pass
         self.mark_lost("its connection closed" if code is None else _exit_reason(code))
