@@ -14,9 +14,9 @@ torch = pytest.importorskip(
 )
 ttt = pytest.importorskip("ttflow.torch")
 
+from test_process_workers import _workers, nothing_left_behind  # noqa: F401 - the fixture
 from torch import nn
 
-from tests.test_process_workers import _workers, nothing_left_behind  # noqa: F401 - the fixture
 from ttflow.torch._session import PROCESS_INLINE_SECONDS
 
 pytestmark = pytest.mark.filterwarnings("ignore:aten.*ran on the CPU")
