@@ -29,6 +29,7 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
+from test_collectives import outcomes
 from test_process_workers import borrow, nothing_left_behind  # noqa: F401 (autouse)
 
 import ttflow as tt
@@ -177,14 +178,8 @@ def _overflowing() -> tt.Binary:
 
 
 async def _outcomes(out: tt.MeshTensor) -> list[Any]:
-    got: list[Any] = []
     with anyio.fail_after(BOUND):
-        for shard in tt.device_tensors(out):
-            try:
-                got.append(await tt.to_host(shard))
-            except tt.TTFlowError as exc:
-                got.append(exc)
-    return got
+        return await outcomes(out)
 
 
 async def test_a_chip_failing_in_its_worker_fails_the_other_workers_typed() -> None:

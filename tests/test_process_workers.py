@@ -32,7 +32,6 @@ import ttflow as tt
 from ttflow._memory import SHARED_DIR, SHARED_PREFIX
 from ttflow._workers.endpoint import ENDPOINT_PREFIX
 from ttflow._workers.process import ProcessQueueWorker
-from ttflow.testing import _machine_base
 
 pytestmark = pytest.mark.anyio
 
@@ -261,10 +260,8 @@ async def test_a_1x2_mesh_spmd_program_and_one_with_collectives() -> None:
     await both(_mesh)
 
 
-async def _in_process(kwargs: dict[str, Any]) -> list[np.ndarray]:
-    """A host op's program (its function runs in the host process, on the queue's worker thread,
-    in queue order) and a program under debug hooks (run on a thread of anyio's that calls back
-    into the loop): neither travels in this step."""
+def _hosted_and_plain() -> tuple[tt.Binary, tt.Binary]:
+    """A program with a host op (sort, between device ops) and a plain one (gelu), 64x64."""
     b = tt.ProgramBuilder("hosted")
     x = b.input((64, 64), tt.Layout(DRAM, TILE, F32))
     (h,) = b.host_op(lambda a: np.sort(a, axis=-1), [b.mul(x, 2.0)], [((64, 64), F32)], name="sort")
@@ -272,7 +269,14 @@ async def _in_process(kwargs: dict[str, Any]) -> list[np.ndarray]:
     hosted = tt.Binary([b.build()])
     b = tt.ProgramBuilder("plain")
     b.output(b.gelu(b.input((64, 64), tt.Layout(DRAM, TILE, F32))), tt.Layout(DRAM, TILE, F32))
-    plain = tt.Binary([b.build()])
+    return hosted, tt.Binary([b.build()])
+
+
+async def _in_process(kwargs: dict[str, Any]) -> list[np.ndarray]:
+    """A host op's program (its function runs in the host process, on the queue's worker thread,
+    in queue order) and a program under debug hooks (run on a thread of anyio's that calls back
+    into the loop): neither travels in this step."""
+    hosted, plain = _hosted_and_plain()
     seen: list[str] = []
     async with tt.open_device(SMALL, **kwargs) as device:
         t = tt.to_device(values((64, 64)), device, tt.Layout(DRAM, TILE))
@@ -438,13 +442,10 @@ def _process_machine() -> Any:
     class ProcessRuntimeMachine(RuntimeMachine):
         """The runtime machine's rules on a device whose records run in a worker process."""
 
+        workers = "process"
+
         def __init__(self) -> None:
-            opened = _machine_base.open_device
-            _machine_base.open_device = functools.partial(opened, workers="process")  # type: ignore[assignment]
-            try:
-                super().__init__()
-            finally:
-                _machine_base.open_device = opened  # type: ignore[assignment]
+            super().__init__()
             assert self.device.worker_pid is not None
 
         def teardown(self) -> None:
@@ -475,7 +476,7 @@ def test_the_runtime_machine_on_a_worker_process() -> None:
 
 
 def _process_mesh_machine() -> Any:
-    from ttflow.testing import MeshStateMachine, _machine_mesh
+    from ttflow.testing import MeshStateMachine
 
     class ProcessMeshMachine(MeshStateMachine):
         """The mesh machine's rules (collectives, mappers, L1 pressure, a failing peer,
@@ -483,13 +484,10 @@ def _process_mesh_machine() -> Any:
 
         mesh_spec = tt.MeshSpec((1, 3), chip=SMALL, topology="ring")
 
+        workers = "process"
+
         def __init__(self) -> None:
-            opened = _machine_mesh.open_mesh_device
-            _machine_mesh.open_mesh_device = functools.partial(opened, workers="process")  # type: ignore[assignment]
-            try:
-                super().__init__()
-            finally:
-                _machine_mesh.open_mesh_device = opened  # type: ignore[assignment]
+            super().__init__()
             assert all(pid is not None for pid in self.mesh.worker_pids)
 
         def teardown(self) -> None:

@@ -305,6 +305,14 @@ def _block_numpy(x: np.ndarray[Any, Any], w: np.ndarray[Any, Any]) -> np.ndarray
     return (h - mean) / np.sqrt(var + 1e-5)
 
 
+def _block_inputs(seed: int) -> tuple[np.ndarray, np.ndarray, tt.Layout]:
+    """A 64x64 input and weight for `_block`, and the TILE layout they go to the device in."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((64, 64)).astype(np.float32)
+    w = (rng.standard_normal((64, 64)) / 8).astype(np.float32)
+    return x, w, tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, F32)
+
+
 @pytest.mark.parametrize("workers", ["thread", "process"])
 async def test_a_chain_goes_to_the_worker_ahead_of_its_turn_and_gives_numpys_values(
         workers: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -312,10 +320,7 @@ async def test_a_chain_goes_to_the_worker_ahead_of_its_turn_and_gives_numpys_val
     # first are decided and sent while an earlier one runs (a worker process takes them in a
     # few messages). Each value against float64 numpy; memory afterwards is the tensors held.
     sent = _count_sent(monkeypatch)
-    rng = np.random.default_rng(4)
-    x = rng.standard_normal((64, 64)).astype(np.float32)
-    w = (rng.standard_normal((64, 64)) / 8).astype(np.float32)
-    tile = tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, F32)
+    x, w, tile = _block_inputs(4)
     async with tt.open_device(SMALL, workers=workers, inline_seconds=-1) as device:
         tx, tw = tt.to_device(x, device, tile), tt.to_device(w, device, tile)
         await tw
@@ -340,10 +345,7 @@ async def test_a_program_pushed_while_one_runs_is_sent_behind_it(
     # pushed while the one before is on the worker (held there: paused), and is decided and
     # sent behind it then, not when it lands. Values against float64 numpy.
     sent = _count_sent(monkeypatch)
-    rng = np.random.default_rng(6)
-    x = rng.standard_normal((64, 64)).astype(np.float32)
-    w = (rng.standard_normal((64, 64)) / 8).astype(np.float32)
-    tile = tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE, F32)
+    x, w, tile = _block_inputs(6)
     async with tt.open_device(SMALL, workers=workers, inline_seconds=-1) as device:
         tx, tw = tt.to_device(x, device, tile), tt.to_device(w, device, tile)
         await tx

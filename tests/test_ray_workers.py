@@ -28,6 +28,7 @@ ray = pytest.importorskip("ray", reason='workers="ray" needs the ray extra: pip 
 from test_process_workers import (  # noqa: E402
     _donation,
     _eviction,
+    _hosted_and_plain,
     _mlp_binary,
     _programs,
     _trace,
@@ -324,14 +325,7 @@ async def test_the_host_side_banks_refuse_every_access() -> None:
 
 
 async def test_host_ops_and_debug_hooks_are_refused_at_once_and_the_device_goes_on() -> None:
-    b = tt.ProgramBuilder("hosted")
-    x = b.input((64, 64), tt.Layout(DRAM, TILE, F32))
-    (h,) = b.host_op(lambda v: np.sort(v, axis=-1), [b.mul(x, 2.0)], [((64, 64), F32)], name="sort")
-    b.output(b.add(h, 1.0), tt.Layout(DRAM, TILE, F32))
-    hosted = tt.Binary([b.build()])
-    b = tt.ProgramBuilder("plain")
-    b.output(b.gelu(b.input((64, 64), tt.Layout(DRAM, TILE, F32))), tt.Layout(DRAM, TILE, F32))
-    plain = tt.Binary([b.build()])
+    hosted, plain = _hosted_and_plain()
     seen: list[str] = []
     with anyio.fail_after(60):
         async with tt.open_device(SMALL, **RAY) as device:

@@ -17,7 +17,7 @@ import time
 import anyio
 import numpy as np
 import pytest
-from test_process_workers import _children, _segments, nothing_left_behind  # noqa: F401 (autouse)
+from test_process_workers import _children, _mlp_binary, _segments, nothing_left_behind  # noqa: F401 (autouse)
 
 import ttflow as tt
 
@@ -35,14 +35,6 @@ def values(shape: tuple[int, ...], seed: int = 0, scale: float = 1.0) -> np.ndar
     return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
 
 
-def _matmul_relu() -> tt.Binary:
-    b = tt.ProgramBuilder("matmul_relu")
-    x = b.input((64, 40), tt.Layout(DRAM, TILE, F32))
-    w = b.input((40, 24), tt.Layout(L1, TILE, F32))
-    b.output(b.relu(b.matmul(x, w)))
-    return tt.Binary([b.build()])
-
-
 async def _until(condition: object, seconds: float) -> None:
     with anyio.fail_after(seconds):
         while not condition():  # type: ignore[operator]
@@ -58,7 +50,7 @@ LOST_WITHIN = TIMEOUT + 10.0  # a silent worker's awaits must fail by then (load
 
 @pytest.mark.parametrize("where", ["device", "mesh"])
 async def test_a_stopped_worker_is_declared_lost_within_its_timeout(where: str) -> None:
-    binary = _matmul_relu()
+    binary = _mlp_binary()
     x, w = values((64, 40)), values((40, 24), 1)
     expected = np.maximum(x @ w, 0)
     opened = (tt.open_device(SMALL, workers="process", inline_seconds=-1, worker_timeout=TIMEOUT)
@@ -129,7 +121,7 @@ async def test_a_worker_stopped_while_idle_does_not_hang_close() -> None:
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSEGV])
 async def test_a_dead_worker_is_named_by_its_signal(how: signal.Signals) -> None:
-    binary = _matmul_relu()
+    binary = _mlp_binary()
     async with tt.open_device(SMALL, workers="process", inline_seconds=-1) as device:
         xt = tt.to_device(values((64, 40)), device, tt.Layout(DRAM, TILE))
         wt = tt.to_device(values((40, 24), 1), device)

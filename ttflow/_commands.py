@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Store", "Load", "Copy", "Slide", "Compute", "Step", "Record", "Plan", "Banks", "run", "run_all",
-    "pagewise_storages", "page_kernel", "estimate", "KERNEL_BYTES_PER_SECOND",
+    "pagewise_storages", "page_kernel", "estimate", "is_transfer", "KERNEL_BYTES_PER_SECOND",
     "INLINE_SECONDS",
     "PROCESS_INLINE_SECONDS",
 ]
@@ -416,6 +416,16 @@ def estimate(nbytes: int, kernel_bytes: int, macs: int) -> float:
     """Seconds to move `nbytes` (of which `kernel_bytes` by the pointwise kernel) and do `macs`."""
     return ((nbytes - kernel_bytes) / BYTES_PER_SECOND + kernel_bytes / KERNEL_BYTES_PER_SECOND
             + macs / MACS_PER_SECOND)
+
+
+def is_transfer(record: Record) -> bool:
+    """Whether `record` only moves bytes between host arrays and the banks (a write, a read, a
+    batch of writes): a worker process's queue runs these in the host (`_workers.process`)."""
+    for step in record.steps:  # (a loop, not all(): asked of every record a worker is sent)
+        kind = type(step)
+        if kind is not Store and kind is not Load:
+            return False
+    return True
 
 
 def run(record: Record, banks: Banks) -> Any:

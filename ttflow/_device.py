@@ -294,16 +294,16 @@ async def open_device(
     `inline_seconds`: a command whose run is estimated at most this long runs inline on the
     event loop's thread (a thread hand-off costs more), a longer one on its queue's worker
     thread. The default (100 us; 25 us with workers="process", where a record sent away costs
-    the host nothing to run) suits production; tests set -1 to send every command to a
+    the host nothing to run, writes and reads keeping 100 us) suits production; tests set -1 to send every command to a
     thread (so that a held thread stops it mid-flight) or a large value to run all inline.
     A setting of this device alone (`device.inline_seconds` changes it while it is open).
 
     `workers`: where the records too large to run inline run. "thread" (the default): on each
     queue's own thread. "process": in one worker process per device (`device.worker_pid`),
     which maps the device's bank memory, shared with this process; the host still decides every
-    command and answers `submit` at once, and records that exchange values with other chips or
-    call host functions still run here. If that process dies, the device's pending and later
-    work fails with `DeviceLostError`.
+    command and answers `submit` at once, and writes, reads and records that call host functions
+    still run here (collectives meet worker to worker). If that process dies, the device's
+    pending and later work fails with `DeviceLostError`.
 
     `worker_timeout` (workers="process"): seconds the worker process may stay silent before it
     is declared lost (default 30). The worker sends a heartbeat from a thread of its own, which
@@ -316,8 +316,8 @@ async def open_device(
     on the cluster `ray.init()` joined, which must be called first), which may be on another
     host; the host decides and answers `submit` at once, and batches each queue's records into
     one actor call. Nothing runs inline in the host (`inline_seconds` is negative), and what
-    cannot travel fails with `RemoteMemoryError`: programs with host ops, runs under debug
-    hooks. `ray_cpus`: the CPUs the actor asks of the cluster (its placement bundle).
+    cannot travel is refused with `RemoteMemoryError`: a submit of a program with host ops,
+    `tt.debug_hooks`. `ray_cpus`: the CPUs the actor asks of the cluster (its placement bundle).
     `tt.open_mesh_device(..., workers="ray", chips_per_worker=n)` puts n chips in each actor.
     """
     if eviction not in EVICTION_POLICIES:

@@ -38,7 +38,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from ._commands import INLINE_SECONDS, Banks, Compute, Load, Record, Store, estimate, run, run_all
+from ._commands import INLINE_SECONDS, Banks, Compute, Record, estimate, is_transfer, run, run_all
 from ._core._dispatch import CommandCore, QueueCore, run_program
 from ._errors import DeviceClosedError, OutOfMemoryError
 from ._workers.thread import QueueWorker, Ticket
@@ -446,13 +446,7 @@ class CommandQueue(QueueCore):
         """The longest estimated run of `record` that runs inline (`transfer_inline_seconds`
         for a write or a read, when set)."""
         transfer = self.transfer_inline_seconds
-        if transfer is None:
-            return self.inline_seconds
-        for step in record.steps:
-            kind = type(step)
-            if kind is not Store and kind is not Load:
-                return self.inline_seconds
-        return transfer
+        return self.inline_seconds if transfer is None or not is_transfer(record) else transfer
 
     def _ready_batch(self) -> list[Command]:
         batch: list[Command] = []
@@ -482,8 +476,7 @@ class CommandQueue(QueueCore):
             except Exception as exc:
                 errors[i] = exc
         records = [record for i in decided if (record := batch[i].record) is not None]
-        limit = self.inline_seconds if self.transfer_inline_seconds is None else self.transfer_inline_seconds
-        if seconds > limit:  # a batch of writes
+        if records and seconds > self._limit(records[0]):  # a batch of writes
             flying = [batch[i] for i in decided]
             for command, record in zip(flying, records):
                 self.in_flight(command, record, True)

@@ -5,14 +5,15 @@ answers `submit` at once, as with thread workers; only the records its queues wo
 their worker threads go to one child process per device, which maps the device's bank memory
 (a shared file, `_memory.BankMemory(shared_path=...)`) and runs `_commands.run(record, banks)`
 there. Records travel in wire form (`_workers.wire`): storages as their geometry, a program's plan once
-per connection, then its id; host arrays of writes and the arrays reads return are pickled.
+per connection, then its id. Writes and reads do not travel: they run on the queue's thread
+here, on the same shared bytes (`transfers_here`).
 
 `WorkerProcess` is the child (a new interpreter running `main`, never forked: the
 host has threads, and a fork would copy them half-run) and its shared files' names; each queue
 of the device has a `ProcessQueueWorker`, a `QueueWorker` (same tickets, thread-limiter tokens,
 pause and resume) whose thread sends the queue's records down its own connection, as many as
-are waiting in one message, instead of running them. What cannot travel (a collective's record,
-one that calls host functions, work done ahead of a write) runs on that same thread, in its
+are waiting in one message, instead of running them. What cannot travel (a record that calls
+host functions or runs under debug hooks, work done ahead of a write) runs on that same thread, in its
 turn, on the host's view of the same bytes. The child serves each connection on a thread of its
 own, so that a CQ1 write still overlaps a CQ0 program.
 
@@ -48,7 +49,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .._commands import Load, Record, Store, run, run_all
+from .._commands import is_transfer, run, run_all
 from .._errors import DeviceLostError
 from .endpoint import ENDPOINT_FD, land, listen
 from .thread import QueueWorker, Ticket, _call_soon_threadsafe
@@ -284,15 +285,6 @@ def _finish_all(tickets: list[Ticket]) -> None:
         ticket.finished()
 
 
-def _transfer(record: Record) -> bool:
-    """Whether `record` only moves bytes between the host and the banks (a write, a read)."""
-    for step in record.steps:  # (a loop: this is asked of every record sent)
-        kind = type(step)
-        if kind is not Store and kind is not Load:
-            return False
-    return True
-
-
 class ProcessQueueWorker(QueueWorker):
     """A queue's worker whose records run in the device's worker process (see the module)."""
 
@@ -319,12 +311,12 @@ class ProcessQueueWorker(QueueWorker):
         wire: tuple[Any, ...] | None = None
         transfer = False
         if function is run:
-            transfer = self.transfers_here and _transfer(args[0])
+            transfer = self.transfers_here and is_transfer(args[0])
             record = None if transfer else encode(args[0], self._plans)
             if record is not None:
                 wire = (*self._plans.take(), RUN, record)
         elif function is run_all:
-            transfer = self.transfers_here and all(_transfer(record) for record in args[0])
+            transfer = self.transfers_here and all(is_transfer(record) for record in args[0])
             records = [] if transfer else [encode(record, self._plans) for record in args[0]]
             if records and all(record is not None for record in records):
                 wire = (*self._plans.take(), RUN_ALL, records)

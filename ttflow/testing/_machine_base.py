@@ -192,6 +192,9 @@ class MachineBase(RuleBasedStateMachine):
     """Checkpoints the loop gets after each rule before the invariant (see `_settled`)."""
     eviction: ClassVar[str] = "lookahead"
     """The device's L1 eviction policy (`open_device(eviction=...)`)."""
+    workers: ClassVar[str] = "thread"
+    """Where the device's records run (`open_device(workers=...)`): "process" drives every rule
+    against a worker process (held records then wait in its queue's thread or in the child)."""
     fragment_dram: ClassVar[bool] = False
     """Whether `fragment` also fragments DRAM: it fills DRAM to the brim (a zero "ballast"
     tensor over all of it but the fragments' room and a few KiB) until `request` runs. Meanwhile
@@ -216,7 +219,8 @@ class MachineBase(RuleBasedStateMachine):
         self.portal = self._portal_cm.__enter__()
         try:
             self._device_cm = self.portal.wrap_async_context_manager(
-                open_device(self.spec, eviction=self.eviction, inline_seconds=self.inline_seconds))
+                open_device(self.spec, eviction=self.eviction, inline_seconds=self.inline_seconds,
+                            workers=self.workers))
             self.device: Device = self._device_cm.__enter__()
             self.model = DeviceModel(self.spec)
             self.hold = QueueHold(self.device)

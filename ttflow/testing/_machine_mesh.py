@@ -643,6 +643,7 @@ class MeshStateMachine(RuleBasedStateMachine):
     backend: ClassVar[str] = "asyncio"
     mesh_spec: ClassVar[MeshSpec] = MeshSpec((2, 2), chip=DeviceSpec.small())
     eviction: ClassVar[str] = "lookahead"
+    workers: ClassVar[str] = "thread"  # "process": each chip's records in a worker process
     timeout: ClassVar[float] = 20.0
     rendezvous_timeout: ClassVar[float] = 40.0
     max_entries: ClassVar[int] = 40
@@ -662,7 +663,8 @@ class MeshStateMachine(RuleBasedStateMachine):
         self._mesh_cm: Any = None
         try:
             self._mesh_cm = self.portal.wrap_async_context_manager(
-                open_mesh_device(self.mesh_spec, eviction=self.eviction, inline_seconds=-1.0))
+                open_mesh_device(self.mesh_spec, eviction=self.eviction, inline_seconds=-1.0,
+                                 workers=self.workers))
             self.mesh: MeshDevice = self._mesh_cm.__enter__()
             self.chips: list[Device] = self.mesh.chips
             self.models = [DeviceModel(self.mesh_spec.chip) for _ in self.chips]
