@@ -229,12 +229,17 @@ def _mlp_binary() -> tt.Binary:
     return tt.Binary([b.build()])
 
 
-async def _mesh(kwargs: dict[str, Any]) -> list[np.ndarray]:
-    binary = _mlp_binary()
+def _gather_binary() -> tt.Binary:
+    """A 1x2 mesh program with two collectives: an all_gather, then an all_reduce of it."""
     b = tt.ProgramBuilder("gather", mesh_shape=(1, 2))
     v = b.input((8, 12))
     b.output(b.all_reduce(b.all_gather(b.mul(v, 3.0), -1, cluster_axis=1), cluster_axis=1))
-    gather = tt.Binary([b.build()])
+    return tt.Binary([b.build()])
+
+
+async def _mesh(kwargs: dict[str, Any]) -> list[np.ndarray]:
+    binary = _mlp_binary()
+    gather = _gather_binary()
     async with tt.open_mesh_device(tt.MeshSpec((1, 2), chip=SMALL), **kwargs) as mesh:
         pids = mesh.worker_pids
         assert len(pids) == 2 and (pids == [None, None]) == (kwargs["workers"] == "thread")

@@ -28,6 +28,7 @@ ray = pytest.importorskip("ray", reason='workers="ray" needs the ray extra: pip 
 from test_process_workers import (  # noqa: E402
     _donation,
     _eviction,
+    _gather_binary,
     _hosted_and_plain,
     _mlp_binary,
     _programs,
@@ -200,10 +201,7 @@ async def test_trace_replay() -> None:
 
 async def _mesh(kwargs: dict[str, Any]) -> list[np.ndarray]:
     binary = _mlp_binary()
-    b = tt.ProgramBuilder("gather", mesh_shape=(1, 2))
-    v = b.input((8, 12))
-    b.output(b.all_reduce(b.all_gather(b.mul(v, 3.0), -1, cluster_axis=1), cluster_axis=1))
-    gather = tt.Binary([b.build()])
+    gather = _gather_binary()
     async with tt.open_mesh_device(tt.MeshSpec((1, 2), chip=SMALL), **kwargs) as mesh:
         xt = tt.to_device(values((128, 40)), mesh, tt.Layout(DRAM, TILE), mapper=tt.shard(0))
         wt = tt.to_device(values((40, 24), F32, 1), mesh)
