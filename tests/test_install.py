@@ -55,3 +55,32 @@ def test_no_install_line_fetches_the_unrelated_ttflow_from_pypi() -> None:
         if re.match(r"pip install [\"']?ttflow\b", head):
             assert "unrelated" in line, f"{name}: {line}"  # only README's warning names it
         assert "ttflow[" not in head and "ttflow-runtime[" not in head, f"{name}: {line}"
+
+
+def _shipped_packages() -> set[str]:
+    """The packages `pip install .` (README's first line, non-editable) puts in the wheel, read
+    from pyproject.toml as setuptools reads it: an explicit list, or a `packages.find` rule."""
+    import tomllib
+
+    from setuptools import find_packages
+
+    config = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages = config.get("packages", {})
+    if isinstance(packages, list):
+        return set(packages)
+    rule = packages.get("find", {})
+    return set(find_packages(where=str(PACKAGE.parent / rule.get("where", ["."])[0]),
+                             include=rule.get("include", ["*"]), exclude=rule.get("exclude", [])))
+
+
+def test_a_non_editable_install_ships_every_package() -> None:
+    # An editable install reads the source tree, so a package missing from the wheel shows only
+    # on a fresh machine (`ttflow._workers` did: `ttflow demo` died on its import). Every folder
+    # of ttflow that holds Python is a package, and the wheel holds each.
+    folders = {
+        ".".join(path.parent.relative_to(PACKAGE.parent).parts)
+        for path in PACKAGE.rglob("*.py") if "__pycache__" not in path.parts
+    }
+    assert folders - _shipped_packages() == set()
+    for folder in folders:
+        assert (PACKAGE.parent / folder.replace(".", "/") / "__init__.py").exists(), folder
