@@ -14,10 +14,16 @@ from __future__ import annotations
 
 try:
     import torch as _torch
-except ImportError as exc:  # pragma: no cover - exercised without torch
-    raise ImportError(
-        "ttflow.torch needs PyTorch: pip install '.[torch]' --extra-index-url https://download.pytorch.org/whl/cpu in the ttflow "
-        "checkout (torch==2.13.0, the tested release, as PyTorch's CPU build)"
+except ModuleNotFoundError as exc:  # pragma: no cover - exercised without torch (tests/test_torch_without_torch.py)
+    if exc.name != "torch":
+        raise  # torch is there, and one of its own imports is missing: that error is the one to see
+    # A ModuleNotFoundError naming torch, as a missing module's own: `pytest.importorskip` skips
+    # on it (pytest >= 9 skips on nothing else), and `except ImportError` still catches it.
+    raise ModuleNotFoundError(
+        "ttflow.torch needs PyTorch, the optional torch extra: pip install '.[torch]' --extra-index-url "
+        "https://download.pytorch.org/whl/cpu in the ttflow checkout (torch==2.13.0, the tested release, "
+        "as PyTorch's CPU build)",
+        name="torch",
     ) from exc
 
 import ttflow as _tt
