@@ -268,3 +268,70 @@ async def test_a_mesh_tensor_retain_is_every_shard_s(spmd_path: str) -> None:
         (z,) = tt.submit(mesh, binary, 0, [u])
         assert [s.is_deallocated for s in tt.device_tensors(u)] == [False, True, False, False]
         np.testing.assert_array_equal(await tt.to_host(z, composer=tt.concat(0)), x * 2 + 1)
+
+
+# tt-mlir's `deallocateTensor(tensor, force=false)` leaves a retained tensor alone
+# (runtime/lib/ttnn/runtime.cpp: "Tensor is retained thus not deallocating"); ttflow's default
+# `force=True` is ttnn's `ttnn.deallocate`, which frees.
+
+
+async def test_deallocate_without_force_leaves_a_retained_tensor_alone() -> None:
+    x = _values(12)
+    async with tt.open_device(SMALL) as device:
+        t = tt.to_device(x, device, DRAM_TILE)
+        await t
+        used = device.memory_used(DRAM)
+        tt.deallocate(t, force=False)
+        assert not t.is_deallocated and device.memory_used(DRAM) == used
+        np.testing.assert_array_equal(await tt.to_host(t), x)
+        t.retain = False
+        tt.deallocate(t, force=False)  # "to deallocate, set retain to false first"
+        assert t.is_deallocated and device.memory_used(DRAM) == 0
+        u = tt.to_device(x, device, DRAM_TILE)
+        tt.deallocate(u)  # ttflow's default force=True: retained or not, it goes
+        assert u.is_deallocated
+        await device.synchronize()
+        assert device.memory_used(DRAM) == 0
+
+
+async def test_deallocate_without_force_on_a_mesh_goes_by_each_shard_s_retain(spmd_path: str) -> None:
+    x = np.random.default_rng(13).integers(-40, 40, (4 * SHAPE[0], SHAPE[1])).astype(np.float32)
+    spec = tt.MeshSpec((2, 2), chip=SMALL)
+    async with tt.open_mesh_device(spec) as mesh:
+        t = tt.to_device(x, mesh, DRAM_TILE, mapper=tt.shard(0))
+        tt.device_tensors(t)[2].retain = False
+        tt.deallocate(t, force=False)
+        assert [s.is_deallocated for s in tt.device_tensors(t)] == [False, False, True, False]
+        tt.deallocate(t)
+        await mesh.synchronize()
+        assert mesh.memory_used(DRAM) == 0
+
+
+async def test_to_layout_follows_tt_mlir_s_retain_rule(anyio_backend: str) -> None:
+    """tt-mlir's `toLayout(tensor, device, layout, retain)`: the result's retain is `retain`,
+    or the source's; a result that is not retained consumes its source."""
+    x = _values(14)
+    l1 = tt.Layout(L1, tt.TensorLayout.TILE)
+    async with tt.open_device(SMALL) as device:
+        t = tt.to_device(x, device, DRAM_TILE)
+        kept = tt.to_layout(t, l1)  # the source's retain (True): both stay
+        assert kept.retain and not t.is_deallocated
+        consumed = tt.to_layout(t, l1, retain=False)
+        assert consumed.retain is False and t.is_deallocated
+        with pytest.raises(tt.DeallocatedTensorError, match="retain is False"):
+            await tt.to_host(t)
+        np.testing.assert_array_equal(await tt.to_host(consumed), x)
+        np.testing.assert_array_equal(await tt.to_host(kept), x)
+        u = tt.to_device(x, device, DRAM_TILE)
+        u.retain = False
+        inherited = tt.to_layout(u, l1)  # no retain given: the source's False, so it goes
+        assert inherited.retain is False and u.is_deallocated
+        again = tt.to_layout(inherited, DRAM_TILE, retain=True)  # retained: the source stays too
+        assert again.retain and not inherited.is_deallocated and inherited.retain is False
+        np.testing.assert_array_equal(await tt.to_host(again), x)
+        with pytest.raises(TypeError, match="retain is a bool"):
+            tt.to_layout(again, l1, retain=1)  # type: ignore[arg-type]
+        for tensor in (kept, consumed, again, inherited):
+            tt.deallocate(tensor)
+        await device.synchronize()
+        assert device.memory_used(DRAM) == 0 and device.memory_used(L1) == 0

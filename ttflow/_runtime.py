@@ -200,26 +200,51 @@ async def wait(tensor: Tensor) -> None:
     await tensor
 
 
-def to_layout(tensor: Tensor, layout: Layout) -> Tensor:
-    """A new tensor holding the same value in `layout` (converted on CQ0)."""
+def to_layout(tensor: Tensor, layout: Layout, retain: bool | None = None) -> Tensor:
+    """A new tensor holding the same value in `layout` (converted on CQ0).
+
+    tt-mlir's `toLayout` rule: the result's retain is `retain`, or the source's when None; a
+    result that is not retained consumes its source, which is deallocated once the conversion
+    is queued (its memory comes back when the conversion has read it). ttflow's tensors start
+    retained, so by default the source stays valid."""
     tensor = _check_tensor(tensor)
     if not isinstance(layout, Layout):
         raise LayoutError(f"layout must be a tt.Layout, got {layout!r}")
+    if retain is not None and not isinstance(retain, (bool, np.bool_)):
+        raise TypeError(f"retain is a bool or None, got {type(retain).__name__}")
     layout = layout.resolve(tensor.dtype)
     assert layout.dtype is not None
     device = tensor.device
-    return Tensor._wrap(device, device._scheduler.to_layout(tensor._state, layout))
+    scheduler = device._scheduler
+    keep = not tensor._state.unretained if retain is None else bool(retain)
+    if not keep and scheduler.capturing is not None:
+        raise TraceError(
+            "tt.to_layout would consume its source (retain False) inside tt.capture_trace: every "
+            "replay reads the source again; keep it retained for the capture"
+        )
+    result = Tensor._wrap(device, scheduler.to_layout(tensor._state, layout))
+    if not keep:  # both unretained: the source's handle says why it went
+        scheduler.set_retain(result._state, False)
+        scheduler.set_retain(tensor._state, False)
+        deallocate(tensor, force=True)
+    return result
 
 
 def deallocate(tensor: Tensor, force: bool = True) -> None:
-    """Frees the tensor's device memory once the queued work that reads it is done.
+    """Frees the tensor's device memory once the queued work that reads it is done; any later
+    use of the tensor raises DeallocatedTensorError.
 
-    `force` is accepted for ttnn compatibility: a ttflow tensor has one owner, so the memory is
-    freed either way. Any later use of the tensor raises DeallocatedTensorError.
+    With `force=False` this is tt-mlir's `deallocateTensor` (whose default it is): a tensor
+    whose retain is True is left alone. ttflow's default, `force=True`, is ttnn's
+    `ttnn.deallocate`: the tensor is freed whatever its retain, since ttflow's tensors start
+    retained and `tt.deallocate(t)` must free. (tt-mlir's `force` frees a buffer other tensors
+    still share; a ttflow tensor's storage has one owner, so that meaning has nothing to act on.)
     """
     if not isinstance(tensor, Tensor):
         raise TypeError(f"expected a ttflow Tensor, got {type(tensor).__name__}")
     if tensor.device.closed:
+        return
+    if not force and not tensor._state.unretained:
         return
     scheduler = tensor.device._scheduler
     scheduler.deallocate(tensor._state)

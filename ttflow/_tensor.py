@@ -73,13 +73,17 @@ class Tensor(TensorCore):
 
     @property
     def retain(self) -> bool:
-        """Whether the tensor outlives a `submit` that reads it (True unless set: every tensor
-        starts retained, a program's outputs included, as tt-mlir's do). Set it to False and
-        the next `submit` taking it as an input deallocates it once the program is queued
-        (tt-mlir's `test_input_deallocate`): the handle raises `DeallocatedTensorError` from
-        then on, and its memory comes back once the program (and any other queued command
-        that reads it) has run. A donated input is consumed either way; a submit inside
-        `tt.capture_trace` given an input with retain False raises `TraceError`."""
+        """Whether the tensor outlives a `submit` that reads it. Every ttflow tensor starts
+        retained, a program's outputs included; tt-mlir's start with retain False, and tt-xla's
+        PJRT plugin sets it on every buffer it hands over, as ttflow's default does for you
+        (docs/frontend-guide.md says why). Set it to False and the next `submit` taking it as
+        an input deallocates it once the program is queued (tt-mlir's `test_input_deallocate`):
+        the handle raises `DeallocatedTensorError` from then on, and its memory comes back once
+        the program (and any other queued command that reads it) has run. Retain also decides
+        `tt.deallocate(t, force=False)` (a retained tensor is left alone) and
+        `tt.to_layout(t, layout)` (a result that is not retained consumes its source), as in
+        tt-mlir. A donated input is consumed either way; a submit inside `tt.capture_trace`
+        given an input with retain False raises `TraceError`."""
         return not self._state.unretained
 
     @retain.setter
@@ -139,8 +143,8 @@ class Tensor(TensorCore):
             if state.unretained:
                 raise DeallocatedTensorError(
                     f"tensor {self.shape} {self.dtype.name} was deallocated: its retain is False, "
-                    "so the submit that read it freed it; set tensor.retain = True before that "
-                    "submit to keep it"
+                    "so the submit (or the unretained tt.to_layout) that read it freed it; set "
+                    "tensor.retain = True (or pass retain=True) before that call to keep it"
                 )
             raise DeallocatedTensorError(
                 f"tensor {self.shape} {self.dtype.name} was deallocated; "

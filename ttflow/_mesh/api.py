@@ -117,18 +117,21 @@ def submit(device: Device | MeshDevice, binary: Binary, program_index: int,
 
 
 @overload
-def to_layout(tensor: Tensor, layout: Layout) -> Tensor: ...
+def to_layout(tensor: Tensor, layout: Layout, retain: bool | None = None) -> Tensor: ...
 @overload
-def to_layout(tensor: MeshTensor, layout: Layout) -> MeshTensor: ...
-def to_layout(tensor: Tensor | MeshTensor, layout: Layout) -> Tensor | MeshTensor:
-    """A new tensor holding the same value in `layout` (converted on CQ0; each shard on its chip)."""
+def to_layout(tensor: MeshTensor, layout: Layout, retain: bool | None = None) -> MeshTensor: ...
+def to_layout(tensor: Tensor | MeshTensor, layout: Layout,
+              retain: bool | None = None) -> Tensor | MeshTensor:
+    """A new tensor holding the same value in `layout` (converted on CQ0; each shard on its
+    chip). tt-mlir's `toLayout` rule for `retain`: the result's is `retain`, or the source's
+    when None, and a result that is not retained consumes its source."""
     if type(tensor) is MeshTensor:
         tensor.check_usable()
         if not isinstance(layout, Layout):
             raise LayoutError(f"layout must be a tt.Layout, got {layout!r}")
-        shards = [_runtime.to_layout(shard, layout) for shard in tensor._shards]
+        shards = [_runtime.to_layout(shard, layout, retain) for shard in tensor._shards]
         return MeshTensor._make(tensor._mesh, shards, tensor._placement, tensor._shape)
-    return _runtime.to_layout(tensor, layout)  # type: ignore[arg-type]
+    return _runtime.to_layout(tensor, layout, retain)  # type: ignore[arg-type]
 
 
 @overload
@@ -160,7 +163,9 @@ def write(tensor: Tensor | MeshTensor | OpTensor, array: Any) -> None:
 
 def deallocate(tensor: Tensor | MeshTensor, force: bool = True) -> None:
     """Frees the tensor's device memory (every shard's) once the queued work that reads it is
-    done. Any later use raises DeallocatedTensorError."""
+    done. Any later use raises DeallocatedTensorError. With `force=False`, tt-mlir's rule: a
+    retained tensor is left alone (on a mesh, each shard by its own retain, as tt-mlir's
+    distributed runtime forwards to the same rule)."""
     if type(tensor) is MeshTensor:
         for shard in tensor._shards:
             _runtime.deallocate(shard, force)

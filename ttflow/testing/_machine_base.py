@@ -349,12 +349,18 @@ class MachineBase(RuleBasedStateMachine):
         )
         assert exc.view is not None, f"{what}: the OutOfMemoryError carries no memory view: {exc}"
 
-    def convert(self, source: ModelTensor, layout: Layout) -> ModelTensor | None:
-        """`to_layout(source, layout)`, tracked (a deallocated source must raise)."""
+    def convert(self, source: ModelTensor, layout: Layout, consume: bool = False) -> ModelTensor | None:
+        """`to_layout(source, layout)`, tracked (a deallocated source must raise). `consume`:
+        with retain=False, tt-mlir's rule: the source is deallocated once the conversion that
+        reads it is queued (the result's retain is set back, so later submits keep it)."""
         if source.deallocated:
             self.expect_raises(DeallocatedTensorError, to_layout, source.tensor, layout)
             return None
-        target = self.call(to_layout, source.tensor, layout)
+        target = self.call(to_layout, source.tensor, layout, False if consume else None)
+        if consume:
+            assert source.tensor.is_deallocated and target.retain is False
+            source.deallocated = True
+            target.retain = True
         resolved = layout.resolve(source.dtype)
         assert resolved.dtype is not None
         expected = source.expected.stored_as(resolved.dtype) if source.expected is not None else None
@@ -535,7 +541,8 @@ class MachineBase(RuleBasedStateMachine):
         else:
             dtype = data.draw(st.sampled_from([None, source.dtype]), label="dtype")
         layout = data.draw(layouts(dtype if dtype is not None else source.dtype), label="layout")
-        self.convert(source, attrs.evolve(layout, dtype=dtype))  # dtype None: keep the tensor's
+        consume = data.draw(st.booleans(), label="consume (retain=False)")
+        self.convert(source, attrs.evolve(layout, dtype=dtype), consume)  # dtype None: keep the tensor's
 
     @precondition(lambda self: self.room() and bool(self.programs))
     @rule(data=st.data())
@@ -624,6 +631,9 @@ class MachineBase(RuleBasedStateMachine):
     @rule(data=st.data())
     def deallocate(self, data: st.DataObject) -> None:
         entry = self.pick(data, lambda e: not e.deallocated, any_shape=True)
+        if data.draw(st.booleans(), label="force=False first"):
+            self.call(deallocate, entry.tensor, False)  # tt-mlir's rule: retained, so left alone
+            assert not entry.tensor.is_deallocated, "deallocate(force=False) freed a retained tensor"
         self.call(deallocate, entry.tensor)
         if data.draw(st.booleans(), label="twice"):
             self.call(deallocate, entry.tensor)  # a no-op
