@@ -271,6 +271,41 @@ def test_locations_survive_the_file_simplify_and_a_mesh_resolution(tmp_path: Any
             pass
 
 
+def test_every_op_takes_loc_as_mlir_builders_do() -> None:
+    """`loc=` on an op call, as MLIR's Python builders take it beside a location context: it
+    names that op's steps (a composite's too), wins over an enclosing `location` block for
+    them alone, and is checked as the block's argument is."""
+    import inspect
+
+    b = tt.ProgramBuilder("located")
+    x, w = b.input((32, 64)), b.input((64, 32))
+    h = b.matmul(x, w, loc="mlp.py:10")
+    with b.location("mlp.py:11 (block)"):
+        s = b.softmax(h, axis=-1, loc="mlp.py:12")  # several steps, one location
+        r = b.relu(s)
+    (host,) = b.host_op(np.negative, [r], [((32, 32), F32)], loc="mlp.py:13")
+    plain = b.add(host, 1.0)
+    b.output(plain)
+    program = b.build()
+    locs = dict(program.locations)
+    assert locs[h.id] == "mlp.py:10" and locs[r.id] == "mlp.py:11 (block)"
+    assert locs[host.id] == "mlp.py:13" and plain.id not in locs
+    softmax_steps = [st.output for st in program.steps if st.output not in (h.id, r.id, host.id, plain.id)]
+    assert softmax_steps and {locs[i] for i in softmax_steps} == {"mlp.py:12"}
+    with pytest.raises(tt.ProgramError, match="non-empty"):
+        fresh = tt.ProgramBuilder("fresh")
+        fresh.exp(fresh.input((1, 1)), loc="")
+    # Every op method says so in its signature (what an editor and a type checker read).
+    fresh = tt.ProgramBuilder("ops")
+    skip = {"input", "output", "build", "location", "checking_range"}
+    ops = [n for n in dir(fresh) if not n.startswith("_") and n not in skip
+           and callable(getattr(fresh, n)) and n != "mesh_shape"]
+    assert len(ops) > 70
+    for name in ops:
+        param = inspect.signature(getattr(fresh, name)).parameters.get("loc")
+        assert param is not None and param.kind is param.KEYWORD_ONLY and param.default is None, name
+
+
 def test_ttflow_golden_on_a_file(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
     from ttflow.cli import main
 

@@ -63,9 +63,10 @@ interpreter: the runtime's loop, on host arrays.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
-from collections.abc import Iterator, Sequence
-from typing import Any, final
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar, final
 
 import attrs
 import numpy as np
@@ -293,6 +294,25 @@ def _window_size(size: int, kernel: int, stride: int, padding: int, dilation: in
     return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
 
 
+_Op = TypeVar("_Op", bound=Callable[..., Any])
+
+
+def _located(method: _Op) -> _Op:
+    """Every op method takes `loc=`, as MLIR's Python builders do: the steps it emits come
+    from that location, as if built inside `ProgramBuilder.location(loc)` (which it nests in,
+    and replaces for those steps). The method's own `loc` parameter is what callers and type
+    checkers see; this wrapper is what acts on it."""
+
+    @functools.wraps(method)
+    def at(self: ProgramBuilder, *args: Any, loc: str | None = None, **kwargs: Any) -> Any:
+        if loc is None:
+            return method(self, *args, **kwargs)
+        with self.location(loc):
+            return method(self, *args, **kwargs)
+
+    return at  # type: ignore[return-value]
+
+
 @final
 class ProgramBuilder:
     """Records a program op by op; `build()` returns the immutable `Program`.
@@ -358,9 +378,12 @@ class ProgramBuilder:
         if check:
             assert self._range_note is not None
             self._range_checks.append((out.id, self._range_note))
+        self._locate(out)
+        return out
+
+    def _locate(self, out: Value) -> None:
         if self._location is not None:
             self._locations.append((out.id, self._location))
-        return out
 
     @contextlib.contextmanager
     def location(self, loc: str) -> Iterator[None]:
@@ -496,9 +519,10 @@ class ProgramBuilder:
 
     # -- host ops ----------------------------------------------------------------------------
 
+    @_located
     def host_op(self, fn: Any, inputs: Sequence[Value],
                 outputs: Sequence[tuple[Sequence[int], Layout | DataType | None]], *,
-                name: str | None = None) -> list[Value]:
+                name: str | None = None, loc: str | None = None) -> list[Value]:
         """A step that runs `fn` on the host (tt-mlir's CPU hoisting); returns its output values.
 
         At run time the runtime reads `inputs` back from bank memory, calls `fn(*arrays)` on the
@@ -546,6 +570,7 @@ class ProgramBuilder:
             # The first step calls fn on the inputs; the later ones take their result after it.
             reads = tuple(v.id for v in values) if k == 0 else (results[0].id,)
             self._steps.append(Step(HOST_OP, reads, None, (("host", host), ("index", k)), out.id))
+            self._locate(out)
             results.append(out)
         return results
 
@@ -564,23 +589,28 @@ class ProgramBuilder:
             raise ShapeError(f"{op}: shapes {a.shape} and {b.shape} do not broadcast")
         return self._emit(op, [a, b], shape, _result_dtype(op, a.dtype, b.dtype))
 
-    def add(self, a: Value, other: Value | float) -> Value:
+    @_located
+    def add(self, a: Value, other: Value | float, *, loc: str | None = None) -> Value:
         """a + other; `other` a value (numpy broadcasting) or a Python scalar."""
         return self._binary("add", a, other)
 
-    def sub(self, a: Value, other: Value | float) -> Value:
+    @_located
+    def sub(self, a: Value, other: Value | float, *, loc: str | None = None) -> Value:
         """a - other; `other` a value (numpy broadcasting) or a Python scalar."""
         return self._binary("sub", a, other)
 
-    def mul(self, a: Value, other: Value | float) -> Value:
+    @_located
+    def mul(self, a: Value, other: Value | float, *, loc: str | None = None) -> Value:
         """a * other; `other` a value (numpy broadcasting) or a Python scalar."""
         return self._binary("mul", a, other)
 
-    def gt(self, a: Value, other: Value | float) -> Value:
+    @_located
+    def gt(self, a: Value, other: Value | float, *, loc: str | None = None) -> Value:
         """1 where a > other, else 0, in a's dtype (e.g. the mask of ReLU's backward)."""
         return self._binary("gt", a, other)
 
-    def matmul(self, a: Value, b: Value) -> Value:
+    @_located
+    def matmul(self, a: Value, b: Value, *, loc: str | None = None) -> Value:
         """[..., M, K] @ [..., K, N]; batch dims broadcast as numpy's do, rank 1 is refused."""
         self._check_open()
         a, b = self._value("matmul", a), self._value("matmul", b)
@@ -599,31 +629,38 @@ class ProgramBuilder:
         x = self._value(op, x)
         return self._emit(op, [x], x.shape, x.dtype, **step_attrs)
 
-    def relu(self, x: Value) -> Value:
+    @_located
+    def relu(self, x: Value, *, loc: str | None = None) -> Value:
         """max(x, 0)."""
         return self._unary("relu", x)
 
-    def gelu(self, x: Value) -> Value:
+    @_located
+    def gelu(self, x: Value, *, loc: str | None = None) -> Value:
         """0.5 x (1 + erf(x / sqrt 2)): the exact form, PyTorch's default."""
         return self._unary("gelu", x)
 
-    def exp(self, x: Value) -> Value:
+    @_located
+    def exp(self, x: Value, *, loc: str | None = None) -> Value:
         """e**x (floats only)."""
         return self._unary("exp", x)
 
-    def sqrt(self, x: Value) -> Value:
+    @_located
+    def sqrt(self, x: Value, *, loc: str | None = None) -> Value:
         """Square root (floats only; NaN below 0)."""
         return self._unary("sqrt", x)
 
-    def reciprocal(self, x: Value) -> Value:
+    @_located
+    def reciprocal(self, x: Value, *, loc: str | None = None) -> Value:
         """1 / x (floats only; inf at 0)."""
         return self._unary("reciprocal", x)
 
-    def neg(self, x: Value) -> Value:
+    @_located
+    def neg(self, x: Value, *, loc: str | None = None) -> Value:
         """-x."""
         return self._unary("neg", x)
 
-    def softmax(self, x: Value, axis: int = -1) -> Value:
+    @_located
+    def softmax(self, x: Value, axis: int = -1, *, loc: str | None = None) -> Value:
         """exp(x - max) / sum(exp(x - max)) along `axis`: never overflows."""
         self._check_open()
         x = self._value("softmax", x)
@@ -636,15 +673,18 @@ class ProgramBuilder:
         shape = x.shape[:axis] + (1,) + x.shape[axis + 1 :]
         return self._emit(op, [x], shape, x.dtype, axis=axis)
 
-    def sum(self, x: Value, axis: int) -> Value:
+    @_located
+    def sum(self, x: Value, axis: int, *, loc: str | None = None) -> Value:
         """Sum over `axis`, keeping it with size 1."""
         return self._reduce("sum", x, axis)
 
-    def max(self, x: Value, axis: int) -> Value:
+    @_located
+    def max(self, x: Value, axis: int, *, loc: str | None = None) -> Value:
         """Maximum over `axis`, keeping it with size 1."""
         return self._reduce("max", x, axis)
 
-    def prod(self, x: Value, axis: int) -> Value:
+    @_located
+    def prod(self, x: Value, axis: int, *, loc: str | None = None) -> Value:
         """Product over `axis`, keeping it with size 1 (torch.prod(x, axis, keepdim=True),
         np.prod); floats or integers, x's dtype.
 
@@ -659,29 +699,34 @@ class ProgramBuilder:
         product."""
         return self._reduce("prod", x, axis)
 
-    def cumsum(self, x: Value, axis: int) -> Value:
+    @_located
+    def cumsum(self, x: Value, axis: int, *, loc: str | None = None) -> Value:
         """Running sums along `axis` (torch.cumsum, np.cumsum); x's shape and dtype. Floats sum
         in float64 and round each partial sum once, as torch's CPU kernel."""
         self._check_open()
         x = self._value("cumsum", x)
         return self._emit("cumsum", [x], x.shape, x.dtype, axis=_normalise_axis("cumsum", axis, len(x.shape)))
 
-    def remainder(self, a: Value, other: Value | float) -> Value:
+    @_located
+    def remainder(self, a: Value, other: Value | float, *, loc: str | None = None) -> Value:
         """a mod other with the divisor's sign (torch.remainder, np.remainder, Python's %);
         `other` a value (numpy broadcasting) or a Python scalar. An integer mod 0 is 0."""
         return self._binary("remainder", a, other)
 
-    def floor_divide(self, a: Value, other: Value | float) -> Value:
+    @_located
+    def floor_divide(self, a: Value, other: Value | float, *, loc: str | None = None) -> Value:
         """floor(a / other) (torch.floor_divide and `div(rounding_mode="floor")`, np.floor_divide,
         Python's //); floats give float results. An integer divided by 0 is 0."""
         return self._binary("floor_divide", a, other)
 
-    def atan2(self, a: Value, other: Value | float) -> Value:
+    @_located
+    def atan2(self, a: Value, other: Value | float, *, loc: str | None = None) -> Value:
         """The angle of the point (other, a) in radians, in [-pi, pi] (torch.atan2, np.arctan2;
         floats only); `other` a value (numpy broadcasting) or a Python scalar."""
         return self._binary("atan2", a, other)
 
-    def fmod(self, a: Value, other: Value | float) -> Value:
+    @_located
+    def fmod(self, a: Value, other: Value | float, *, loc: str | None = None) -> Value:
         """a mod other with a's sign (torch.fmod, np.fmod, C's fmod). An integer mod 0 is 0."""
         return self._binary("fmod", a, other)
 
@@ -701,20 +746,24 @@ class ProgramBuilder:
                 )
         return self._binary(op, a, other)
 
-    def bitwise_and(self, a: Value, other: Value | int) -> Value:
+    @_located
+    def bitwise_and(self, a: Value, other: Value | int, *, loc: str | None = None) -> Value:
         """a & other, bit by bit (torch.bitwise_and, np.bitwise_and); INT32 or UINT32 only;
         `other` a value of a's dtype (numpy broadcasting) or a Python int that fits it."""
         return self._bitwise("bitwise_and", a, other)
 
-    def bitwise_or(self, a: Value, other: Value | int) -> Value:
+    @_located
+    def bitwise_or(self, a: Value, other: Value | int, *, loc: str | None = None) -> Value:
         """a | other, bit by bit (torch.bitwise_or, np.bitwise_or); as `bitwise_and`."""
         return self._bitwise("bitwise_or", a, other)
 
-    def bitwise_xor(self, a: Value, other: Value | int) -> Value:
+    @_located
+    def bitwise_xor(self, a: Value, other: Value | int, *, loc: str | None = None) -> Value:
         """a ^ other, bit by bit (torch.bitwise_xor, np.bitwise_xor); as `bitwise_and`."""
         return self._bitwise("bitwise_xor", a, other)
 
-    def left_shift(self, a: Value, other: Value | int) -> Value:
+    @_located
+    def left_shift(self, a: Value, other: Value | int, *, loc: str | None = None) -> Value:
         """a << other (torch.bitwise_left_shift); INT32 or UINT32 only; `other`, the counts, a
         value of a's dtype (numpy broadcasting) or a Python int. The bits shifted past 32 are
         lost (INT32 wraps, as torch's int32); a count outside [0, 31] gives 0, as CPU torch's
@@ -722,13 +771,15 @@ class ProgramBuilder:
         int64 x << s (0 for a count outside [0, 63]), must fit the dtype."""
         return self._binary("left_shift", a, other)
 
-    def right_shift(self, a: Value, other: Value | int) -> Value:
+    @_located
+    def right_shift(self, a: Value, other: Value | int, *, loc: str | None = None) -> Value:
         """a >> other (torch.bitwise_right_shift); INT32 or UINT32 only; arithmetic on INT32
         (the sign fills in), logical on UINT32. A count outside [0, 31] gives the sign fill
         alone (-1 for a negative INT32 element, else 0), as CPU torch's int32 kernel."""
         return self._binary("right_shift", a, other)
 
-    def transpose(self, x: Value) -> Value:
+    @_located
+    def transpose(self, x: Value, *, loc: str | None = None) -> Value:
         """Swaps the last two dims."""
         self._check_open()
         x = self._value("transpose", x)
@@ -737,7 +788,8 @@ class ProgramBuilder:
         shape = x.shape[:-2] + (x.shape[-1], x.shape[-2])
         return self._emit("transpose", [x], shape, x.dtype)
 
-    def reshape(self, x: Value, shape: Sequence[int]) -> Value:
+    @_located
+    def reshape(self, x: Value, shape: Sequence[int], *, loc: str | None = None) -> Value:
         """The same elements in another shape (row-major order, as numpy's reshape)."""
         self._check_open()
         x = self._value("reshape", x)
@@ -746,7 +798,8 @@ class ProgramBuilder:
             raise ShapeError(f"reshape: cannot view {x.shape} as {dims}: element counts differ")
         return self._emit("reshape", [x], dims, x.dtype, shape=dims)
 
-    def typecast(self, x: Value, dtype: DataType) -> Value:
+    @_located
+    def typecast(self, x: Value, dtype: DataType, *, loc: str | None = None) -> Value:
         """x in another dtype (float to int truncates and saturates; see `_ops`)."""
         self._check_open()
         x = self._value("typecast", x)
@@ -756,51 +809,63 @@ class ProgramBuilder:
 
     # -- the ops of format version 2 -----------------------------------------------------------
 
-    def eq(self, a: Value, other: Value | float) -> Value:
+    @_located
+    def eq(self, a: Value, other: Value | float, *, loc: str | None = None) -> Value:
         """1 where a == other, else 0 (as `gt`)."""
         return self._binary("eq", a, other)
 
-    def ne(self, a: Value, other: Value | float) -> Value:
+    @_located
+    def ne(self, a: Value, other: Value | float, *, loc: str | None = None) -> Value:
         """1 where a != other, else 0 (as `gt`; NaN != NaN is 1)."""
         return self._binary("ne", a, other)
 
-    def lt(self, a: Value, other: Value | float) -> Value:
+    @_located
+    def lt(self, a: Value, other: Value | float, *, loc: str | None = None) -> Value:
         """1 where a < other, else 0 (as `gt`)."""
         return self._binary("lt", a, other)
 
-    def le(self, a: Value, other: Value | float) -> Value:
+    @_located
+    def le(self, a: Value, other: Value | float, *, loc: str | None = None) -> Value:
         """1 where a <= other, else 0 (as `gt`)."""
         return self._binary("le", a, other)
 
-    def ge(self, a: Value, other: Value | float) -> Value:
+    @_located
+    def ge(self, a: Value, other: Value | float, *, loc: str | None = None) -> Value:
         """1 where a >= other, else 0 (as `gt`)."""
         return self._binary("ge", a, other)
 
-    def maximum(self, a: Value, other: Value | float) -> Value:
+    @_located
+    def maximum(self, a: Value, other: Value | float, *, loc: str | None = None) -> Value:
         """The elementwise larger of a and other (np.maximum: NaN wins)."""
         return self._binary("maximum", a, other)
 
-    def minimum(self, a: Value, other: Value | float) -> Value:
+    @_located
+    def minimum(self, a: Value, other: Value | float, *, loc: str | None = None) -> Value:
         """The elementwise smaller of a and other (np.minimum: NaN wins)."""
         return self._binary("minimum", a, other)
 
-    def rsqrt(self, x: Value) -> Value:
+    @_located
+    def rsqrt(self, x: Value, *, loc: str | None = None) -> Value:
         """1 / sqrt(x) (floats only; inf at 0, NaN below 0)."""
         return self._unary("rsqrt", x)
 
-    def tanh(self, x: Value) -> Value:
+    @_located
+    def tanh(self, x: Value, *, loc: str | None = None) -> Value:
         """Hyperbolic tangent (floats only)."""
         return self._unary("tanh", x)
 
-    def sigmoid(self, x: Value) -> Value:
+    @_located
+    def sigmoid(self, x: Value, *, loc: str | None = None) -> Value:
         """1 / (1 + exp(-x)), evaluated so that it never overflows (floats only)."""
         return self._unary("sigmoid", x)
 
-    def silu(self, x: Value) -> Value:
+    @_located
+    def silu(self, x: Value, *, loc: str | None = None) -> Value:
         """x * sigmoid(x) (floats only; PyTorch's SiLU, a.k.a. swish)."""
         return self._unary("silu", x)
 
-    def pow(self, x: Value, p: float) -> Value:
+    @_located
+    def pow(self, x: Value, p: float, *, loc: str | None = None) -> Value:
         """x ** p for a Python scalar exponent (floats only; NaN for a negative base and a
         non-integral p, as numpy)."""
         self._check_open()
@@ -809,11 +874,13 @@ class ProgramBuilder:
             raise ProgramError(f"pow takes a Python scalar exponent, got {type(p).__name__}")
         return self._emit("pow", [x], x.shape, x.dtype, _scalar("pow", x.dtype, p))
 
-    def mean(self, x: Value, axis: int) -> Value:
+    @_located
+    def mean(self, x: Value, axis: int, *, loc: str | None = None) -> Value:
         """Mean over `axis`, keeping it with size 1 (floats only)."""
         return self._reduce("mean", x, axis)
 
-    def argmax(self, x: Value, axis: int) -> Value:
+    @_located
+    def argmax(self, x: Value, axis: int, *, loc: str | None = None) -> Value:
         """Index of the maximum along `axis` (INT32), keeping the axis with size 1; the first
         index on ties, the first NaN's index if there is one (numpy)."""
         self._check_open()
@@ -822,7 +889,8 @@ class ProgramBuilder:
         shape = x.shape[:axis] + (1,) + x.shape[axis + 1 :]
         return self._emit("argmax", [x], shape, DataType.INT32, axis=axis)
 
-    def argsort(self, x: Value, axis: int = -1, descending: bool = False) -> Value:
+    @_located
+    def argsort(self, x: Value, axis: int = -1, descending: bool = False, *, loc: str | None = None) -> Value:
         """The indices (INT32, x's shape) that sort x along `axis`: stable (equal values keep
         their order), NaN as the largest value (torch.sort(stable=True), np.argsort(kind=
         "stable") ascending). Sorted values are `gather(x, argsort(x), axis)`."""
@@ -833,8 +901,9 @@ class ProgramBuilder:
         axis = _normalise_axis("argsort", axis, len(x.shape))
         return self._emit("argsort", [x], x.shape, DataType.INT32, axis=axis, descending=descending)
 
+    @_located
     def slice(self, x: Value, starts: Sequence[int | None], ends: Sequence[int | None],
-              steps: Sequence[int] | None = None) -> Value:
+              steps: Sequence[int] | None = None, *, loc: str | None = None) -> Value:
         """`x[starts[0]:ends[0]:steps[0], ...]`: Python's clamping and negative indices, None
         for an open end, positive steps; fewer entries than x's rank slice the leading axes."""
         self._check_open()
@@ -857,7 +926,8 @@ class ProgramBuilder:
         return self._emit("slice", [x], shape, x.dtype, starts=tuple(b[0] for b in bounds),
                           ends=tuple(b[1] for b in bounds), steps=tuple(b[2] for b in bounds))
 
-    def concat(self, values: Sequence[Value], axis: int) -> Value:
+    @_located
+    def concat(self, values: Sequence[Value], axis: int, *, loc: str | None = None) -> Value:
         """The values joined along `axis` (np.concatenate); the other dims must agree."""
         self._check_open()
         if isinstance(values, Value) or not isinstance(values, (list, tuple)) or not values:
@@ -876,7 +946,8 @@ class ProgramBuilder:
         shape = vs[0].shape[:axis] + (sum(v.shape[axis] for v in vs),) + vs[0].shape[axis + 1 :]
         return self._emit("concat", vs, shape, dtype, axis=axis)
 
-    def permute(self, x: Value, axes: Sequence[int]) -> Value:
+    @_located
+    def permute(self, x: Value, axes: Sequence[int], *, loc: str | None = None) -> Value:
         """x's dims reordered: result dim i is x's dim axes[i] (np.transpose, torch.permute)."""
         self._check_open()
         x = self._value("permute", x)
@@ -887,7 +958,8 @@ class ProgramBuilder:
             raise ShapeError(f"permute: axes {tuple(given)} are not a permutation of the {rank} dims of {x.shape}")
         return self._emit("permute", [x], tuple(x.shape[a] for a in perm), x.dtype, axes=perm)
 
-    def embedding(self, ids: Value, table: Value) -> Value:
+    @_located
+    def embedding(self, ids: Value, table: Value, *, loc: str | None = None) -> Value:
         """Rows of `table` [V, D] picked by the INT32 or UINT32 `ids` (any shape): the result is
         ids.shape + (D,) in the table's dtype. Ids out of range are clamped (see above)."""
         self._check_open()
@@ -898,7 +970,8 @@ class ProgramBuilder:
             raise ShapeError(f"embedding: the table must be [vocabulary, dim], got {table.shape}")
         return self._emit("embedding", [ids, table], ids.shape + table.shape[1:], table.dtype)
 
-    def where(self, cond: Value, a: Value | float, b: Value | float) -> Value:
+    @_located
+    def where(self, cond: Value, a: Value | float, b: Value | float, *, loc: str | None = None) -> Value:
         """`a` where cond is nonzero, else `b` (np.where); cond of any dtype, `a` and `b`
         values or Python scalars (at least one a value, which gives the dtype); all broadcast."""
         self._check_open()
@@ -941,8 +1014,9 @@ class ProgramBuilder:
             raise ShapeError(f"{op}: {name} of shape {v.shape} does not fit the last dim of {x.shape}")
         return v
 
+    @_located
     def layer_norm(self, x: Value, weight: Value | None = None, bias: Value | None = None,
-                   eps: float = 1e-5) -> Value:
+                   eps: float = 1e-5, *, loc: str | None = None) -> Value:
         """(x - mean) / sqrt(var + eps) * weight + bias over the last dim, the variance biased
         (PyTorch's layer_norm); weight and bias (D,) or left out; the result in x's dtype."""
         self._check_open()
@@ -953,7 +1027,8 @@ class ProgramBuilder:
         return self._emit("layer_norm", inputs, x.shape, x.dtype, eps=eps,
                           has_weight=w is not None, has_bias=bb is not None)
 
-    def rms_norm(self, x: Value, weight: Value | None = None, eps: float = 1e-5) -> Value:
+    @_located
+    def rms_norm(self, x: Value, weight: Value | None = None, eps: float = 1e-5, *, loc: str | None = None) -> Value:
         """x / sqrt(mean(x**2) + eps) * weight over the last dim (no bias; weight (D,) or left
         out); the result in x's dtype."""
         self._check_open()
@@ -963,8 +1038,9 @@ class ProgramBuilder:
         inputs = [x] if w is None else [x, w]
         return self._emit("rms_norm", inputs, x.shape, x.dtype, eps=eps, has_weight=w is not None)
 
+    @_located
     def arange(self, start: float, stop: float, step: float = 1,
-               dtype: DataType = DataType.INT32) -> Value:
+               dtype: DataType = DataType.INT32, *, loc: str | None = None) -> Value:
         """[start, start + step, ...) below `stop` (above it for a negative step), numpy's
         arange: ceil((stop - start) / step) elements. Needs no input; integer dtypes take
         integral bounds whose elements fit the type."""
@@ -993,9 +1069,10 @@ class ProgramBuilder:
             raise ShapeError(f"arange({start}, {stop}, {step}) is empty")
         return self._emit("arange", [], (n,), dtype, dtype=dtype.value, **attrs_)
 
+    @_located
     def conv2d(self, x: Value, weight: Value, bias: Value | None = None, stride: int | Sequence[int] = 1,
                padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1,
-               groups: int = 1) -> Value:
+               groups: int = 1, *, loc: str | None = None) -> Value:
         """2-D convolution (cross-correlation, as PyTorch's): x NHWC [N, H, W, C_in] (as ttnn),
         weight [C_out, C_in / groups, kH, kW] (PyTorch's), bias (C_out,); the result NHWC
         [N, H_out, W_out, C_out]. Floats only."""
@@ -1037,19 +1114,22 @@ class ProgramBuilder:
         k, s, p, out_shape = _pool_geometry(op, "x", x.shape, kernel_size, stride, padding)
         return self._emit(op, [x], out_shape, x.dtype, kernel_size=k, stride=s, padding=p)
 
+    @_located
     def max_pool2d(self, x: Value, kernel_size: int | Sequence[int], stride: int | Sequence[int] | None = None,
-                   padding: int | Sequence[int] = 0) -> Value:
+                   padding: int | Sequence[int] = 0, *, loc: str | None = None) -> Value:
         """Window maxima of NHWC x (stride defaults to the kernel; -inf padding, at most half
         the kernel)."""
         return self._pool("max_pool2d", x, kernel_size, stride, padding)
 
+    @_located
     def avg_pool2d(self, x: Value, kernel_size: int | Sequence[int], stride: int | Sequence[int] | None = None,
-                   padding: int | Sequence[int] = 0) -> Value:
+                   padding: int | Sequence[int] = 0, *, loc: str | None = None) -> Value:
         """Window means of NHWC x (stride defaults to the kernel; zero padding counted in the
         divisor, PyTorch's count_include_pad=True). Floats only."""
         return self._pool("avg_pool2d", x, kernel_size, stride, padding)
 
-    def update_cache(self, cache: Value, value: Value, index: Value) -> Value:
+    @_located
+    def update_cache(self, cache: Value, value: Value, index: Value, *, loc: str | None = None) -> Value:
         """A copy of `cache` [..., max_seq, d] with row `index` of axis -2 replaced by `value`
         [..., 1, d] (its batch dims broadcast to the cache's; rounded to the cache's dtype).
         `index` is an INT32 or UINT32 value of shape (1,), clamped into [0, max_seq - 1] at run
@@ -1077,7 +1157,8 @@ class ProgramBuilder:
 
     # -- the ops of format version 3 -----------------------------------------------------------
 
-    def div(self, a: Value, other: Value | float) -> Value:
+    @_located
+    def div(self, a: Value, other: Value | float, *, loc: str | None = None) -> Value:
         """a / other, true division (torch.div, np.divide); `other` a value (numpy
         broadcasting) or a Python scalar. Floats only: inf for x / 0, NaN for 0 / 0."""
         self._check_open()
@@ -1089,43 +1170,54 @@ class ProgramBuilder:
             )
         return self._binary("div", a, other)
 
-    def log(self, x: Value) -> Value:
+    @_located
+    def log(self, x: Value, *, loc: str | None = None) -> Value:
         """Natural logarithm (floats only; -inf at 0, NaN below 0)."""
         return self._unary("log", x)
 
-    def erf(self, x: Value) -> Value:
+    @_located
+    def erf(self, x: Value, *, loc: str | None = None) -> Value:
         """The error function (floats only; torch.erf)."""
         return self._unary("erf", x)
 
-    def sin(self, x: Value) -> Value:
+    @_located
+    def sin(self, x: Value, *, loc: str | None = None) -> Value:
         """sin(x) (floats only; torch.sin)."""
         return self._unary("sin", x)
 
-    def cos(self, x: Value) -> Value:
+    @_located
+    def cos(self, x: Value, *, loc: str | None = None) -> Value:
         """cos(x) (floats only; torch.cos)."""
         return self._unary("cos", x)
 
-    def floor(self, x: Value) -> Value:
+    @_located
+    def floor(self, x: Value, *, loc: str | None = None) -> Value:
         """The largest integer <= x, as a float (floats only; torch.floor)."""
         return self._unary("floor", x)
 
-    def ceil(self, x: Value) -> Value:
+    @_located
+    def ceil(self, x: Value, *, loc: str | None = None) -> Value:
         """The smallest integer >= x, as a float (floats only; torch.ceil)."""
         return self._unary("ceil", x)
 
-    def round(self, x: Value) -> Value:
+    @_located
+    def round(self, x: Value, *, loc: str | None = None) -> Value:
         """x rounded to the nearest integer, halves to even (floats only; torch.round)."""
         return self._unary("round", x)
 
-    def trunc(self, x: Value) -> Value:
+    @_located
+    def trunc(self, x: Value, *, loc: str | None = None) -> Value:
         """x rounded toward zero (floats only; torch.trunc)."""
         return self._unary("trunc", x)
 
-    def abs(self, x: Value) -> Value:
+    @_located
+    def abs(self, x: Value, *, loc: str | None = None) -> Value:
         """|x| (any dtype; INT32's -2**31 stays -2**31, as two's complement wraps)."""
         return self._unary("abs", x)
 
-    def full(self, shape: Sequence[int], value: float, dtype: DataType = DataType.FLOAT32) -> Value:
+    @_located
+    def full(self, shape: Sequence[int], value: float, dtype: DataType = DataType.FLOAT32,
+             *, loc: str | None = None) -> Value:
         """A constant of `shape` with every element `value` (torch.full, np.full); needs no
         input. Floats take any number but NaN (infinities too, as an attention mask's -inf,
         except BFLOAT8_B, which cannot hold them); integer dtypes take integral values that fit."""
@@ -1156,7 +1248,8 @@ class ProgramBuilder:
                 raise LayoutError(f"full: {value!r} does not fit {dtype.name}")
         return self._emit("full", [], dims, dtype, dtype=dtype.value, shape=dims, value=fill)
 
-    def broadcast_to(self, x: Value, shape: Sequence[int]) -> Value:
+    @_located
+    def broadcast_to(self, x: Value, shape: Sequence[int], *, loc: str | None = None) -> Value:
         """x broadcast to `shape` by numpy's rule (np.broadcast_to, torch.expand), the result
         materialised: every dim of x is 1 or `shape`'s, and `shape` has at least x's rank."""
         self._check_open()
@@ -1166,7 +1259,8 @@ class ProgramBuilder:
             raise ShapeError(f"broadcast_to: {x.shape} does not broadcast to {dims}")
         return self._emit("broadcast_to", [x], dims, x.dtype, shape=dims)
 
-    def rand(self, shape: Sequence[int], seed: Value) -> Value:
+    @_located
+    def rand(self, shape: Sequence[int], seed: Value, *, loc: str | None = None) -> Value:
         """Uniform FLOAT32 numbers in [0, 1) of `shape` (torch.rand), from an INT32 or UINT32
         `seed` value with one element (shape (1,) or (1, 1), say): a counter-based generator
         (Philox4x32-10, see `docs/ops.md`), so each element is a function of the seed and its
@@ -1180,7 +1274,8 @@ class ProgramBuilder:
             raise ShapeError(f"rand: the seed must have one element (shape (1,) or (1, 1)), got {seed.shape}")
         return self._emit("rand", [seed], dims, DataType.FLOAT32, shape=dims)
 
-    def gather(self, x: Value, index: Value, axis: int) -> Value:
+    @_located
+    def gather(self, x: Value, index: Value, axis: int, *, loc: str | None = None) -> Value:
         """`np.take_along_axis(x, index, axis)` and `torch.gather(x, axis, index)`: result[i][j]
         [k] = x[i][index[i][j][k]][k] for axis 1, in x's dtype with index's shape. `index` is
         INT32 or UINT32 of x's rank; along every other dim it is no longer than x (PyTorch's
@@ -1202,7 +1297,9 @@ class ProgramBuilder:
             )
         return self._emit("gather", [x, index], index.shape, x.dtype, axis=axis)
 
-    def embedding_grad(self, ids: Value, grad: Value, num_rows: int, padding_idx: int | None = None) -> Value:
+    @_located
+    def embedding_grad(self, ids: Value, grad: Value, num_rows: int, padding_idx: int | None = None,
+                       *, loc: str | None = None) -> Value:
         """The gradient of `embedding(ids, table)` with respect to a [num_rows, D] table
         (aten.embedding_dense_backward): each row of `grad` (ids.shape + (D,)) summed into the
         row its id names (np.add.at), ids clamped as embedding clamps them, so the gradient goes
@@ -1268,7 +1365,8 @@ class ProgramBuilder:
             raise ShapeError(f"{op}: {name} {(r, c)} is outside the {rows}x{cols} mesh")
         return r, c
 
-    def all_gather(self, x: Value, dim: int, cluster_axis: int | None = None) -> Value:
+    @_located
+    def all_gather(self, x: Value, dim: int, cluster_axis: int | None = None, *, loc: str | None = None) -> Value:
         """The group's values joined along `dim` in mesh-coordinate order along the group
         (ttnn.all_gather): every chip of the group gets the same result, `dim` N times longer
         for a group of N chips. A BFLOAT8_B value moves as its packed tiles: along one of its
@@ -1279,7 +1377,8 @@ class ProgramBuilder:
         shape = x.shape[:dim] + (x.shape[dim] * n,) + x.shape[dim + 1:]
         return self._emit("all_gather", [x], shape, x.dtype, dim=dim, cluster_axis=axis_)
 
-    def reduce_scatter(self, x: Value, dim: int, cluster_axis: int | None = None) -> Value:
+    @_located
+    def reduce_scatter(self, x: Value, dim: int, cluster_axis: int | None = None, *, loc: str | None = None) -> Value:
         """The sum of the group's values, split along `dim` into N equal parts, the k-th chip
         of the group (in mesh-coordinate order) keeping part k (ttnn.reduce_scatter, Sum only).
         `dim` must split evenly over the group (ShapeError, here or at submit); a BFLOAT8_B
@@ -1294,20 +1393,24 @@ class ProgramBuilder:
         shape = x.shape[:dim] + (x.shape[dim] // n,) + x.shape[dim + 1:]
         return self._emit("reduce_scatter", [x], shape, x.dtype, dim=dim, cluster_axis=axis_)
 
-    def all_reduce(self, x: Value, cluster_axis: int | None = None) -> Value:
+    @_located
+    def all_reduce(self, x: Value, cluster_axis: int | None = None, *, loc: str | None = None) -> Value:
         """The sum of the group's values on every chip of the group (ttnn.all_reduce, Sum
         only); x's shape and dtype. Integers wrap as the device's additions do; a BFLOAT8_B
         value's parts are whole tiles, its partial sums rounded to BFLOAT8_B as they cross."""
         x, axis_, _ = self._collective("all_reduce", x, cluster_axis)
         return self._emit("all_reduce", [x], x.shape, x.dtype, cluster_axis=axis_)
 
-    def broadcast(self, x: Value, sender: tuple[int, int]) -> Value:
+    @_located
+    def broadcast(self, x: Value, sender: tuple[int, int], *, loc: str | None = None) -> Value:
         """The value of the chip at mesh coordinate `sender` (row, col), on every chip
         (ttnn.broadcast); x's shape and dtype."""
         x, _, _ = self._collective("broadcast", x, None)
         return self._emit("broadcast", [x], x.shape, x.dtype, sender=self._coord("broadcast", "sender", sender))
 
-    def point_to_point(self, x: Value, sender: tuple[int, int], receiver: tuple[int, int]) -> Value:
+    @_located
+    def point_to_point(self, x: Value, sender: tuple[int, int], receiver: tuple[int, int],
+                       *, loc: str | None = None) -> Value:
         """x sent from the chip at mesh coordinate `sender` to the chip at `receiver`
         (ttnn.point_to_point): the receiver's result is the sender's x, every other chip's its
         own x (tt-mlir's rule). x's shape and dtype."""
@@ -1316,7 +1419,9 @@ class ProgramBuilder:
                           sender=self._coord("point_to_point", "sender", sender),
                           receiver=self._coord("point_to_point", "receiver", receiver))
 
-    def all_to_all(self, x: Value, split_dim: int, concat_dim: int, cluster_axis: int | None = None) -> Value:
+    @_located
+    def all_to_all(self, x: Value, split_dim: int, concat_dim: int, cluster_axis: int | None = None,
+                   *, loc: str | None = None) -> Value:
         """Each chip splits x along `split_dim` into N parts, sends part k to the k-th chip of
         the group, and joins the parts it receives along `concat_dim` in mesh-coordinate order
         (ttnn.all_to_all): `split_dim` N times shorter, `concat_dim` N times longer."""
@@ -1337,9 +1442,10 @@ class ProgramBuilder:
 
     # -- gradients of conv2d and the pools (the same conventions as the forward ops) --------------
 
+    @_located
     def conv2d_input_grad(self, grad: Value, weight: Value, input_shape: Sequence[int],
                           stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
-                          dilation: int | Sequence[int] = 1, groups: int = 1) -> Value:
+                          dilation: int | Sequence[int] = 1, groups: int = 1, *, loc: str | None = None) -> Value:
         """The gradient of `conv2d(x, weight, ...)` with respect to x, given the gradient of
         its result: `grad` NHWC [N, H_out, W_out, C_out], `weight` [C_out, C_in / groups, kH,
         kW]; the result NHWC `input_shape` (it resolves H and W where a stride leaves them
@@ -1356,9 +1462,10 @@ class ProgramBuilder:
         return self._emit(op, [grad, weight], x_shape, _result_dtype(op, grad.dtype, weight.dtype),
                           input_shape=x_shape, **geometry)
 
+    @_located
     def conv2d_weight_grad(self, x: Value, grad: Value, weight_shape: Sequence[int],
                            stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
-                           dilation: int | Sequence[int] = 1, groups: int = 1) -> Value:
+                           dilation: int | Sequence[int] = 1, groups: int = 1, *, loc: str | None = None) -> Value:
         """The gradient of `conv2d(x, weight, ...)` with respect to the weight, given the
         gradient of its result: x NHWC [N, H, W, C_in], `grad` NHWC [N, H_out, W_out, C_out];
         the result [C_out, C_in / groups, kH, kW] = `weight_shape` (PyTorch's layout), as
@@ -1375,9 +1482,10 @@ class ProgramBuilder:
         return self._emit(op, [x, grad], w_shape, _result_dtype(op, x.dtype, grad.dtype),
                           weight_shape=w_shape, **geometry)
 
+    @_located
     def max_pool2d_backward(self, x: Value, grad: Value, kernel_size: int | Sequence[int],
                             stride: int | Sequence[int] | None = None,
-                            padding: int | Sequence[int] = 0) -> Value:
+                            padding: int | Sequence[int] = 0, *, loc: str | None = None) -> Value:
         """The gradient of `max_pool2d(x, ...)` with respect to x, given the gradient of its
         result (NHWC, the pool's output shape): each window's gradient goes to the element
         PyTorch's CPU kernel picks, the first maximum in row-major window order (a later NaN
@@ -1391,9 +1499,10 @@ class ProgramBuilder:
             raise ShapeError(f"{op}: grad {grad.shape} is not the pool's output shape {out_shape} for x {x.shape}")
         return self._emit(op, [x, grad], x.shape, grad.dtype, kernel_size=k, stride=s, padding=p)
 
+    @_located
     def avg_pool2d_backward(self, grad: Value, input_shape: Sequence[int], kernel_size: int | Sequence[int],
                             stride: int | Sequence[int] | None = None, padding: int | Sequence[int] = 0,
-                            count_include_pad: bool = True) -> Value:
+                            count_include_pad: bool = True, *, loc: str | None = None) -> Value:
         """The gradient of `avg_pool2d(x, ...)` with respect to x (NHWC `input_shape`), given
         the gradient of its result: each window's gradient divided by its divisor and spread
         over the window (overlaps add up). The divisor is kH * kW (`count_include_pad=True`, the
