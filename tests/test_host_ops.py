@@ -8,6 +8,7 @@ C one and the checked one it falls back to) run every device test."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import anyio
@@ -262,17 +263,97 @@ def test_save_refuses_host_ops(tmp_path: Any) -> None:
     assert not path.exists()
 
 
-async def test_timeline_names_host_ops() -> None:
-    program, _ = _split_program()
-    binary = tt.Binary([program])
+def _sleepy_binary(seconds: float) -> tt.Binary:
+    """x @ w, then a host op that sleeps `seconds` and adds one: the timeline's subject."""
+
+    def nap(a: np.ndarray) -> np.ndarray:
+        time.sleep(seconds)
+        return a + np.float32(1)
+
+    b = tt.ProgramBuilder("napping")
+    x, w = b.input((40, 64)), b.input((64, 32))
+    (y,) = b.host_op(nap, [b.matmul(x, w)], outputs=[((40, 32), F32)])
+    b.output(b.relu(y))
+    return tt.Binary([b.build()])
+
+
+def _inside(child: dict[str, Any], parent: dict[str, Any]) -> bool:
+    return (child["pid"], child["tid"]) == (parent["pid"], parent["tid"]) and \
+        parent["ts"] <= child["ts"] and child["ts"] + child["dur"] <= parent["ts"] + parent["dur"] + 1e-3
+
+
+async def test_the_timeline_shows_each_host_op_as_its_own_slice_and_real_estimates() -> None:
+    """A host op is a timed slice nested in its program's (and in a replay's), and the
+    program's slice reports what the device does: the matmul's M*N*K multiply-accumulates and
+    an estimate of microseconds, not the internal figure that keeps it off the event loop."""
+    nap = 0.03
+    binary = _sleepy_binary(nap)
+    x = _rng(1).standard_normal((40, 64)).astype(np.float32)
+    w = _rng(2).standard_normal((64, 32)).astype(np.float32)
     async with tt.open_device(SMALL) as device:
-        tx = tt.to_device(np.ones((40, 64), ml_dtypes.bfloat16), device)
-        tw = tt.to_device(np.ones((64, 32), np.float32), device)
+        tx, tw = tt.to_device(x, device), tt.to_device(w, device)
+        await tx
+        await tw
         with tt.record_timeline(device) as recorder:
-            out, _ = tt.submit(device, binary, 0, [tx, tw])
-            await out
-        slices = [e for e in recorder.events if e.get("name") == "split"]
-        assert len(slices) == 1 and slices[0]["args"]["host_ops"] == ["host_op:split"]
+            (out,) = tt.submit(device, binary, 0, [tx, tw])
+            np.testing.assert_allclose(await tt.to_host(out), np.maximum(x @ w + 1, 0), rtol=1e-5, atol=1e-5)
+            with tt.capture_trace(device) as trace:
+                (replayed,) = tt.submit(device, binary, 0, [tx, tw])
+            tt.execute_trace(trace)
+            await replayed
+            tt.release_trace(trace)
+        events = recorder.events
+        programs = [e for e in events if e.get("name") == "napping" and e.get("cat") == "ProgramCommand"]
+        replays = [e for e in events if e.get("cat") == "ReplayCommand"]
+        host = [e for e in events if e.get("cat") == "host op"]
+        assert len(programs) == 2 and len(replays) == 1  # the submit and the capture's own run
+        assert len(host) == 3 and {e["name"] for e in host} == {"host_op:nap"}
+        for parent in (*programs, *replays):
+            mine = [e for e in host if _inside(e, parent)]
+            assert len(mine) == 1, parent
+            assert mine[0]["dur"] >= nap * 1e6 * 0.99  # it slept that long, at least
+        for program in programs:
+            assert program["args"]["macs"] == 40 * 32 * 64
+            assert 0 < program["args"]["estimated_us"] < 1e3
+            assert program["args"]["host_ops"] == ["host_op:nap"]
+
+
+async def test_a_replayed_host_op_never_runs_inline_wherever_it_stands() -> None:
+    """A trace whose host op is in its first program (not its last) replays on the worker: the
+    function blocks until the event loop lets it go, which an inline replay would deadlock on."""
+    started, release = threading.Event(), threading.Event()
+    gated = threading.Event()
+
+    def gate(a: np.ndarray) -> np.ndarray:
+        if gated.is_set():
+            started.set()
+            if not release.wait(10):
+                raise TimeoutError("the event loop never ran while the host op waited")
+        return a + np.float32(1)
+
+    b = tt.ProgramBuilder("host first")
+    x = b.input((32, 32))
+    (y,) = b.host_op(gate, [x], outputs=[((32, 32), None)])
+    b.output(y)
+    plain = tt.ProgramBuilder("plain after")
+    plain.output(plain.add(plain.input((32, 32)), 1.0))
+    binary = tt.Binary([b.build(), plain.build()])
+    ones = np.ones((32, 32), np.float32)
+    async with tt.open_device(SMALL, inline_seconds=1e6) as device:  # everything else inline
+        tx = tt.to_device(ones, device)
+        await tx
+        with tt.capture_trace(device) as trace:
+            (mid,) = tt.submit(device, binary, 0, [tx])
+            (last,) = tt.submit(device, binary, 1, [mid])
+        await last
+        gated.set()
+        tt.execute_trace(trace)
+        with anyio.fail_after(10):
+            while not started.is_set():
+                await anyio.sleep(0.001)  # the loop runs while the function waits
+        release.set()
+        np.testing.assert_array_equal(await tt.to_host(last), ones + 2)
+        tt.release_trace(trace)
 
 
 async def test_trace_replays_call_the_function(submit_path: str) -> None:

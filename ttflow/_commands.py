@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Union, cast, final
 import numpy as np
 
 from . import _storage_io as io
-from ._host_ops import HOST_OP, HOST_OP_MACS, host_step
+from ._host_ops import HOST_OP, host_step, timing_host_ops
 from ._kernels import _pointwise
 from ._memory import Storage
 from ._ops import COLLECTIVES, OPS, check_range, compute_dtype
@@ -126,8 +126,8 @@ class Plan:
         # The steps that exchange values with other chips: such a plan never takes the fast
         # paths (its record waits for its peers, so it runs on its queue's worker thread).
         self.collectives = tuple(index for index, step in enumerate(program.steps) if step.op in COLLECTIVES)
-        # (step index, `host_op:<name>`) of each host op: its estimate sends the record to the
-        # worker thread (`_host_ops.HOST_OP_MACS`); the timeline names them.
+        # (step index, `host_op:<name>`) of each host op: a record calling one runs on the
+        # queue's worker thread (`_queue._calls_host`); the timeline names and times them.
         self.host_ops = program.host_ops
         # The inputs declared constant: a submit goes through the checked path, which runs the
         # program through its constant cut (`_const_eval`).
@@ -286,9 +286,7 @@ def _macs(program: Program, step: Any) -> int:
     if step.op == "conv2d":
         _, c_in_g, kh, kw = program.values[step.inputs[1]].shape
         return math.prod(program.values[step.output].shape) * c_in_g * kh * kw
-    if step.op == HOST_OP:  # unknown, maybe blocking: past any inline threshold (`_host_ops`)
-        return HOST_OP_MACS
-    return 0
+    return 0  # a host op's cost is unknown: its measured span is the timeline's (`_host_ops`)
 
 
 _EXACT_POINTWISE = {"add": np.add, "sub": np.subtract, "mul": np.multiply}
@@ -403,12 +401,13 @@ class Record(NamedTuple):
     steps: tuple[Step, ...]
     nbytes: int = 0
     macs: int = 0
-    timed: bool = False  # run returns each Compute step's (start, end), for the timeline
+    timed: bool = False  # run returns each Compute step's (start, end, host op spans), for the timeline
     kernel_bytes: int = 0  # the part of nbytes that the C pointwise kernel moves
 
     @property
     def seconds(self) -> float:
-        """A rough estimate of the run time: decides inline versus a worker thread."""
+        """A rough estimate of the run time: decides inline versus a worker thread (a host op's
+        unknown time is not in it)."""
         return estimate(self.nbytes, self.kernel_bytes, self.macs)
 
 
@@ -430,7 +429,8 @@ def is_transfer(record: Record) -> bool:
 
 def run(record: Record, banks: Banks) -> Any:
     """Runs a record's steps in order; returns what its `Load` step read, if it has one (or,
-    for a timed record, the perf_counter span of each Compute step)."""
+    for a timed record, the perf_counter span of each Compute step, with the spans of the host
+    ops it called: `(start, end, [HostSpan, ...])`)."""
     steps = record.steps
     if len(steps) == 1 and not record.timed:
         step = steps[0]
@@ -456,10 +456,14 @@ def _run(record: Record, banks: Banks) -> Any:
             start = perf_counter() if timed else 0.0
             if kernel is not None:  # a replay's tiny programs: straight to the C kernel
                 kernel_run(banks[kernel[0]], kernel[1], kernel[2], kernel[3], kernel[4])
+                if timed:
+                    result.append((start, perf_counter(), ()))
+            elif timed:
+                with timing_host_ops() as host_spans:
+                    _compute(cast(Compute, step), banks)
+                result.append((start, perf_counter(), host_spans))
             else:
                 _compute(cast(Compute, step), banks)
-            if timed:
-                result.append((start, perf_counter()))
         elif kind is Copy:
             copy = cast(Copy, step)
             src, dst = copy.src, copy.dst

@@ -14,17 +14,20 @@ returns against the declared shapes and host dtypes before the schedule stores i
 program step, with the user's exception as its `__cause__`; it fails the program's outputs as
 any run-time error does.
 
-A host op's cost is unknown and it may block: its plan counts `HOST_OP_MACS` for it, an
-estimate past any inline threshold, so the record always runs on the queue's worker thread,
-never inline on the event loop (and never on the C fast path, which takes pagewise programs
-only).
+A host op's cost is unknown and it may block: a record that calls one always runs on the
+queue's worker thread, never inline on the event loop, whatever its estimate (`_queue`'s
+`_calls_host`; never on the C fast path either, which takes pagewise programs only). Its run
+estimate counts the device's work alone; each call's measured span goes to the timeline
+(`timing_host_ops`), as a slice nested in its program's.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, final
 
 import numpy as np
@@ -32,14 +35,28 @@ import numpy as np
 from ._errors import HostOpError
 from ._types import DataType
 
-__all__ = ["HOST_OP", "HOST_OP_MACS", "HostFunction", "host_step"]
+__all__ = ["HOST_OP", "HostFunction", "HostSpan", "host_step", "timing_host_ops"]
 
 HOST_OP = "host_op"
 """The op name of a host op's steps (not in `_ops.OPS`: it has no device meaning)."""
 
-HOST_OP_MACS = 10**20
-"""What a host op adds to its plan's multiply-accumulates (the run estimate): 5e9 seconds at
-the estimate's rate, so a program with a host op always runs on its queue's worker thread."""
+HostSpan = tuple[str, float, float]
+"""A host op's call: its label (`host_op:<name>`) and its perf_counter start and end."""
+
+_timing = threading.local()  # `spans`: where this thread's host op calls are noted, if anywhere
+
+
+@contextmanager
+def timing_host_ops() -> Iterator[list[HostSpan]]:
+    """Notes the span of every host op called on this thread inside the block (a timed
+    record's run: the timeline draws each as a slice inside its program's)."""
+    spans: list[HostSpan] = []
+    outer = getattr(_timing, "spans", None)
+    _timing.spans = spans
+    try:
+        yield spans
+    finally:
+        _timing.spans = outer
 
 Array = np.ndarray[Any, Any]
 
@@ -76,12 +93,17 @@ class HostFunction:
             host = host.view()
             host.flags.writeable = False  # the schedule's own value: the function must not change it
             arrays.append(host)
+        start = time.perf_counter()
         try:
             results = self.fn(*arrays)
         except Exception as exc:
             error = HostOpError(f"{self.label} raised {type(exc).__name__}: {exc}", self.label)
             error.add_note("".join(traceback.format_exception(exc)).rstrip())
             raise error from exc
+        finally:
+            spans = getattr(_timing, "spans", None)
+            if spans is not None:
+                spans.append((self.label, start, time.perf_counter()))
         return self._check(results)
 
     def _check(self, results: Any) -> tuple[Array, ...]:

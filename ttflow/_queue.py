@@ -197,9 +197,12 @@ def _no_flight(command: Command, record: Record, start: bool) -> None:
 
 
 def _calls_host(record: Record) -> bool:
-    """Whether `record` is a program with a host op (`ProgramBuilder.host_op`)."""
-    steps = record.steps
-    return bool(steps) and type(steps[-1]) is Compute and bool(steps[-1].plan.host_ops)  # type: ignore[union-attr]
+    """Whether `record` runs a program with a host op (`ProgramBuilder.host_op`): a program's
+    record, or a replay's with such a program anywhere in it."""
+    for step in record.steps:  # (a loop: asked of every small record the queue runs)
+        if type(step) is Compute and step.plan.host_ops:  # type: ignore[union-attr]
+            return True
+    return False
 
 
 def _hooked(record: Record) -> bool:
@@ -635,7 +638,8 @@ class CommandQueue(QueueCore):
         steps = record.steps
         compute = steps[0]
         ahead = (len(steps) == 1 and type(compute) is Compute
-                 and (record.seconds > self.inline_seconds or command.peers is not None))
+                 and (record.seconds > self.inline_seconds or command.peers is not None
+                      or _calls_host(record)))
         ticket = self._worker.send(run, record, self._banks) if ahead else None
         if ticket is None:  # a conversion, a small record or no free token: undo
             command.rollback(record)

@@ -205,7 +205,8 @@ class ReplayCommand(_Scheduled):
         super().__init__(scheduler, inputs, outputs)
         self.target = capture
         self.refilled: list[tuple[TensorState, Storage, Storage]] = []  # (state, source, refilled)
-        self.spans: list[tuple[float, float]] = []  # each program's run, for the timeline
+        # Each program's run and its host ops' calls, for the timeline (`_commands.run`).
+        self.spans: list[tuple[float, float, Any]] = []
 
     def decide(self) -> Record:
         capture = self.target
@@ -285,7 +286,11 @@ class ReplayCommand(_Scheduled):
     def describe(self) -> dict[str, Any]:
         info = super().describe()
         info["programs"] = list(self.target.programs)
-        info["children"] = list(zip(self.target.programs, self.spans))
+        children: list[tuple[str, tuple[float, float], str]] = []
+        for program, (start, end, host_spans) in zip(self.target.programs, self.spans):
+            children.append((program, (start, end), "replayed program"))
+            children += [(label, (t0, t1), "host op") for label, t0, t1 in host_spans]
+        info["children"] = children
         return info
 
 

@@ -217,11 +217,16 @@ class ProgramCommand(_Scheduled):
     """One program run: evict, convert inputs, allocate, compute the steps, free scratch."""
 
     name = "program"
-    __slots__ = ()
+    __slots__ = ("host_spans",)
 
     # Made only by `_core._dispatch.submit_program`, which sets its fields (scheduler, reads,
     # writes, program, plan; `converted`, the inputs each conversion step is kept on, is the
-    # shared empty list until `_decide` converts).
+    # shared empty list until `_decide` converts). `host_spans`: the host ops' calls of its
+    # run, set by `commit` when the run was timed (a timeline listens), else unset.
+
+    def _timed(self) -> bool:
+        """Whether the run notes its host ops' spans: it has some, and a timeline listens."""
+        return bool(self.plan.host_ops) and bool(self.scheduler.listeners)
 
     def preamble(self) -> Command | None:
         s = self.scheduler
@@ -347,7 +352,7 @@ class ProgramCommand(_Scheduled):
             pagewise = pagewise_storages(plan, operands)
             kernel = page_kernel(plan, operands, s.num_banks(operands[0].layout.memory)) if pagewise else None
             compute = Compute(plan, sources_, outputs_, scratch, pagewise, kernel)
-            return _new_tuple(Record, ((compute,), bound.nbytes, plan.macs, False, 0))
+            return _new_tuple(Record, ((compute,), bound.nbytes, plan.macs, self._timed(), 0))
         if plan.pagewise and bound.kernel is not None:
             space, code, rows, depth = bound.kernel
             sources.extend(outputs)
@@ -356,7 +361,7 @@ class ProgramCommand(_Scheduled):
             return _new_tuple(Record, ((compute,), bound.nbytes, plan.macs, False, bound.nbytes))
         pagewise = pagewise_storages(plan, (*sources_, *outputs_))
         compute = _new_tuple(Compute, (plan, sources_, outputs_, _NO_SCRATCH, pagewise, None, None, None))
-        return _new_tuple(Record, ((compute,), bound.nbytes, plan.macs, False, 0))
+        return _new_tuple(Record, ((compute,), bound.nbytes, plan.macs, self._timed(), 0))
 
     def _decide(self) -> Record:
         """The general decision: conversions, scratch (L1, else DRAM), and outputs."""
@@ -422,19 +427,21 @@ class ProgramCommand(_Scheduled):
         if hooks is not None:  # op by op, each step's values in reach of the hooks
             steps.append(Compute(self.plan, sources_, outputs_, scratch, False, None, self.peers,
                                  hooks.for_program(self.program)))
-            return Record(tuple(steps), nbytes=nbytes, macs=self.plan.macs)
+            return Record(tuple(steps), nbytes=nbytes, macs=self.plan.macs, timed=self._timed())
         operands = (*sources_, *outputs_, *scratch.values())
         pagewise = pagewise_storages(self.plan, operands)
         kernel = None
         if pagewise:
             kernel = page_kernel(self.plan, operands, s.num_banks(operands[0].layout.memory))
         steps.append(Compute(self.plan, sources_, outputs_, scratch, pagewise, kernel, self.peers))
-        return Record(tuple(steps), nbytes=nbytes, macs=self.plan.macs)
+        return Record(tuple(steps), nbytes=nbytes, macs=self.plan.macs, timed=self._timed())
 
     def commit(self, record: Record, result: Any) -> None:
         s = self.scheduler
         if self.footprint:
             s.release_footprint(self)
+        if record.timed:
+            self.host_spans = result[-1][2]
         steps = record.steps
         if len(steps) == 1 and not self.plan.donated:  # no conversion, no donation, no cache update
             compute = steps[0]
@@ -510,6 +517,8 @@ class ProgramCommand(_Scheduled):
                 "conversions": len(self.converted)}
         if self.plan.host_ops:  # steps run on the host (`ProgramBuilder.host_op`), by name
             info["host_ops"] = [label for _, label in self.plan.host_ops]
+            info["children"] = [(label, (start, end), "host op")
+                                for label, start, end in getattr(self, "host_spans", ())]
         return info
 
 
