@@ -1,9 +1,11 @@
 """Builds and loads the C++ device guard that torch requires for the "tt" device.
 
 torch refuses to create a tensor on a PrivateUse1 device without a `DeviceGuardImpl` and the
-PrivateUse1 hooks, and both can only be registered from C++. `_guard.cpp` is tiny and depends on
-the c10/ATen headers only, so it compiles in about two seconds; the shared library is cached per
-torch version and source hash, so only the first import pays for it.
+PrivateUse1 hooks, and both can only be registered from C++. `_guard.cpp` is short, but it
+includes torch's ATen and autocast headers, so it takes 20-60 s to compile (23 s measured on an
+idle 2-core machine, about 45 s beside other work); the shared library is cached per torch
+version and source hash, so only the first import pays for it, and says so on stderr before the
+compiler starts (`python -m ttflow.torch` builds it ahead, e.g. while building an image).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -78,12 +81,21 @@ def build(target: Path) -> None:
     os.replace(tmp, target)
 
 
+def _announce(target: Path) -> None:
+    """One line on stderr before the build: a first import that is silent for most of a minute
+    looks hung. stderr, not `warnings` (a `-W error` run would fail the import) nor logging
+    (its default level hides INFO, so the silence would stay)."""
+    print(f"ttflow.torch: compiling the tt device's C++ guard, once (20-60 s); cached in {target}",
+          file=sys.stderr, flush=True)
+
+
 def load_guard() -> Path:
     """Builds the guard if it is not cached yet, then loads it (once per process)."""
     global _loaded
     target = _target()
     if _loaded is None:
         if not target.exists():
+            _announce(target)
             build(target)
         _loaded = ctypes.CDLL(str(target))
     return target
