@@ -296,11 +296,52 @@ def compile(module: nn.Module | Callable[..., Any], **options: Any) -> Any:
     return torch.compile(module, backend=backend, **options)
 
 
+INDUCTOR_REFUSED = (
+    "torch.compile(model) compiles with Inductor, torch's default backend, which has no code "
+    'generator for tt devices: compile with torch.compile(model, backend="tt") (or '
+    "ttflow.torch.compile(model)), which makes each graph one ttflow program"
+)
+
+
+class _NoInductor:
+    """What Inductor finds as the tt device's scheduling and wrapper code generators: the first
+    it makes (its wrapper, after lowering the graph; a scheduling, if a lowering asks for the
+    device's features first) raises `INDUCTOR_REFUSED`. Without them Inductor died in its own
+    table lookup, `KeyError: 'tt'`."""
+
+    supports_caching = False  # asked before compiling: nothing of a refused compile is cached
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError(INDUCTOR_REFUSED)
+
+    @classmethod
+    def create(cls, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(INDUCTOR_REFUSED)
+
+
+def _refuse_inductor() -> None:
+    """Registers `_NoInductor` as Inductor's backend for "tt" (its hook for out-of-tree devices,
+    `register_backend_for_device`), and plain device-op overrides, which Inductor looks up
+    before the wrapper."""
+    from torch._inductor.codegen.common import (
+        DeviceOpOverrides,
+        get_scheduling_for_device,
+        register_backend_for_device,
+        register_device_op_overrides,
+    )
+
+    if get_scheduling_for_device("tt") is None:
+        register_backend_for_device("tt", _NoInductor, _NoInductor, _NoInductor)  # type: ignore[arg-type]
+        register_device_op_overrides("tt", DeviceOpOverrides())
+
+
 @functools.cache
 def register() -> None:
-    """Registers the dynamo backend name "tt" (so `torch.compile(model, backend="tt")` works)."""
+    """Registers the dynamo backend name "tt" (so `torch.compile(model, backend="tt")` works),
+    and makes Inductor, torch.compile's default, refuse tt tensors naming it."""
     from torch._dynamo.backends.registry import _BACKENDS, register_backend
 
     if "tt" not in _BACKENDS:
         register_backend(name="tt")(backend)
+    _refuse_inductor()
 
