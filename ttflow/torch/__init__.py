@@ -5,8 +5,9 @@
     out = tt_model(x.to("tt"))          # queued; returns at once
     loss(out.to("cpu"), y).backward()   # .to("cpu") waits; the gradient goes back to the device
 
-Importing this module names torch's PrivateUse1 backend "tt" and builds (once, cached) the small
-C++ device guard torch needs for it. Install with `pip install ".[torch]" --extra-index-url
+Importing this module names torch's PrivateUse1 backend "tt" and loads the C++ device guard
+torch needs for it. The first import builds the guard (20-60 s, once, cached per torch version:
+a line on stderr says so before the compiler starts; `python -m ttflow.torch` builds it ahead). Install with `pip install ".[torch]" --extra-index-url
 https://download.pytorch.org/whl/cpu` from a ttflow checkout (the CPU build of torch).
 """
 
@@ -49,7 +50,9 @@ def open_device(spec: _tt.DeviceSpec | None = None, index: int | None = None, *,
 
     The first `.to("tt")` opens the default device on its own; call this first to choose another
     spec, to open a second device (`tt:1`), or to run the device's records in a worker process
-    (`workers="process"`, as `ttflow.open_device`'s). `inline_seconds` as `ttflow.open_device`'s,
+    (`workers="process"`, as `ttflow.open_device`'s). Devices open in order (the lowest free
+    index by default; `index` may not skip one), so `torch.tt.device_count()` counts tt:0 to
+    the highest one open, and each of them can be used. `inline_seconds` as `ttflow.open_device`'s,
     except that a worker process's device keeps records estimated up to 150 us in the host by
     default (torch's programs are small and dispatched one by one: docs/workers.md).
     """

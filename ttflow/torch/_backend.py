@@ -14,7 +14,7 @@ import torch
 import ttflow as tt
 
 from . import _storage
-from ._session import MAX_DEVICES, on_loop_thread, session
+from ._session import on_loop_thread, session
 
 __all__ = ["BackendModule", "synchronize", "synchronize_callback"]
 
@@ -55,9 +55,13 @@ class _DeviceContext:
         self._outer: list[int] = []
 
     def __enter__(self) -> None:
-        self._outer.append(torch.accelerator.current_device_index())
+        index = None
         if self.device is not None and (not isinstance(self.device, int) or self.device >= 0):
-            torch.accelerator.set_device_index(_index(self.device))
+            index = _index(self.device)
+            session.check_index(index)
+        self._outer.append(torch.accelerator.current_device_index())
+        if index is not None:
+            torch.accelerator.set_device_index(index)
 
     def __exit__(self, *exc: object) -> None:
         torch.accelerator.set_device_index(self._outer.pop())
@@ -75,14 +79,19 @@ class BackendModule(types.ModuleType):
         return True
 
     def device_count(self) -> int:
-        return MAX_DEVICES
+        """How many tt devices can be used, as `torch.cuda.device_count()`: tt:0 (which opens
+        on first use) and the devices opened after it (`ttflow.torch.open_device`), so that
+        `range(torch.tt.device_count())` names only devices that work."""
+        return session.device_count()
 
     def current_device(self) -> int:
         return torch.accelerator.current_device_index()
 
     def set_device(self, device: Any) -> None:
         """The device `device="tt"` means on this thread, as `torch.cuda.set_device`."""
-        torch.accelerator.set_device_index(_index(device))
+        index = _index(device)
+        session.check_index(index)
+        torch.accelerator.set_device_index(index)
 
     def _is_in_bad_fork(self) -> bool:
         return False

@@ -27,6 +27,7 @@ from ._fallback import is_tt
 from ._fallback import on_device_args as _on_device_args
 from ._fallback import warn_cpu as _warn_cpu
 from ._guard import load_guard
+from ._session import session
 
 __all__ = ["TTTensor", "install"]
 
@@ -248,7 +249,14 @@ def install() -> None:
     current = torch._C._get_privateuse1_backend_name()
     if current not in ("privateuseone", "tt"):
         raise RuntimeError(f"torch's PrivateUse1 backend is already named {current!r} by another package")
-    ctypes.CDLL(str(load_guard())).ttflow_set_synchronize(synchronize_callback)
+    guard = ctypes.CDLL(str(load_guard()))
+    guard.ttflow_set_synchronize(synchronize_callback)
+    # The guard refuses a tensor made on a device past `torch.tt.device_count()`: it is told the
+    # count now and whenever a device opens or closes.
+    set_count = guard.ttflow_set_device_count
+    set_count.argtypes, set_count.restype = [ctypes.c_int], None
+    session.on_device_count = set_count
+    set_count(session.device_count())
     if current != "tt":
         torch.utils.rename_privateuse1_backend("tt")
         torch._register_device_module("tt", BackendModule("torch.tt"))

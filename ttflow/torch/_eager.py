@@ -273,7 +273,8 @@ def _run_bound(info: _OpInfo, bound: dict[str, Any], out_index: int | None = Non
         if d.type == "tt":
             device_index = d.index
             break
-    device_index = device_index or 0
+    if device_index is None:  # a factory: its `device=`, or the current tt device
+        device_index = _storage.index_of(bound.get("device"))
     device = _storage.session.device(device_index)
     # One cell per tensor argument; an empty one has none (it is no program input).
     cells = [_storage.read(t if d.type == "tt" else t.to(torch.device("tt", device_index)))
@@ -353,9 +354,18 @@ def _analyse(info: _OpInfo, bound: dict[str, Any], tensors: Sequence[torch.Tenso
                   [_scalar_dtype(v) for v in lifted], form, lift)
 
 
+_META = torch.device("meta")
+
+
 def _trace(info: _OpInfo, bound: dict[str, Any], metas: Sequence[tuple[tuple[int, ...], torch.dtype]],
            lifted_dtypes: Sequence[torch.dtype], form: Any, lift: frozenset[str]) -> _Entry:
     constants = {a.name: bound[a.name] for a in info.args if a.name in bound}
+    # A factory's device (tt, or none: its out= form's) is traced as meta, as tensor arguments
+    # are: the trace must not run the op for real (a random factory, `randperm`, would draw from
+    # the generator once more than the CPU does); the caller places the result on its device.
+    device = constants.get("device")
+    if any(a.name == "device" for a in info.args) and (device is None or torch.device(device).type == "tt"):
+        constants["device"] = _META
     n_tensors = len(metas)
     op = info.functional
 

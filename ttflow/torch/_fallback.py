@@ -61,10 +61,10 @@ def host_generators(kwargs: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 def cpu_fallback(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Runs `op` on CPU copies of its tt arguments; writes mutated arguments back, and returns
-    results as new tt tensors (on the device of the first tt argument)."""
+    results as new tt tensors (on the device of the first tt argument, else of a factory's
+    `device=`, else the current tt device)."""
     flat, _ = tree_flatten((args, kwargs))
-    tt_args = [a for a in flat if is_tt(a)]
-    index = tt_args[0].device.index if tt_args else 0
+    index = _storage.call_index(flat)
     copies: dict[int, torch.Tensor] = {}
 
     def to_host(a: Any) -> Any:

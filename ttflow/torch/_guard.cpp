@@ -34,8 +34,22 @@
 namespace {
 
 constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
-constexpr c10::DeviceIndex kMaxDevices = 8;  // ttflow.torch opens at most this many devices
+// ttflow.torch opens at most this many devices. The guard reports this many to torch, whose
+// autograd engine starts one device thread per index at the first backward, so it never changes;
+// torch.tt.device_count() is Python's count of the devices that can be used (`open_devices`).
+constexpr c10::DeviceIndex kMaxDevices = 8;
 thread_local c10::DeviceIndex current_index = 0;
+
+// How many tt devices can be used now (tt:0 to tt:n-1: tt:0 opens on first use, the others once
+// opened), set by Python (`ttflow_set_device_count`) as devices open and close. A tensor made on
+// a device past them is refused here, when it is made, as CUDA refuses an invalid ordinal.
+std::atomic<int> open_devices{1};
+
+void check_open(c10::DeviceIndex index) {
+  int count = open_devices.load();
+  TORCH_CHECK(index < count, "tt:", static_cast<int>(index), " is not open: torch.tt.device_count() is ", count,
+              " (tt:0 to tt:", count - 1, "); ttflow.torch.open_device() opens the next one, tt:", count);
+}
 
 // Waiting for the device is Python's (ttflow.torch.synchronize): it registers a function here
 // (`ttflow_set_synchronize`, through ctypes, which takes the GIL to call it). It returns 0, or
@@ -208,6 +222,7 @@ at::Tensor empty_tt(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                     std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
   TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided, "tt tensors are strided");
   const c10::DeviceGuard guard(c10::device_or_default(device));
+  check_open(current_index);
   constexpr c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
   return at::detail::empty_generic(size, &allocator, keys, c10::dtype_or_default(dtype), memory_format);
 }
@@ -217,6 +232,7 @@ at::Tensor empty_strided_tt(c10::IntArrayRef size, c10::IntArrayRef stride,
                             std::optional<c10::Device> device, std::optional<bool> pin_memory) {
   TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided, "tt tensors are strided");
   const c10::DeviceGuard guard(c10::device_or_default(device));
+  check_open(current_index);
   constexpr c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
   return at::detail::empty_strided_generic(size, stride, &allocator, keys, c10::dtype_or_default(dtype));
 }
@@ -233,9 +249,12 @@ at::Tensor& set_tt(at::Tensor& self, at::Storage storage, int64_t offset, c10::I
 }
 
 // A resize that needs more bytes gets a fresh storage (its old value is gone, as after CUDA's
-// resize_ the new elements are uninitialised); one that fits keeps the storage.
+// resize_ the new elements are uninitialised); one that fits keeps the storage. The storage is
+// allocated on the tensor's own device, not the current one: the tensor takes its storage's
+// device, and every structured op's `out=` tensor (`abs`, `arange`, `eye`) is resized so.
 const at::Tensor& resize_tt(const at::Tensor& self, c10::IntArrayRef size,
                             std::optional<c10::MemoryFormat> memory_format) {
+  const c10::DeviceGuard guard(self.device());
   auto* impl = self.unsafeGetTensorImpl();
   int64_t numel = c10::multiply_integers(size);
   size_t needed = static_cast<size_t>(numel + impl->storage_offset()) * self.dtype().itemsize();
@@ -301,7 +320,7 @@ Registrar registrar;
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, TTGuardImpl);
 
-extern "C" int ttflow_torch_guard_version() { return 3; }
+extern "C" int ttflow_torch_guard_version() { return 4; }
 
 // Moves up to `capacity` freed storage addresses into `out`; returns how many.
 extern "C" size_t ttflow_take_freed(uint64_t* out, size_t capacity) {
@@ -315,3 +334,5 @@ extern "C" size_t ttflow_take_freed(uint64_t* out, size_t capacity) {
 extern "C" uint64_t ttflow_live_storages() { return live_storages.load(); }
 
 extern "C" void ttflow_set_synchronize(SynchronizeFn fn) { synchronize_fn.store(fn); }
+
+extern "C" void ttflow_set_device_count(int count) { open_devices.store(count); }

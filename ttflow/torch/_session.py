@@ -37,7 +37,9 @@ import ttflow as tt
 __all__ = ["MAX_DEVICES", "Pending", "Session", "session"]
 
 T = TypeVar("T")
-MAX_DEVICES = 8  # the guard reports this many "tt" devices to torch
+MAX_DEVICES = 8
+"""The most devices ttflow.torch opens (the guard reports this many to torch, for autograd's
+device threads; `Session.device_count` is how many can be used)."""
 BATCH_SECONDS = 0.005
 """The loop thread runs posted calls once nothing more was posted for this long (or a caller waits)."""
 MAX_DELAY_SECONDS = 0.05
@@ -187,6 +189,29 @@ class Session:
         self._inbox: _Inbox | None = None
         self._devices: dict[int, tuple[tt.Device, contextlib.ExitStack]] = {}
         self._atexit = False
+        self.on_device_count: Callable[[int], None] | None = None
+        """Told the new `device_count()` whenever it changes (the guard keeps a copy, to refuse
+        a tensor made on a device past it)."""
+
+    def device_count(self) -> int:
+        """How many tt devices can be used: tt:0 to tt:n-1. tt:0 opens on first use, so it
+        counts before it is open; the others count once opened (they are opened in order)."""
+        return max(self._devices, default=0) + 1
+
+    def not_open(self, index: int) -> str:
+        """Why tt:index cannot be used (the guard's message for the same refusal is alike)."""
+        count = self.device_count()
+        return (f"tt:{index} is not open: torch.tt.device_count() is {count} (tt:0 to tt:{count - 1}); "
+                f"ttflow.torch.open_device() opens the next one, tt:{count}")
+
+    def check_index(self, index: int) -> None:
+        """Raises the clear error for a device index past `device_count()`."""
+        if not 0 <= index < self.device_count():
+            raise RuntimeError(self.not_open(index))
+
+    def _count_changed(self) -> None:
+        if self.on_device_count is not None:
+            self.on_device_count(self.device_count())
 
     def _ensure_portal(self) -> anyio.from_thread.BlockingPortal:
         if self._portal is None:
@@ -218,11 +243,17 @@ class Session:
                 raise ValueError(f"tt device index must be in 0..{MAX_DEVICES - 1}, got {index}")
             if index in self._devices:
                 raise RuntimeError(f"tt:{index} is already open; call ttflow.torch.close() first")
+            if index > self.device_count():
+                # Numbered without gaps, as torch's devices are: code loops over
+                # range(torch.tt.device_count()), and each of those must be usable.
+                raise ValueError(f"tt:{index} cannot be opened before tt:{self.device_count()}: open the tt "
+                                 "devices in order, the lowest first (ttflow.torch.open_device() opens the next)")
             portal = self._ensure_portal()
             stack = contextlib.ExitStack()
             device = stack.enter_context(portal.wrap_async_context_manager(tt.open_device(spec, workers=workers,
                                                                                    inline_seconds=inline_seconds)))
             self._devices[index] = (device, stack)
+            self._count_changed()
             return index
 
     def device(self, index: int | None) -> tt.Device:
@@ -235,9 +266,7 @@ class Session:
             entry = self._devices.get(index)
             if entry is None:
                 if index != 0:
-                    raise RuntimeError(
-                        f"tt:{index} is not open; open it with ttflow.torch.open_device(spec, index={index})"
-                    )
+                    raise RuntimeError(self.not_open(index))
                 self.open(None, 0)
                 entry = self._devices[0]
             return entry[0]
@@ -282,6 +311,7 @@ class Session:
                 with contextlib.suppress(Exception):
                     self._portal.call(_after_inbox, self._inbox, _nothing, ())
             devices, self._devices = self._devices, {}
+            self._count_changed()
             errors = []
             for _, stack in devices.values():
                 try:

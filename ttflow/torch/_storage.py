@@ -35,7 +35,8 @@ from ._lower import device_dtype, device_shape
 from ._session import MAX_DEVICES, Pending, session
 
 __all__ = [
-    "Slot", "constant", "device_dtype", "device_of", "device_shape", "drain_freed", "fill", "host_value", "live_slots",
+    "Slot", "call_index", "constant", "device_dtype", "device_of", "device_shape", "drain_freed", "fill", "host_value",
+    "index_of", "live_slots",
     "new_tensor", "on_device", "post_program", "read", "seeds", "synchronize", "upload", "write",
     "write_host",
 ]
@@ -147,6 +148,23 @@ def _tt(index: int) -> torch.device:
     if not _TT:
         _TT.extend(torch.device("tt", i) for i in range(MAX_DEVICES))
     return _TT[index]
+
+
+def index_of(device: Any) -> int:
+    """The tt device index a `device=` argument names: its index, or for `"tt"` (or none at all)
+    the current tt device's (`torch.tt.set_device`, `with torch.tt.device(i)`), as for CUDA."""
+    if isinstance(device, torch.device) and device.type == "tt" and device.index is not None:
+        return device.index
+    return torch.accelerator.current_device_index()
+
+
+def call_index(values: Sequence[Any]) -> int:
+    """The tt device a call's result goes to: its first tt tensor's, else its tt `device=`
+    argument's (a factory, `torch.tril_indices(3, 3, device="tt:1")`), else the current one's."""
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.device.type == "tt":
+            return value.device.index  # type: ignore[no-any-return]
+    return index_of(next((v for v in values if isinstance(v, torch.device) and v.type == "tt"), None))
 
 
 def new_tensor(shape: Sequence[int], dtype: torch.dtype, device_index: int | None,
@@ -429,7 +447,7 @@ _FILLS_MAX_NUMEL = 4096
 _fills = _Constants(64)
 
 
-def fill(t: torch.Tensor, value: float | int | bool) -> bool:
+def fill(t: torch.Tensor, value: float | bool) -> bool:
     """`t.fill_(value)` (what `torch.ones_like`, `zeros_like` and `zero_()` do) for a small
     floating tensor that is its whole storage: its value becomes a device constant of that
     shape, written once and shared while recently used (values are immutable: a later write

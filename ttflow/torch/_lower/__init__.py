@@ -34,7 +34,17 @@ an op a compiled graph needs and the device lacks (CPU torch, inside the program
 """
 
 from .._errors import UnsupportedOpError as UnsupportedOpError
-from . import bessel, creation, index_shape, matmul_conv, norm, pointwise, polynomials, reduce, special  # noqa: F401  (register the lowerings)
+from . import (  # noqa: F401  (register the lowerings)
+    bessel,
+    creation,
+    index_shape,
+    matmul_conv,
+    norm,
+    pointwise,
+    polynomials,
+    reduce,
+    special,
+)
 from .decompositions import DECOMPOSITIONS as DECOMPOSITIONS
 from .decompositions import TRACING as TRACING
 from .device_view import InputSpec as InputSpec

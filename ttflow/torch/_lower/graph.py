@@ -27,7 +27,7 @@ from .device_view import (
     device_dtype,
     device_shape,
 )
-from .host import Slot, host_function, hostable  # noqa: F401  (hostable: re-exported for tests)
+from .host import Slot, host_function, hostable
 
 aten = torch.ops.aten
 _F32 = tt.DataType.FLOAT32
