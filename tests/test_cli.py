@@ -390,3 +390,56 @@ def test_memory_help_says_what_it_shows(capsys: pytest.CaptureFixture[str]) -> N
         main(["memory", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "--json" in out and "--small" in out and "memory_view" in out
+
+
+def usage_error_code(capsys: pytest.CaptureFixture[str]) -> int:
+    """What argparse itself exits with for a usage error (an option no command has)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["golden", "--no-such-option"])
+    capsys.readouterr()
+    assert isinstance(exit_.value.code, int)
+    return exit_.value.code
+
+
+def two_programs(path: Path, count: int) -> Path:
+    programs = []
+    for i in range(count):
+        b = ttflow.ProgramBuilder(f"p{i}")
+        b.output(b.relu(b.input((32, 32))))
+        programs.append(b.build())
+    ttflow.Binary(programs).save(path)
+    return path
+
+
+@pytest.mark.parametrize("count, program, says", [
+    (1, "3", "holds 1 program (--program 0)"), (1, "-1", "holds 1 program (--program 0)"),
+    (2, "2", "holds 2 programs (--program 0 to 1)")])
+def test_golden_with_a_program_the_file_lacks_is_a_usage_error(
+    count: int, program: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = two_programs(tmp_path / "p.ttb", count)
+    with pytest.raises(SystemExit) as exit_:
+        main(["golden", str(path), "--program", program, "--small"])
+    out, err = capsys.readouterr()
+    assert exit_.value.code == usage_error_code(capsys) == 2
+    assert out == "" and "argument --program" in err and says in err and "1 programs" not in err, err
+
+
+@pytest.mark.parametrize("case", ["missing", "folder", "not a binary"])
+def test_golden_on_a_file_that_is_not_a_binary_is_a_usage_error(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "notes.txt").write_text("not a binary")
+    path, says = {"missing": (tmp_path / "none.ttb", "no such file"), "folder": (tmp_path, "is a folder"),
+                  "not a binary": (tmp_path / "notes.txt", "not a ttflow binary")}[case]
+    with pytest.raises(SystemExit) as exit_:
+        main(["golden", str(path)])
+    out, err = capsys.readouterr()
+    assert exit_.value.code == usage_error_code(capsys)
+    assert out == "" and "argument file" in err and says in err and "Traceback" not in err, err
+
+
+def test_golden_still_runs_a_program_the_file_holds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = two_programs(tmp_path / "p.ttb", 2)
+    assert main(["golden", str(path), "--program", "1", "--small", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["program"] == "p1"

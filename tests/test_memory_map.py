@@ -187,3 +187,62 @@ def test_a_map_labels_its_largest_buffers() -> None:
     brief = (90, 100, (900, 300, "pending", "brief"))         # tall, but for 10 commands only
     chosen = labelled([brief, *large, unnamed])
     assert [span[2][3] for span in chosen] == [f"t{i}" for i in range(2, LABELLED + 2)]
+
+
+def label_boxes(figure: object) -> list[tuple[int, object]]:
+    """(panel, display-space bounding box) of every number drawn inside a panel, its rounded
+    white box included, as matplotlib's renderer lays them out in the saved PNG."""
+    from matplotlib.transforms import Bbox
+
+    figure.canvas.draw()  # type: ignore[attr-defined]
+    renderer = figure.canvas.get_renderer()  # type: ignore[attr-defined]
+    boxes = []
+    for panel, ax in enumerate(figure.axes):  # type: ignore[attr-defined]
+        for text in ax.texts:
+            if not text.get_text().isdigit() or not text.get_visible():
+                continue  # the key beside the panel
+            extents = [text.get_window_extent(renderer)]
+            if text.get_bbox_patch() is not None:
+                extents.append(text.get_bbox_patch().get_window_extent(renderer))
+            boxes.append((panel, Bbox.union(extents)))
+    return boxes
+
+
+def overlap(a: object, b: object) -> float:
+    width = min(a.x1, b.x1) - max(a.x0, b.x0)  # type: ignore[attr-defined]
+    height = min(a.y1, b.y1) - max(a.y0, b.y0)  # type: ignore[attr-defined]
+    return max(width, 0.0) * max(height, 0.0)
+
+
+async def many_small_dram_buffers() -> MemoryMapRecorder:
+    """One large DRAM tensor, a few medium ones, then many small ones that live to the end: in
+    a panel scaled to the large one, each small one is a sliver a pixel or two high, stacked on
+    the next (the numbers of the eight largest used to be drawn on top of each other)."""
+    async with tt.open_device(SMALL) as device:
+        with record_memory_map(device) as recorder:
+            kept = [tt.to_device(np.ones((512, 512), np.float32), device)]
+            kept += [tt.to_device(np.ones((256, 128), np.float32), device) for _ in range(3)]
+            for i in range(24):
+                kept.append(tt.to_device(np.full((32, 32 + 8 * (i % 3)), i, np.float32), device))
+                kept[-1].name = f"small {i}"
+            for t in kept:
+                await t
+        del kept
+    return recorder
+
+
+async def test_the_numbers_in_a_panel_never_overlap() -> None:
+    pytest.importorskip("matplotlib")
+    recorder = await many_small_dram_buffers()
+    figure = memory_map_figure(recorder, title="many small buffers")
+    boxes = label_boxes(figure)
+    assert len(boxes) >= 4, "the large buffer and the medium ones have room for their numbers"
+    for i, (panel, box) in enumerate(boxes):
+        for other_panel, other in boxes[i + 1:]:
+            assert panel != other_panel or overlap(box, other) == 0, (box, other)
+    # Every number in a panel is one of its key's lines, and the key has no line without one.
+    for panel, ax in enumerate(figure.axes):
+        drawn = sorted(int(t.get_text()) for t in ax.texts if t.get_text().isdigit())
+        keys = [t for t in ax.texts if t.get_text().startswith("largest buffers:")]
+        listed = [int(line.split()[0]) for line in keys[0].get_text().splitlines()[1:]] if keys else []
+        assert drawn == listed == list(range(1, len(drawn) + 1)), (panel, drawn, listed)

@@ -1,4 +1,13 @@
-"""ttflow: device-resident tensors on an emulated tile-based AI accelerator."""
+"""ttflow: device-resident tensors on an emulated tile-based AI accelerator.
+
+The public names load lazily (PEP 562): `import ttflow` imports only the C-extension check below,
+and each name's submodule is imported the first time the name is read (`tt.open_device`, `from
+ttflow import Device`). So `import ttflow` and the `ttflow` command's `--help` stay cheap; a
+program that uses the device pays for the device model, ml_dtypes and numpy when it first does.
+"""
+
+import importlib as _importlib
+import typing as _typing
 
 try:  # the C extensions: absent from a source tree that was never built in place
     from ._core._allocator import Allocator as _Allocator  # noqa: F401
@@ -14,95 +23,144 @@ except ModuleNotFoundError as _missing:  # pragma: no cover - exercised in a sub
         "the installed ttflow (as numpy asks of its own source tree)."
     ) from None
 
-from ._errors import BinaryFormatError as BinaryFormatError
-from ._errors import DeallocatedTensorError as DeallocatedTensorError
-from ._errors import DeviceClosedError as DeviceClosedError
-from ._errors import LayoutError as LayoutError
-from ._errors import OutOfMemoryError as OutOfMemoryError
-from ._errors import ProgramError as ProgramError
-from ._errors import ShapeError as ShapeError
-from ._errors import TTFlowError as TTFlowError
-from ._errors import TraceError as TraceError
-from ._errors import MeshError as MeshError
-from ._errors import DebugHookError as DebugHookError
-from ._debug import OpContext as OpContext
-from ._debug import OpTensor as OpTensor
-from ._debug import ProgramContext as ProgramContext
-from ._debug import debug_hooks as debug_hooks
-from ._golden import GoldenReport as GoldenReport
-from ._golden import GoldenRow as GoldenRow
-from ._golden import compare_with_golden as compare_with_golden
-from ._errors import CollectiveError as CollectiveError
-from ._errors import HostOpError as HostOpError
-from ._errors import DeviceLostError as DeviceLostError
-from ._memory import RemoteMemoryError as RemoteMemoryError
-from ._device import Device as Device
-from ._device import DeviceStatistics as DeviceStatistics
-from ._device import open_device as open_device
-from ._trace import Trace as Trace
-from ._mesh.api import capture_trace as capture_trace
-from ._mesh.api import execute_trace as execute_trace
-from ._mesh.api import release_trace as release_trace
-from ._memory import BufferInfo as BufferInfo
-from ._memory import BufferView as BufferView
-from ._memory import MemoryView as MemoryView
-from ._memory_map import MemoryMapRecorder as MemoryMapRecorder
-from ._memory_map import draw_memory_map as draw_memory_map
-from ._memory_map import memory_map_figure as memory_map_figure
-from ._memory_map import record_memory_map as record_memory_map
-from ._binary import Binary as Binary
-from ._program import Program as Program
-from ._program import ProgramBuilder as ProgramBuilder
-from ._simplify import simplify as simplify
-from ._binary import get_layout as get_layout
-from ._mesh.api import deallocate as deallocate
-from ._mesh.api import empty as empty
-from ._mesh.api import submit as submit
-from ._mesh.api import to_device as to_device
-from ._mesh.api import to_host as to_host
-from ._mesh.api import to_layout as to_layout
-from ._mesh.api import wait as wait
-from ._mesh.api import write as write
-from ._tensor import Tensor as Tensor
-from ._timeline import TimelineRecorder as TimelineRecorder
-from ._mesh.api import record_timeline as record_timeline
-from ._mesh.device import MeshDevice as MeshDevice
-from ._mesh.device import MeshStatistics as MeshStatistics
-from ._mesh.device import create_submesh as create_submesh
-from ._mesh.device import open_mesh_device as open_mesh_device
-from ._mesh.device import release_submesh as release_submesh
-from ._mesh.placement import concat as concat
-from ._mesh.placement import concat_2d as concat_2d
-from ._mesh.placement import replicate as replicate
-from ._mesh.placement import shard as shard
-from ._mesh.placement import shard_2d as shard_2d
-from ._mesh.spec import MeshSpec as MeshSpec
-from ._mesh.tensor import MeshTensor as MeshTensor
-from ._mesh.tensor import device_tensors as device_tensors
-from ._mesh.timeline import MeshTimelineRecorder as MeshTimelineRecorder
-from ._mesh.trace import MeshTrace as MeshTrace
-from ._mesh.transfer import from_shards as from_shards
-from ._timeline import record_trace as record_trace
-from ._program_cache import clear_program_cache as clear_program_cache
-from ._memory_log import set_memory_log as set_memory_log
-from ._types import DataType as DataType
-from ._types import DeviceSpec as DeviceSpec
-from ._types import Layout as Layout
-from ._types import MemorySpace as MemorySpace
-from ._types import TensorLayout as TensorLayout
-from . import kernels as kernels
+if _typing.TYPE_CHECKING:  # the re-exports, as type checkers and IDEs read them
+    from . import kernels as kernels
+    from ._binary import Binary as Binary
+    from ._binary import get_layout as get_layout
+    from ._debug import OpContext as OpContext
+    from ._debug import OpTensor as OpTensor
+    from ._debug import ProgramContext as ProgramContext
+    from ._debug import debug_hooks as debug_hooks
+    from ._device import Device as Device
+    from ._device import DeviceStatistics as DeviceStatistics
+    from ._device import open_device as open_device
+    from ._errors import BinaryFormatError as BinaryFormatError
+    from ._errors import CollectiveError as CollectiveError
+    from ._errors import DeallocatedTensorError as DeallocatedTensorError
+    from ._errors import DebugHookError as DebugHookError
+    from ._errors import DeviceClosedError as DeviceClosedError
+    from ._errors import DeviceLostError as DeviceLostError
+    from ._errors import FileError as FileError
+    from ._errors import HostOpError as HostOpError
+    from ._errors import LayoutError as LayoutError
+    from ._errors import MeshError as MeshError
+    from ._errors import OutOfMemoryError as OutOfMemoryError
+    from ._errors import ProgramError as ProgramError
+    from ._errors import ShapeError as ShapeError
+    from ._errors import TraceError as TraceError
+    from ._errors import TTFlowError as TTFlowError
+    from ._golden import GoldenReport as GoldenReport
+    from ._golden import GoldenRow as GoldenRow
+    from ._golden import compare_with_golden as compare_with_golden
+    from ._memory import BufferInfo as BufferInfo
+    from ._memory import BufferView as BufferView
+    from ._memory import MemoryView as MemoryView
+    from ._memory import RemoteMemoryError as RemoteMemoryError
+    from ._memory_log import set_memory_log as set_memory_log
+    from ._memory_map import MemoryMapRecorder as MemoryMapRecorder
+    from ._memory_map import draw_memory_map as draw_memory_map
+    from ._memory_map import memory_map_figure as memory_map_figure
+    from ._memory_map import record_memory_map as record_memory_map
+    from ._mesh.api import capture_trace as capture_trace
+    from ._mesh.api import deallocate as deallocate
+    from ._mesh.api import empty as empty
+    from ._mesh.api import execute_trace as execute_trace
+    from ._mesh.api import record_timeline as record_timeline
+    from ._mesh.api import release_trace as release_trace
+    from ._mesh.api import submit as submit
+    from ._mesh.api import to_device as to_device
+    from ._mesh.api import to_host as to_host
+    from ._mesh.api import to_layout as to_layout
+    from ._mesh.api import wait as wait
+    from ._mesh.api import write as write
+    from ._mesh.device import MeshDevice as MeshDevice
+    from ._mesh.device import MeshStatistics as MeshStatistics
+    from ._mesh.device import create_submesh as create_submesh
+    from ._mesh.device import open_mesh_device as open_mesh_device
+    from ._mesh.device import release_submesh as release_submesh
+    from ._mesh.placement import concat as concat
+    from ._mesh.placement import concat_2d as concat_2d
+    from ._mesh.placement import replicate as replicate
+    from ._mesh.placement import shard as shard
+    from ._mesh.placement import shard_2d as shard_2d
+    from ._mesh.spec import MeshSpec as MeshSpec
+    from ._mesh.tensor import MeshTensor as MeshTensor
+    from ._mesh.tensor import device_tensors as device_tensors
+    from ._mesh.timeline import MeshTimelineRecorder as MeshTimelineRecorder
+    from ._mesh.trace import MeshTrace as MeshTrace
+    from ._mesh.transfer import from_shards as from_shards
+    from ._program import Program as Program
+    from ._program import ProgramBuilder as ProgramBuilder
+    from ._program_cache import clear_program_cache as clear_program_cache
+    from ._simplify import simplify as simplify
+    from ._tensor import Tensor as Tensor
+    from ._timeline import TimelineRecorder as TimelineRecorder
+    from ._timeline import record_trace as record_trace
+    from ._trace import Trace as Trace
+    from ._types import DataType as DataType
+    from ._types import DeviceSpec as DeviceSpec
+    from ._types import Layout as Layout
+    from ._types import MemorySpace as MemorySpace
+    from ._types import TensorLayout as TensorLayout
 
+# The one table of where each public name lives: `__getattr__` imports the submodule the first
+# time the name is read, then binds the name here, so later reads are plain lookups. Importing
+# `ttflow` (or `ttflow.cli`) therefore costs nothing until a name is used. The block above is the
+# same table as a type checker reads it; tests/test_lazy_import.py checks that the two agree
+# (deriving this table from the block with `ast` would need the source at run time, which a
+# bytecode-only install lacks, and a parse on every import; the test costs nothing at run time).
+_SOURCES: dict[str, str] = {name: module for module, names in {
+    "._errors": ("BinaryFormatError", "DeallocatedTensorError", "DeviceClosedError", "LayoutError",
+                 "OutOfMemoryError", "ProgramError", "ShapeError", "TTFlowError", "TraceError",
+                 "MeshError", "DebugHookError", "CollectiveError", "HostOpError", "DeviceLostError",
+                 "FileError"),
+    "._debug": ("OpContext", "OpTensor", "ProgramContext", "debug_hooks"),
+    "._golden": ("GoldenReport", "GoldenRow", "compare_with_golden"),
+    "._memory": ("RemoteMemoryError", "BufferInfo", "BufferView", "MemoryView"),
+    "._device": ("Device", "DeviceStatistics", "open_device"),
+    "._trace": ("Trace",),
+    "._mesh.api": ("capture_trace", "execute_trace", "release_trace", "deallocate", "empty", "submit",
+                   "to_device", "to_host", "to_layout", "wait", "write", "record_timeline"),
+    "._memory_map": ("MemoryMapRecorder", "draw_memory_map", "memory_map_figure", "record_memory_map"),
+    "._binary": ("Binary", "get_layout"),
+    "._program": ("Program", "ProgramBuilder"),
+    "._simplify": ("simplify",),
+    "._tensor": ("Tensor",),
+    "._timeline": ("TimelineRecorder", "record_trace"),
+    "._mesh.device": ("MeshDevice", "MeshStatistics", "create_submesh", "open_mesh_device",
+                      "release_submesh"),
+    "._mesh.placement": ("concat", "concat_2d", "replicate", "shard", "shard_2d"),
+    "._mesh.spec": ("MeshSpec",),
+    "._mesh.tensor": ("MeshTensor", "device_tensors"),
+    "._mesh.timeline": ("MeshTimelineRecorder",),
+    "._mesh.trace": ("MeshTrace",),
+    "._mesh.transfer": ("from_shards",),
+    "._program_cache": ("clear_program_cache",),
+    "._memory_log": ("set_memory_log",),
+    "._types": ("DataType", "DeviceSpec", "Layout", "MemorySpace", "TensorLayout"),
+    ".kernels": ("kernels",),  # a submodule: the name is the module itself
+}.items() for name in names}
 
 
 def __getattr__(name: str) -> object:
+    source = _SOURCES.get(name)
+    if source is not None:
+        module = _importlib.import_module(source, __name__)
+        value = module if source == f".{name}" else getattr(module, name)
+        globals()[name] = value
+        return value
     if name == "TraceRecorder":  # deprecated for one release
         import warnings
 
         warnings.warn(
             "tt.TraceRecorder is deprecated: use tt.TimelineRecorder", DeprecationWarning, stacklevel=2
         )
-        return TimelineRecorder
+        return __getattr__("TimelineRecorder")
     raise AttributeError(f"module 'ttflow' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_SOURCES})
 
 
 __version__ = "0.1.0"
@@ -125,4 +183,5 @@ __all__ = [
     "clear_program_cache", "set_memory_log",
     "DebugHookError", "OpContext", "OpTensor", "ProgramContext", "debug_hooks",
     "GoldenReport", "GoldenRow", "compare_with_golden",
+    "FileError",
 ]

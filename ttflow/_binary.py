@@ -53,6 +53,7 @@ import numpy as np
 
 from ._errors import (
     BinaryFormatError,
+    FileError,
     HostOpError,
     LayoutError,
     ProgramError,
@@ -104,25 +105,35 @@ class Binary:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes the versioned file (header, then the programs as JSON). A program with a host op
-        (`ProgramBuilder.host_op`) cannot go to a file: HostOpError naming it, nothing written."""
+        (`ProgramBuilder.host_op`) cannot go to a file: HostOpError naming it, nothing written.
+        A path that cannot be written (a folder, a missing folder, no permission) is a FileError
+        (also an OSError) naming it."""
         payload = json.dumps(
             [_program_to_json(p) for p in self.programs], separators=(",", ":")
         ).encode()
-        with open(path, "wb") as f:
-            f.write(_HEADER.pack(_MAGIC, _VERSION, len(payload), zlib.crc32(payload)) + payload)
+        try:
+            with open(path, "wb") as f:
+                f.write(_HEADER.pack(_MAGIC, _VERSION, len(payload), zlib.crc32(payload)) + payload)
+        except OSError as exc:
+            raise FileError.of(exc, "save the binary to", path, writing=True, example="model.ttb") from exc
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Binary:
-        """Reads a file `save` wrote; BinaryFormatError for any file it did not write whole.
+        """Reads a file `save` wrote; BinaryFormatError for any file it did not write whole,
+        FileError (also an OSError) for a path that cannot be read (missing, a folder, no
+        permission).
 
         The header is read and checked first (magic, version, and a payload length that agrees
         with the file's size), so a foreign or truncated file is refused after reading 24 bytes;
         only then is the payload read, exactly as many bytes as the header says."""
         name = repr(os.fspath(path))
-        with open(path, "rb") as f:
-            header = f.read(_HEADER.size)
-            length = _check_header(name, header, os.fstat(f.fileno()).st_size)
-            payload = f.read(length)
+        try:
+            with open(path, "rb") as f:
+                header = f.read(_HEADER.size)
+                length = _check_header(name, header, os.fstat(f.fileno()).st_size)
+                payload = f.read(length)
+        except OSError as exc:
+            raise FileError.of(exc, "load a binary from", path, writing=False) from exc
         if len(payload) != length:  # the file shrank after the size check
             raise BinaryFormatError(
                 f"{name} is truncated: the payload is {len(payload)} bytes, the header says {length}"

@@ -8,6 +8,7 @@
     ├── ProgramError           a program that cannot be built, submitted or run
     │   └── HostOpError        a host op's function that failed, or cannot be saved
     ├── BinaryFormatError      a binary file that is corrupt, truncated or foreign
+    ├── FileError              (also an OSError) a path that cannot be read or written
     ├── DeviceClosedError      work sent to a device that is closed
     ├── DeviceLostError        a device whose worker process died
     ├── TraceError             a trace captured or replayed where it cannot be
@@ -20,6 +21,7 @@ Each class says what went wrong; each message says what to do next.
 from __future__ import annotations
 
 import copy
+import os
 import traceback
 from typing import NoReturn
 
@@ -33,6 +35,7 @@ __all__ = [
     "ProgramError",
     "HostOpError",
     "BinaryFormatError",
+    "FileError",
     "DeviceClosedError",
     "DeviceLostError",
     "TraceError",
@@ -114,6 +117,50 @@ class DebugHookError(TTFlowError):
 
 class BinaryFormatError(TTFlowError):
     """A binary file is corrupt, truncated, of another version, or not a ttflow binary."""
+
+
+class FileError(TTFlowError, OSError):
+    """A file ttflow was asked to read or write could not be: missing, a folder, in a folder
+    that does not exist, not permitted, on a full disk. Also an `OSError` (`except OSError`
+    still catches it) with the system's `errno` and `strerror` and the path as `filename`; the
+    system's own error is the `__cause__`. The message names the path and what to do."""
+
+    def __init__(self, message: str, filename: str, errno: int | None = None,
+                 strerror: str | None = None) -> None:
+        super().__init__(errno, strerror, filename)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r})"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.message, self.filename, self.errno, self.strerror))
+
+    @classmethod
+    def of(cls, error: OSError, action: str, path: str | os.PathLike[str], *, writing: bool,
+           example: str | None = None) -> FileError:
+        """The error to raise `from error`, which the system raised when ttflow tried to
+        `action` `path` ("save the binary to"); `example` is a file name to suggest when the
+        path is a folder."""
+        name = os.fspath(path)
+        if isinstance(error, IsADirectoryError):
+            reason = "it is a folder" + (f"; give a file name, e.g. {os.path.join(name, example)!r}"
+                                         if example else "")
+        elif isinstance(error, NotADirectoryError):
+            reason = "a part of its path is a file, not a folder"
+        elif isinstance(error, FileNotFoundError):
+            folder = os.path.dirname(name) or "."
+            reason = (f"the folder {folder!r} does not exist; create it first" if writing
+                      and not os.path.isdir(folder) else "no such file")
+        elif isinstance(error, PermissionError):
+            reason = "permission denied; " + ("choose a path you may write" if writing
+                                              else "check the file's permissions")
+        else:
+            reason = error.strerror or str(error)
+        return cls(f"cannot {action} {name!r}: {reason}", name, error.errno, error.strerror)
 
 
 class DeviceClosedError(TTFlowError):

@@ -13,10 +13,11 @@ matplotlib is optional (`pip install '.[plot]'` from the ttflow checkout): only 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, final
 
+from ._errors import FileError
 from ._types import MemorySpace
 
 if TYPE_CHECKING:
@@ -146,8 +147,13 @@ def draw_memory_map(recorder: MemoryMapRecorder, path: str | os.PathLike[str],
     policy). The largest buffers of each panel are numbered, and a key beside the panel says
     what each holds (its tensor's `name`, shape, dtype and layout). DRAM's panel shows only the addresses ever used (its banks
     are a GiB each). RuntimeError when matplotlib is missing; the hint says how to install it.
+    FileError (also an OSError) when the path cannot be written.
     """
-    memory_map_figure(recorder, title).savefig(path, format="png")
+    figure = memory_map_figure(recorder, title)
+    try:
+        figure.savefig(path, format="png")
+    except OSError as exc:
+        raise FileError.of(exc, "write the memory map to", path, writing=True, example="memory.png") from exc
 
 
 def memory_map_figure(recorder: MemoryMapRecorder, title: str | None = None) -> Any:
@@ -168,6 +174,7 @@ def memory_map_figure(recorder: MemoryMapRecorder, title: str | None = None) -> 
     axes = figure.subplots(len(SPACES), 1, sharex=True)
     end = recorder.commands + 1
     shown: set[str] = set()
+    panels: list[tuple[Any, list[tuple[int, int, Block]]]] = []
     for ax, space in zip(axes, SPACES):
         line = recorder.line_bytes.get(space, 0)
         top = line if space is MemorySpace.L1 else recorder.high_water[space]
@@ -179,16 +186,7 @@ def memory_map_figure(recorder: MemoryMapRecorder, title: str | None = None) -> 
             ax.add_patch(Rectangle((first, address), stop - first, depth,
                                    linewidth=0.3 if depth * 100 >= top else 0, edgecolor="white",
                                    facecolor=KIND_COLORS.get(kind, _OTHER_COLOR)))
-        # The largest buffers get a number inside and a line in the key beside the panel.
-        chosen = labelled(spans)
-        for number, (first, stop, (address, depth, _, _)) in enumerate(chosen, 1):
-            ax.text((first + stop) / 2, address + depth / 2, str(number), ha="center",
-                    va="center", fontsize=7, clip_on=True,
-                    bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "alpha": 0.85, "linewidth": 0})
-        if chosen:
-            ax.text(1.01, 1.0, "largest buffers:\n" + "\n".join(
-                f"{number}  {what}" for number, (_, _, (_, _, _, what)) in enumerate(chosen, 1)),
-                transform=ax.transAxes, va="top", ha="left", fontsize=7, family="monospace")
+        panels.append((ax, spans))
         ax.set_xlim(0, end)
         ax.set_ylim(0, top)
         # Ticks a power of two apart, so that they read as round sizes (256 KiB, not 195.3).
@@ -203,15 +201,89 @@ def memory_map_figure(recorder: MemoryMapRecorder, title: str | None = None) -> 
     handles: list[Any] = [Patch(facecolor=KIND_COLORS.get(k, _OTHER_COLOR), label=k) for k in kinds]
     if handles:
         figure.legend(handles=handles, loc="outside lower center", ncols=len(handles), frameon=False)
+    _number_the_largest(figure, panels)
     return figure
 
 
-def labelled(spans: list[tuple[int, int, Block]]) -> list[tuple[int, int, Block]]:
+_NUMBER_STYLE: dict[str, Any] = {
+    "ha": "center", "va": "center", "fontsize": 7, "clip_on": True,
+    "bbox": {"boxstyle": "round,pad=0.15", "facecolor": "white", "alpha": 0.85, "linewidth": 0},
+}
+
+
+def _number_the_largest(figure: Any, panels: list[tuple[Any, list[tuple[int, int, Block]]]]) -> None:
+    """Numbers the largest buffers of each panel whose rectangle, as drawn, holds its number
+    (`labelled`), with a key beside the panel saying what each holds.
+
+    A number sits inside its own rectangle, and rectangles never overlap, so numbers never do:
+    a buffer too thin or too brief to hold one (a small DRAM buffer in a panel scaled to a large
+    one) goes unnumbered rather than covering its neighbours' numbers. Whether a number fits
+    depends on the rectangle's size in pixels, known once the layout is: each key first reserves
+    its widest possible text, the layout runs and is then frozen, and each key is written again
+    for the buffers numbered (a narrower key cannot move the axes any more)."""
+    keys = []
+    for ax, spans in panels:
+        whats = [what for _, _, (_, _, _, what) in spans if what]
+        key = None
+        if whats:  # the widest key this panel could need, in a monospace font
+            key = _key(ax, [f"{LABELLED}  {max(whats, key=len)}"] * min(LABELLED, len(whats)))
+        keys.append(key)
+    figure.draw_without_rendering()  # runs the constrained layout
+    figure.set_layout_engine("none")  # and keeps its result: what follows is placed for it
+    renderer = figure.canvas.get_renderer()
+    for (ax, spans), key in zip(panels, keys):
+        if key is None:
+            continue
+        key.remove()
+        chosen = labelled(spans, _room_for(ax, _number_size(ax, renderer)))
+        for number, (first, stop, (address, depth, _, _)) in enumerate(chosen, 1):
+            ax.text((first + stop) / 2, address + depth / 2, str(number), **_NUMBER_STYLE)
+        if chosen:
+            _key(ax, [f"{number}  {what}" for number, (_, _, (_, _, _, what)) in enumerate(chosen, 1)])
+
+
+def _key(ax: Any, lines: list[str]) -> Any:
+    return ax.text(1.01, 1.0, "largest buffers:\n" + "\n".join(lines), transform=ax.transAxes,
+                   va="top", ha="left", fontsize=7, family="monospace")
+
+
+def _number_size(ax: Any, renderer: Any) -> tuple[float, float]:
+    """Width and height in pixels of a drawn number, its white box included (every number is
+    one digit: there are at most `LABELLED`)."""
+    probe = ax.text(0, 0, str(LABELLED), **_NUMBER_STYLE)
+    probe.update_bbox_position_size(renderer)
+    text, box = probe.get_window_extent(renderer), probe.get_bbox_patch().get_window_extent(renderer)
+    probe.remove()
+    return (max(text.x1, box.x1) - min(text.x0, box.x0), max(text.y1, box.y1) - min(text.y0, box.y0))
+
+
+def _room_for(ax: Any, size: tuple[float, float]) -> Callable[[tuple[int, int, Block]], bool]:
+    """Whether a span's rectangle, as drawn in `ax`, holds a number of `size` with a pixel to
+    spare on every side."""
+    need_w, need_h = size[0] + 2, size[1] + 2
+
+    def fits(span: tuple[int, int, Block]) -> bool:
+        first, stop, (address, depth, _, _) = span
+        (x0, y0), (x1, y1) = ax.transData.transform([(first, address), (stop, address + depth)])
+        return bool(abs(x1 - x0) >= need_w and abs(y1 - y0) >= need_h)
+
+    return fits
+
+
+def labelled(spans: list[tuple[int, int, Block]],
+             fits: Callable[[tuple[int, int, Block]], bool] = lambda span: True) -> list[tuple[int, int, Block]]:
     """The spans a panel names: the `LABELLED` largest (bytes times commands) that hold a
-    tensor, in address order (top of the key = bottom of the panel)."""
+    tensor and whose rectangle has room for its number (`fits`), in address order (top of the
+    key = bottom of the panel)."""
     named = [s for s in spans if s[2][3]]
     named.sort(key=lambda s: -(s[1] - s[0]) * s[2][1])
-    return sorted(named[:LABELLED], key=lambda s: (s[2][0], s[0]))
+    chosen: list[tuple[int, int, Block]] = []
+    for span in named:
+        if len(chosen) == LABELLED:
+            break
+        if fits(span):
+            chosen.append(span)
+    return sorted(chosen, key=lambda s: (s[2][0], s[0]))
 
 
 def _run_title(recorder: MemoryMapRecorder) -> str:

@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any, final
 
+from ._errors import FileError
 from ._types import MemorySpace
 
 if TYPE_CHECKING:
@@ -179,9 +180,20 @@ class TimelineRecorder:
         return {"traceEvents": meta + self.events, "displayTimeUnit": "ms"}
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Writes the trace; open it at ui.perfetto.dev or chrome://tracing."""
+        """Writes the trace; open it at ui.perfetto.dev or chrome://tracing. FileError (also an
+        OSError) when the path cannot be written."""
+        write_json(path, self.to_json(), "write the timeline to", example="trace.json")
+
+
+def write_json(path: str | os.PathLike[str], data: Any, action: str, example: str) -> None:
+    """Writes `data` as JSON to `path`; a path that cannot be written is a FileError saying it
+    could not `action` the path (the trace files of devices and meshes)."""
+    text = json.dumps(data)  # before the file is opened: a failure leaves no empty file
+    try:
         with open(path, "w") as f:
-            json.dump(self.to_json(), f)
+            f.write(text)
+    except OSError as exc:
+        raise FileError.of(exc, action, path, writing=True, example=example) from exc
 
 
 @contextmanager

@@ -1,5 +1,11 @@
 """The `ttflow` command: `ttflow demo`, `ttflow memory`, `ttflow bench SUITE`, `ttflow golden FILE.ttb`,
-`ttflow --version`."""
+`ttflow --version`.
+
+The parser imports nothing of ttflow's runtime: `ttflow --help`, a typo or a bad argument is
+answered before numpy, ml_dtypes or the device model load. Each command's handler imports what it
+runs. Exit codes: 0 done, 1 the command ran and found a failure (`golden`: an op over its bound),
+2 a usage error (argparse's rule: nothing ran).
+"""
 
 from __future__ import annotations
 
@@ -12,23 +18,21 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ._sched import EVICTION_POLICIES
-
 # suite -> (module, what it measures): `ttflow bench --help` lists these words.
 BENCHMARKS = {
     "kernels": ("ttflow._bench.kernels",
                 "tilize, untilize, page scatter/gather and BFLOAT8_B packing, GB/s against np.copyto"),
     "dispatch": ("ttflow._bench.dispatch",
-                 "per-program cost of a chain of tiny programs, untraced and replayed, against "
-                 "PyTorch eager and numpy"),
+                 ("per-program cost of a chain of tiny programs, untraced and replayed, against "
+                  "PyTorch eager and numpy")),
     "pipeline": ("ttflow._bench.pipeline",
-                 "double buffering's overlap of writes and programs, stitching against a host "
-                 "round trip, resident weights against pushed each time"),
+                 ("double buffering's overlap of writes and programs, stitching against a host "
+                  "round trip, resident weights against pushed each time")),
     "decode": ("ttflow._bench.decode",
                "greedy decoding of examples/gpt_decode.py's model on the device against numpy"),
     "torch": ("ttflow._bench.torch_step",
-              "a PyTorch training step and eager ops on tt against CPU torch (needs torch); "
-              "--models: Hugging Face and torchvision models"),
+              ("a PyTorch training step and eager ops on tt against CPU torch (needs torch); "
+               "--models: Hugging Face and torchvision models")),
     "memory": ("ttflow._bench.memory",
                "the L1 eviction policies' bytes moved against each other and the offline optimum"),
     "mesh": ("ttflow._bench.mesh",
@@ -45,6 +49,9 @@ EVICTION_POLICY_SUMMARIES = {
     "lookahead": "only when an allocation needs the room, the tensor used farthest ahead first",
     "eager": "before each program, every L1 tensor it does not read (the first ttflow's rule)",
 }
+EVICTION_POLICIES = tuple(EVICTION_POLICY_SUMMARIES)
+"""`ttflow._sched.EVICTION_POLICIES`, default first, spelled here so that parsing imports no
+scheduler (tests/test_docs.py checks the two agree)."""
 
 
 def _positive_int(text: str) -> int:
@@ -154,7 +161,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Loads a binary, makes seeded random inputs for one of its programs, runs it on an "
         "emulated device and compares every op with the same op in float64 on the host "
         "(tt.compare_with_golden): per op PCC, max abs and relative error and the bound its dtype "
-        "allows; the first op over its bound is named with its location. Exits 1 when one is.",
+        "allows; the first op over its bound is named with its location. Exits 1 when one is (or "
+        "the program fails on the device), 2 when the file is not a binary or does not hold the "
+        "--program asked for.",
     )
     golden.add_argument("file", help="a binary written by tt.Binary.save (.ttb)")
     golden.add_argument("--program", type=int, default=0, help="which program of the binary (default 0)")
@@ -165,10 +174,10 @@ def _parser() -> argparse.ArgumentParser:
     golden.add_argument("--plot", metavar="PNG", help="also draw each op's error against its bound (needs matplotlib)")
     golden.add_argument("--small", action="store_true", help="run on the tiny test device")
     parser.set_defaults(subparser=None)
-    demo.set_defaults(subparser=demo)
-    bench.set_defaults(subparser=bench)
-    memory.set_defaults(subparser=memory)
-    golden.set_defaults(subparser=golden)
+    demo.set_defaults(subparser=demo, handler=_run_demo)
+    bench.set_defaults(subparser=bench, handler=_run_bench)
+    memory.set_defaults(subparser=memory, handler=_run_memory)
+    golden.set_defaults(subparser=golden, handler=_run_golden)
     return parser
 
 
@@ -197,46 +206,65 @@ def _prepare_memory_map(parser: argparse.ArgumentParser, file: str) -> None:
     _prepare_output(parser, "--memory-map", file, "memory.png")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.command == "bench":
-        if args.suite == "torch" and importlib.util.find_spec("torch") is None:
-            args.subparser.error("bench torch needs PyTorch: " + TORCH_INSTALL)
-        if args.models and args.suite != "torch":
-            args.subparser.error(f"--models goes with bench torch, not bench {args.suite}")
-        if args.models and importlib.util.find_spec("transformers") is None:
-            args.subparser.error("bench torch --models needs transformers: pip install 'transformers>=5,<6'")
-        if args.workers is not None and (args.suite not in ("mesh", "torch") or args.models):
-            args.subparser.error(f"--workers goes with bench mesh or bench torch, not bench {args.suite}"
-                                 + (" --models" if args.models else ""))
-        if args.workers is not None and "ray" in args.workers and importlib.util.find_spec("ray") is None:
-            args.subparser.error("--workers ray needs Ray: pip install '.[ray]' from the ttflow checkout")
-        if args.workers is not None and args.suite == "mesh":
-            module = importlib.import_module("ttflow._bench.workers")
-            result = module.run(quick=args.quick, workers=args.workers)
-        elif args.workers is not None:
-            module = importlib.import_module(BENCHMARKS[args.suite][0])
-            result = module.run(quick=args.quick, workers=args.workers)
-        else:
-            module = importlib.import_module("ttflow._bench.torch_models" if args.models else BENCHMARKS[args.suite][0])
-            result = module.run(quick=args.quick)
-        print(json.dumps(result, indent=2) if args.json else module.format_table(result))
-        return 0
-    if args.command == "memory":
-        from ._demo import run_memory
+def _run_bench(args: argparse.Namespace) -> int:
+    parser = args.subparser
+    if args.suite == "torch" and importlib.util.find_spec("torch") is None:
+        parser.error("bench torch needs PyTorch: " + TORCH_INSTALL)
+    if args.models and args.suite != "torch":
+        parser.error(f"--models goes with bench torch, not bench {args.suite}")
+    if args.models and importlib.util.find_spec("transformers") is None:
+        parser.error("bench torch --models needs transformers: pip install 'transformers>=5,<6'")
+    if args.workers is not None and (args.suite not in ("mesh", "torch") or args.models):
+        parser.error(f"--workers goes with bench mesh or bench torch, not bench {args.suite}"
+                     + (" --models" if args.models else ""))
+    if args.workers is not None and "ray" in args.workers and importlib.util.find_spec("ray") is None:
+        parser.error("--workers ray needs Ray: pip install '.[ray]' from the ttflow checkout")
+    if args.workers is not None and args.suite == "mesh":
+        module = importlib.import_module("ttflow._bench.workers")
+        result = module.run(quick=args.quick, workers=args.workers)
+    elif args.workers is not None:
+        module = importlib.import_module(BENCHMARKS[args.suite][0])
+        result = module.run(quick=args.quick, workers=args.workers)
+    else:
+        module = importlib.import_module("ttflow._bench.torch_models" if args.models else BENCHMARKS[args.suite][0])
+        result = module.run(quick=args.quick)
+    print(json.dumps(result, indent=2) if args.json else module.format_table(result))
+    return 0
 
-        return run_memory(small=args.small, as_json=args.json)
-    if args.command == "golden":
-        if args.plot is not None:
-            if not _has_matplotlib():
-                args.subparser.error("argument --plot: drawing needs matplotlib: pip install '.[plot]' "
-                                     "from the ttflow checkout")
-            _prepare_output(args.subparser, "--plot", args.plot, "golden.png")
-        from ._golden import run_file
 
-        return run_file(args.file, program_index=args.program, substitute=args.substitute, seed=args.seed,
-                        as_json=args.json, plot=args.plot, small=args.small)
+def _run_memory(args: argparse.Namespace) -> int:
+    from ._demo import run_memory
+
+    return run_memory(small=args.small, as_json=args.json)
+
+
+def _run_golden(args: argparse.Namespace) -> int:
+    parser = args.subparser
+    if args.plot is not None:
+        if not _has_matplotlib():
+            parser.error("argument --plot: drawing needs matplotlib: pip install '.[plot]' "
+                         "from the ttflow checkout")
+        _prepare_output(parser, "--plot", args.plot, "golden.png")
+    from ._binary import Binary
+    from ._errors import TTFlowError
+    from ._golden import run_file
+
+    # A file that is not a binary, or a program it does not hold, is a usage error (2), as an
+    # argument argparse refuses is: 1 is kept for a run that found an op over its bound.
+    try:
+        binary = Binary.load(args.file)
+    except (OSError, TTFlowError) as exc:
+        parser.error(f"argument file: {exc}")
+    count = len(binary.programs)
+    if not 0 <= args.program < count:
+        parser.error(f"argument --program: {args.program} is out of range: {args.file} holds "
+                     f"{count} program{'' if count == 1 else 's'} (--program 0"
+                     f"{'' if count == 1 else f' to {count - 1}'})")
+    return run_file(args.file, program_index=args.program, substitute=args.substitute, seed=args.seed,
+                    as_json=args.json, plot=args.plot, small=args.small)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
     if args.trace is not None:
         _prepare_output(args.subparser, "--trace", args.trace, "demo.json")
     if args.memory_map is not None:
@@ -247,6 +275,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     progress=not args.no_progress, blas_threads=args.blas_threads,
                     memory_map=args.memory_map, eviction=args.eviction)
 
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    return int(args.handler(args))
 
 
 if __name__ == "__main__":
