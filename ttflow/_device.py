@@ -17,7 +17,7 @@ import attrs
 from ._blas import limit_blas_threads
 from ._commands import INLINE_SECONDS, PROCESS_INLINE_SECONDS
 from ._errors import DeviceClosedError, DeviceLostError
-from ._memory import MemorySpaceState, MemoryView
+from ._memory import MemorySpaceState, MemoryView, TraceRegion
 from ._queue import Command, CommandQueue
 from ._sched import EVICTION_POLICIES, Scheduler
 from ._types import DeviceSpec, MemorySpace
@@ -83,6 +83,43 @@ _COUNTERS = tuple(
 )
 
 
+def _check_size(name: str) -> Any:
+    def check(instance: Any, attribute: Any, value: Any) -> None:
+        if value is None and name == "trace_region_size":
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a non-negative int of bytes per bank, got {value!r}")
+    return check
+
+
+@final
+@attrs.frozen
+class DeviceOptions:
+    """The options tt-mlir's `openMeshDevice` takes (`MeshDeviceOptions`), each in the emulated
+    memory map: `num_hw_cqs` hardware command queues (2: host writes on CQ1 beside CQ0's work;
+    1: everything on CQ0, in order); `l1_small_size` bytes at the top of every L1 bank kept
+    from L1 buffers (tt-metal's L1_SMALL region; ttflow allocates nothing there); and
+    `trace_region_size` bytes at the top of every DRAM bank where trace buffers live
+    (`TraceRegion`), None for none: ttflow's traces then keep no trace buffer."""
+
+    num_hw_cqs: int = attrs.field(default=2)
+    l1_small_size: int = attrs.field(default=0, validator=_check_size("l1_small_size"))
+    trace_region_size: int | None = attrs.field(default=None, validator=_check_size("trace_region_size"))
+
+    @num_hw_cqs.validator
+    def _check_queues(self, attribute: Any, value: Any) -> None:
+        if isinstance(value, bool) or value not in (1, 2):
+            raise ValueError(f"num_hw_cqs must be 1 or 2 (tt-metal's hardware command queues), got {value!r}")
+
+    def check_fits(self, spec: DeviceSpec) -> None:
+        """Each reserved region leaves room for buffers in its space."""
+        for name, size, space in (("l1_small_size", self.l1_small_size, MemorySpace.L1),
+                                  ("trace_region_size", self.trace_region_size or 0, MemorySpace.DRAM)):
+            if size >= spec.bank_bytes(space):
+                raise ValueError(f"{name}={size} leaves no room in a {space.name} bank of "
+                                 f"{spec.bank_bytes(space)} bytes")
+
+
 @final
 class Device:
     """An open emulated device. Made by `tt.open_device()`.
@@ -95,14 +132,18 @@ class Device:
     def __init__(self, spec: DeviceSpec, eviction: str = "lookahead",
                  inline_seconds: float = INLINE_SECONDS, workers: str = "thread",
                  blas_threads: int | None = 1, worker_timeout: float | None = WORKER_TIMEOUT,
-                 ray_chip: RayChip | None = None) -> None:
+                 ray_chip: RayChip | None = None, options: DeviceOptions | None = None) -> None:
         self.spec = spec
         self.closed = False
         self.workers = workers
+        self.options = options if options is not None else DeviceOptions()
         shared = workers == "process"
         # workers="ray": the banks live in the chip's Ray actor; the host keeps refusals.
         remote = None if ray_chip is None else "a Ray actor"
-        self._spaces = {space: MemorySpaceState(spec, space, shared, remote) for space in MemorySpace}
+        reserved = {MemorySpace.L1: self.options.l1_small_size,
+                    MemorySpace.DRAM: self.options.trace_region_size or 0}
+        self._spaces = {space: MemorySpaceState(spec, space, shared, remote, reserved[space])
+                        for space in MemorySpace}
         self._banks = {space: state.banks for space, state in self._spaces.items()}
         scheduler_complete = self._complete
         # With workers="process", the records the queues hand to their workers run in one child
@@ -123,6 +164,10 @@ class Device:
         self._cq1 = CommandQueue("CQ1", self._banks, scheduler_complete, inline_seconds=inline_seconds,
                                  worker=workers_of[1])
         self._scheduler = Scheduler(self._spaces, self._cq0, self._cq1, spec, eviction)
+        if self.options.num_hw_cqs == 1:  # one queue carries everything, in order
+            self._scheduler.write_queue = self._cq0
+        if self.options.trace_region_size is not None:
+            self._scheduler.trace_region = TraceRegion(self._spaces[MemorySpace.DRAM])
         # The queues report straight to the scheduler (one call less per command).
         self._cq0.on_complete = self._cq1.on_complete = self._scheduler.complete
         self._cq0.in_flight = self._cq1.in_flight = self._scheduler.flight
@@ -267,7 +312,9 @@ class Device:
 async def open_device(
     spec: DeviceSpec | None = None, *, blas_threads: int | None = 1, eviction: str = "lookahead",
     inline_seconds: float | None = None, workers: str = "thread",
-    worker_timeout: float | None = WORKER_TIMEOUT, ray_cpus: float = 1.0, _ray_chip: RayChip | None = None,
+    worker_timeout: float | None = WORKER_TIMEOUT, ray_cpus: float = 1.0,
+    num_hw_cqs: int = 2, l1_small_size: int = 0, trace_region_size: int | None = None,
+    _ray_chip: RayChip | None = None,
 ) -> AsyncIterator[Device]:
     """Opens an emulated device (default: a Wormhole n150) and its two command queues.
 
@@ -319,6 +366,17 @@ async def open_device(
     cannot travel is refused with `RemoteMemoryError`: a submit of a program with host ops,
     `tt.debug_hooks`. `ray_cpus`: the CPUs the actor asks of the cluster (its placement bundle).
     `tt.open_mesh_device(..., workers="ray", chips_per_worker=n)` puts n chips in each actor.
+
+    tt-mlir's `openMeshDevice` options, each with its meaning in the emulated memory map
+    (`device.options`): `num_hw_cqs` (2, the default: host writes on CQ1 overlap CQ0's
+    programs; 1: writes queue on CQ0 behind them, as on a one-queue tt-metal device);
+    `l1_small_size` (bytes per L1 bank, default 0: the top of every L1 bank that L1 buffers do
+    not take, tt-metal's L1_SMALL region); `trace_region_size` (bytes per DRAM bank at the top
+    of every bank where each captured trace's buffer lives, `TRACE_BYTES_PER_COMMAND` per
+    captured command; a capture that does not fit raises TraceError, and `memory_view(DRAM)`
+    lists the buffers as "trace_buffer"). Its default, None, keeps no trace buffers: traces
+    work without asking for a region, where tt-metal's default of 0 refuses every capture
+    (docs/frontend-guide.md). tt-mlir's default `num_hw_cqs` is 1; ttflow's is 2 (SPEC).
     """
     if eviction not in EVICTION_POLICIES:
         raise ValueError(f"eviction must be one of {', '.join(map(repr, EVICTION_POLICIES))}, got {eviction!r}")
@@ -328,6 +386,8 @@ async def open_device(
                                        or not 0 < worker_timeout < float("inf")):
         raise ValueError(f"worker_timeout must be a positive number of seconds or None, got {worker_timeout!r}")
     spec = spec if spec is not None else DeviceSpec()
+    options = DeviceOptions(num_hw_cqs, l1_small_size, trace_region_size)
+    options.check_fits(spec)
     ray_workers: RayWorkers | None = None
     if workers == "ray":
         if inline_seconds is not None and not inline_seconds < 0:
@@ -341,7 +401,8 @@ async def open_device(
     elif _ray_chip is not None:
         raise ValueError('a Ray chip needs workers="ray"')
     try:
-        async with _open(spec, eviction, inline_seconds, workers, blas_threads, worker_timeout, _ray_chip) as device:
+        async with _open(spec, eviction, inline_seconds, workers, blas_threads, worker_timeout, _ray_chip,
+                         options) as device:
             yield device
     finally:
         if ray_workers is not None:
@@ -351,12 +412,12 @@ async def open_device(
 @asynccontextmanager
 async def _open(spec: DeviceSpec, eviction: str, inline_seconds: float | None, workers: str,
                 blas_threads: int | None, worker_timeout: float | None,
-                ray_chip: RayChip | None) -> AsyncIterator[Device]:
+                ray_chip: RayChip | None, options: DeviceOptions) -> AsyncIterator[Device]:
     blas = nullcontext() if blas_threads is None else limit_blas_threads(blas_threads)
     device = Device(spec, eviction,
                     (PROCESS_INLINE_SECONDS if workers == "process" else INLINE_SECONDS) if inline_seconds is None
                     else float(inline_seconds), workers, blas_threads,
-                    None if worker_timeout is None else float(worker_timeout), ray_chip)
+                    None if worker_timeout is None else float(worker_timeout), ray_chip, options)
     if workers == "process" and inline_seconds is None:
         # Writes and reads run in the host either way (`ProcessQueueWorker.transfers_here`):
         # inline as a thread-worker device's do.

@@ -39,7 +39,7 @@ from ._errors import OutOfMemoryError, ShapeError, TTFlowError
 from ._types import DataType, DeviceSpec, Layout, MemorySpace
 
 __all__ = ["BufferInfo", "BufferView", "MemoryView", "Storage", "BankMemory", "Allocator",
-           "MemorySpaceState", "RemoteBanks", "RemoteBankMemory", "RemoteMemoryError", "SHARED_PREFIX",
+           "MemorySpaceState", "TraceRegion", "TRACE_BYTES_PER_COMMAND", "RemoteBanks", "RemoteBankMemory", "RemoteMemoryError", "SHARED_PREFIX",
            "map_shared", "shared_path"]
 
 _MAP_NORESERVE = 0x4000  # Linux; Python < 3.13 does not export it.
@@ -67,7 +67,9 @@ class BufferView:
     "home" (a tensor's own copy), "conversion" (a copy of a tensor in another layout, kept for
     reuse), "pending" (an output or move target of a command that is running), "scratch" (a
     running program's intermediate), "circular_buffers" (the L1 footprint of the running
-    program, at the bottom of L1), "trace" (kept for a captured trace's replays). `tensor` is
+    program, at the bottom of L1), "trace" (kept for a captured trace's replays), "trace_buffer"
+    (a trace's recorded commands, in the DRAM trace region `open_device(trace_region_size=...)`
+    reserves at the top of every bank: not counted in `memory_used`). `tensor` is
     the name its tensor was given (`Tensor.name`), if any.
     """
 
@@ -404,22 +406,69 @@ class _BackedAllocator(Allocator):
         return True
 
 
+TRACE_BYTES_PER_COMMAND = 4096
+"""What a trace buffer holds for each command it replays: ttflow's model of the dispatch
+commands (launch messages, runtime arguments) tt-metal records into a trace buffer."""
+
+
+@final
+class TraceRegion:
+    """The DRAM region trace buffers live in (`open_device(trace_region_size=...)`): the top
+    `trace_region_size` bytes of every DRAM bank, as tt-metal reserves them, allocated
+    bottom-up, interleaved like any DRAM buffer. A capture whose buffer does not fit fails."""
+
+    def __init__(self, dram: MemorySpaceState) -> None:
+        self.base = dram.bank_bytes - dram.reserved_top
+        self.num_banks = dram.num_banks
+        self.allocator = Allocator(dram.reserved_top, dram.alignment, top_down=False)
+
+    @property
+    def size(self) -> int:
+        """Bytes of the region, summed over the banks."""
+        return self.allocator.size * self.num_banks
+
+    def used_bytes(self) -> int:
+        return self.allocator.used_bytes * self.num_banks
+
+    def allocate(self, nbytes: int) -> int:
+        """The bank address of a trace buffer of `nbytes` (interleaved); OutOfMemoryError
+        naming the region when it does not fit."""
+        depth = _round_up(-(-nbytes // self.num_banks), self.allocator.alignment)
+        address = self.allocator.allocate(depth)
+        if address is None:
+            raise OutOfMemoryError(
+                "trace region", depth, self.allocator.largest_free,
+                reason=f"a trace buffer of {nbytes} bytes; the region holds {self.size} bytes, "
+                f"{self.size - self.used_bytes()} free: open the device with a larger trace_region_size")
+        return self.base + address
+
+    def free(self, address: int) -> None:
+        self.allocator.free(address - self.base)
+
+    def allocations(self) -> dict[int, int]:
+        """Bank address -> depth of each trace buffer."""
+        return {self.base + a: depth for a, depth in self.allocator.allocations().items()}
+
+
 @final
 class MemorySpaceState:
     """One memory space of a device: its banks and the allocator of their shared address line."""
 
     def __init__(self, spec: DeviceSpec, space: MemorySpace, shared: bool = False,
-                 remote: str | None = None) -> None:
+                 remote: str | None = None, reserved_top: int = 0) -> None:
         self.space = space
         self.num_banks = spec.banks(space)
         self.bank_bytes = spec.bank_bytes(space)
         self.alignment = spec.alignment(space)
+        # The top of every bank kept out of the allocator's reach: L1's `l1_small_size`, DRAM's
+        # trace region (`open_device`); the banks still hold it (a `TraceRegion` lives there).
+        self.reserved_top = _round_up(reserved_top, self.alignment)
         path = shared_path(space.name.lower()) if shared else None
         # `remote`: where the banks live instead (a Ray actor): the host keeps only refusals.
         self.memory: Any = (BankMemory(self.num_banks, self.bank_bytes, path) if remote is None
                             else RemoteBankMemory(self.num_banks, self.bank_bytes, space.name, remote))
         self.allocator: Allocator = (_BackedAllocator if shared else Allocator)(
-            self.bank_bytes, self.alignment, top_down=space is MemorySpace.L1
+            self.bank_bytes - self.reserved_top, self.alignment, top_down=space is MemorySpace.L1
         )
         # A shared space's chunks backed so far (`BankMemory.commit`), read here for its fast path.
         self._committed = self.memory._committed

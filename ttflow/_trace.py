@@ -78,12 +78,16 @@ def capture_trace(device: Device) -> Iterator[Trace]:
     """Records the device work submitted inside the block (which also runs once, as usual).
 
     While the block is open every submit and `to_layout` on the device is captured, from any task;
-    host transfers (`to_device`, `empty`, `write`, `to_host`) raise TraceError.
+    host transfers (`to_device`, `empty`, `write`, `to_host`) raise TraceError. On a device
+    opened with `trace_region_size`, the trace's buffer is allocated in that region as the block
+    ends; when it does not fit, the block raises TraceError (the captured work ran once, as
+    usual; the trace cannot be replayed).
     """
     device.check_open()
     scheduler = device._scheduler
     capture = scheduler.begin_capture()
     error: BaseException | None = None
+    refused = None
     try:
         yield Trace._wrap(device, capture)
     except BaseException as exc:
@@ -91,7 +95,9 @@ def capture_trace(device: Device) -> Iterator[Trace]:
         raise
     finally:
         if not device.closed:
-            scheduler.end_capture(capture, error)
+            refused = scheduler.end_capture(capture, error)
+    if refused is not None:  # its trace buffer did not fit the trace region (`open_device`)
+        raise refused
 
 
 def _check(trace: Any) -> Trace:

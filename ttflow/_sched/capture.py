@@ -13,11 +13,11 @@ from __future__ import annotations
 from typing import Any, final
 
 from .._commands import Compute, Copy, Record, page_kernel, pagewise_storages
-from .._errors import TraceError
-from .._memory import Storage
+from .._errors import OutOfMemoryError, TraceError
+from .._memory import TRACE_BYTES_PER_COMMAND, Storage
 from .._queue import Command, CommandQueue
 from .._types import MemorySpace
-from .commands import ConvertCommand, ProgramCommand, ReadCommand, _Scheduled
+from .commands import ConvertCommand, ProgramCommand, ReadCommand, WriteCommand, _Scheduled
 from .moves import EvictCommand
 from .state import FootprintClash, SchedulerState, TensorState
 
@@ -37,7 +37,8 @@ class Capture:
 
     __slots__ = ("scheduler", "outputs", "inputs", "steps", "external", "pinned", "snapshot",
                  "programs", "nbytes", "kernel_bytes", "macs", "error", "released",
-                 "replays_pending", "footprint", "collective_steps", "__weakref__")
+                 "replays_pending", "footprint", "collective_steps", "commands", "trace_buffer",
+                 "__weakref__")
 
     def __init__(self, scheduler: SchedulerState) -> None:
         self.scheduler = scheduler
@@ -59,6 +60,8 @@ class Capture:
         # their `Compute.peers` is the captured submit's place in its rendezvous); each replay
         # gives them a fresh one (`ReplayCommand.peers.replace`).
         self.collective_steps: list[int] = []
+        self.commands = 0  # captured commands: what its trace buffer holds (`end`)
+        self.trace_buffer: int | None = None  # its address in the device's trace region, if any
 
     @staticmethod
     def admit_transfer() -> None:
@@ -69,10 +72,11 @@ class Capture:
 
     def admit(self, command: Command, queue: CommandQueue) -> None:
         """A command queued while capturing: it becomes part of the trace."""
-        if queue is not self.scheduler.cq0 or isinstance(command, ReadCommand):
-            self.admit_transfer()
+        if queue is not self.scheduler.cq0 or isinstance(command, (ReadCommand, WriteCommand)):
+            self.admit_transfer()  # (a write is on CQ0 too with one hardware queue)
         assert isinstance(command, _Scheduled)
         command.capture = self
+        self.commands += 1
         for state in command.reads:
             if state not in self.outputs:
                 self.inputs[state] = None
@@ -165,10 +169,15 @@ class Capture:
         release(self)
 
     def unpin_if_idle(self) -> None:
-        if self.released and self.replays_pending == 0 and self.pinned:
+        if self.released and self.replays_pending == 0:
             for storage in self.pinned:
                 self.scheduler.unpin(storage)
             self.pinned.clear()
+            if self.trace_buffer is not None:
+                region = self.scheduler.trace_region
+                if region is not None:  # (None: the device closed and freed every buffer)
+                    region.free(self.trace_buffer)
+                self.trace_buffer = None
 
 
 class SealCommand(Command):
@@ -306,12 +315,26 @@ def begin(s: SchedulerState) -> Capture:
     return capture
 
 
-def end(s: SchedulerState, capture: Capture, error: BaseException | None) -> None:
-    """Ends the capture; a seal on CQ0 snapshots it once every captured command is done."""
+def end(s: SchedulerState, capture: Capture, error: BaseException | None) -> TraceError | None:
+    """Ends the capture; a seal on CQ0 snapshots it once every captured command is done. On a
+    device with a trace region, its trace buffer is allocated there now; the TraceError to
+    raise from the capture block when it does not fit (the trace cannot be replayed)."""
     s.close_capture()
     if error is not None and capture.error is None:
         capture.error = TraceError(f"the capture block raised {type(error).__name__}: {error}")
+    refused = None
+    region = s.trace_region
+    if region is not None and capture.error is None:
+        nbytes = capture.commands * TRACE_BYTES_PER_COMMAND
+        try:
+            capture.trace_buffer = region.allocate(nbytes)
+        except OutOfMemoryError as exc:
+            refused = capture.error = TraceError(
+                f"the trace's buffer ({capture.commands} commands, {nbytes} bytes) does not fit the "
+                f"device's trace region: {exc}")
+            refused.__cause__ = exc
     s.cq0.push(SealCommand(capture))
+    return refused
 
 
 _ALONE = ("this trace's programs exchange values with other chips (collectives): execute the mesh "

@@ -150,7 +150,8 @@ class Scheduler(SchedulerState):
     # -- queueing ---------------------------------------------------------------------------
 
     def push(self, array: np.ndarray[Any, Any] | None, layout: Layout, shape: tuple[int, ...]) -> TensorState:
-        """A new tensor in `layout`, filled from `array` (zeros when None) by a CQ1 write."""
+        """A new tensor in `layout`, filled from `array` (zeros when None) by a write on the
+        write queue (CQ1, or CQ0 with one hardware queue)."""
         assert layout.dtype is not None
         if self.capturing is not None:
             self.capturing.admit_transfer()
@@ -160,7 +161,7 @@ class Scheduler(SchedulerState):
             self.add_storage(state, self.allocate(layout, shape, state))
         except OutOfMemoryError as error:
             self._allocate_in_order(state, error)
-        self.enqueue(WriteCommand(self, state, array, new_value=False), self.cq1)
+        self.enqueue(WriteCommand(self, state, array, new_value=False), self.write_queue)
         return state
 
     def _allocate_in_order(self, state: TensorState, error: OutOfMemoryError) -> None:
@@ -175,7 +176,7 @@ class Scheduler(SchedulerState):
         self.enqueue(AllocateCommand(self, state), self.cq0)
 
     def write(self, state: TensorState, array: np.ndarray[Any, Any]) -> None:
-        self.enqueue(WriteCommand(self, state, array, new_value=True), self.cq1)
+        self.enqueue(WriteCommand(self, state, array, new_value=True), self.write_queue)
 
     def read(self, state: TensorState) -> ReadCommand:
         command = ReadCommand(self, state)
@@ -292,9 +293,10 @@ class Scheduler(SchedulerState):
     def begin_capture(self) -> Capture:
         return _capture.begin(self)
 
-    def end_capture(self, capture: Capture, error: BaseException | None) -> None:
-        """Ends the capture; a seal on CQ0 snapshots it once every captured command is done."""
-        _capture.end(self, capture, error)
+    def end_capture(self, capture: Capture, error: BaseException | None) -> TraceError | None:
+        """Ends the capture; a seal on CQ0 snapshots it once every captured command is done.
+        The error to raise when its trace buffer does not fit the trace region."""
+        return _capture.end(self, capture, error)
 
     def replay(self, capture: Capture) -> None:
         """Queues one replay of a captured trace on CQ0."""

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol, final
 from .._commands import Compute, Copy, Load, Record, Store
 from .._core._dispatch import SchedulerCore, StateCore
 from .._errors import OutOfMemoryError, ProgramError
-from .._memory import BufferView, MemorySpaceState, MemoryView, Storage
+from .._memory import BufferView, MemorySpaceState, MemoryView, Storage, TraceRegion
 from .._types import Layout, MemorySpace, TensorLayout, storage_geometry
 from . import planning
 
@@ -143,6 +143,12 @@ class SchedulerState(SchedulerCore):
         self._spaces = spaces
         self.cq0 = cq0
         self.cq1 = cq1
+        # Where host-to-device writes go: CQ1, or CQ0 on a device opened with num_hw_cqs=1 (as
+        # tt-metal's single command queue carries everything in order).
+        self.write_queue = cq1
+        # The DRAM region trace buffers live in (`open_device(trace_region_size=...)`), or None:
+        # a device opened without one keeps no trace buffers (ttflow's default, see open_device).
+        self.trace_region: TraceRegion | None = None
         self.eviction = eviction
         self.evict_eagerly = eviction == "eager"
         self.l1_allocator = spaces[MemorySpace.L1].allocator
@@ -254,6 +260,9 @@ class SchedulerState(SchedulerCore):
         for address, depth in sizes.items():
             if address not in seen:  # the circular buffers of the running program
                 buffers.append(BufferView(address, depth, depth * banks, "circular_buffers"))
+        if space is MemorySpace.DRAM and self.trace_region is not None:  # above the allocator's reach
+            for address, depth in self.trace_region.allocations().items():
+                buffers.append(BufferView(address, depth, depth * banks, "trace_buffer"))
         buffers.sort(key=lambda b: b.address)
         return MemoryView(space, banks, allocator.size * banks, allocator.used_bytes * banks,
                           (allocator.size - allocator.used_bytes) * banks,
@@ -325,6 +334,7 @@ class SchedulerState(SchedulerCore):
         self.collect_garbage()
         self._pins.clear()
         self._orphans.clear()
+        self.trace_region = None  # its trace buffers go with the device
         for storage in list(self._owned):
             self.free(storage)
 
