@@ -267,3 +267,40 @@ async def test_a_bad_level_or_device_is_refused() -> None:
         assert device._scheduler.starting == [] and device._scheduler.listeners == []
     with pytest.raises(tt.DeviceClosedError):
         tt.set_memory_log(device, "summary")
+
+
+async def test_the_op_log_has_a_line_after_every_op(caplog: pytest.LogCaptureFixture, anyio_backend: str) -> None:
+    """Level "op": tt-mlir's per-op memory log. After each op of the program (as the builder made
+    them, in order, with their locations): where its result lives and each space's totals, and
+    the program's summary lines around them; the values are numpy's."""
+    b = tt.ProgramBuilder("mlp")
+    xin, win = b.input((32, 64), DRAM_TILE), b.input((64, 32), DRAM_TILE)
+    h = b.matmul(xin, win, loc="mlp.py:10")
+    b.output(b.add(b.relu(h, loc="mlp.py:11"), 1.0), DRAM_TILE)
+    program = b.build()
+    binary = tt.Binary([program])
+    rng = np.random.default_rng(7)
+    x, w = rng.standard_normal((32, 64)).astype(np.float32), rng.standard_normal((64, 32)).astype(np.float32)
+    caplog.set_level(logging.INFO, logger="ttflow.memory")
+    async with tt.open_device(SMALL) as device:
+        tx, tw = tt.to_device(x, device, DRAM_TILE), tt.to_device(w, device, DRAM_TILE)
+        await tx
+        await tw
+        tt.set_memory_log(device, "op")
+        with pytest.raises(tt.DebugHookError, match="already has hooks set"):
+            with tt.debug_hooks(device, post_op=lambda ctx: None):
+                pass
+        (y,) = tt.submit(device, binary, 0, [tx, tw])
+        np.testing.assert_allclose(await tt.to_host(y), np.maximum(x @ w, 0) + 1, rtol=1e-5, atol=1e-5)
+        await device.synchronize()
+        logged = _records(caplog)
+        ops = [line for line in logged if line.startswith("after op ")]
+        assert [line.split()[3] for line in ops] == [step.op for step in program.steps]
+        assert [line.split()[2] for line in ops] == [str(i) for i in range(len(program.steps))]
+        assert "matmul at mlp.py:10 " in ops[0] and "relu at mlp.py:11 " in ops[1]
+        for line in ops:
+            assert "bytes)" in line and "L1 used" in line and "DRAM used" in line
+        assert logged[0].startswith("before program 'mlp'") and logged[-1].startswith("after program 'mlp'")
+        tt.set_memory_log(device, "off")  # hooks gone with it: a block may open again
+        with tt.debug_hooks(device, post_op=lambda ctx: None):
+            pass

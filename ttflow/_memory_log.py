@@ -8,6 +8,12 @@ kept alive are freed). "summary": one line per space, its used and free bytes as
 buffer with what it holds). tt-mlir's runtime prints its memory report around each program the
 same way. While a log is on, every program takes the general path (the C fast path runs no
 Python between programs): values are unchanged, only the host cost differs.
+
+"op" adds a line after every op of every program (tt-mlir's per-op memory log, ttrt's
+`--memory` report per op): the op's index, name and location, where its result lives (space,
+address, bytes) and each space's used and free bytes then. It runs programs op by op through
+the debug-hook machinery (`_debug.DebugHooks`, a post-op callback on the event loop), so while
+it is on, `tt.debug_hooks` and trace captures on the device are refused, as under hooks.
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ import logging
 import weakref
 from typing import Any, final
 
+from ._debug import DebugHooks, OpContext
 from ._device import Device
+from ._errors import DebugHookError, TraceError
 from ._mesh.device import MeshDevice
 from ._queue import Command
 from ._types import MemorySpace
@@ -26,7 +34,7 @@ __all__ = ["set_memory_log", "MEMORY_LOG_LEVELS", "logger"]
 
 logger = logging.getLogger("ttflow.memory")
 
-MEMORY_LOG_LEVELS = (None, "off", "summary", "detail")
+MEMORY_LOG_LEVELS = (None, "off", "summary", "detail", "op")
 """`set_memory_log`'s levels: None and "off" turn the log off."""
 
 _SPACES = (MemorySpace.L1, MemorySpace.DRAM)
@@ -43,11 +51,28 @@ class _MemoryLog:
         self._programs = 0
         self._stack = contextlib.ExitStack()
         scheduler = device._scheduler
+        if level == "op":  # op by op, as under debug hooks (checked by `set_memory_log` first)
+            hooks = DebugHooks(device, None, self._op, None, None)
+            scheduler.hooks = hooks
+            self._stack.callback(lambda: setattr(scheduler, "hooks", None) if scheduler.hooks is hooks else None)
         self._stack.enter_context(scheduler.starting_programs(self._starting))
         self._stack.enter_context(scheduler.listening(self._completed))
 
     def close(self) -> None:
         self._stack.close()
+
+    def _op(self, ctx: OpContext) -> None:
+        if not logger.isEnabledFor(logging.INFO):
+            return
+        where = ", ".join(
+            f"{out.layout.memory.name} @ {out._storage.address} ({out._storage.nbytes} bytes)"
+            for out in ctx.outputs)
+        loc = f" at {ctx.loc}" if ctx.loc else ""
+        totals = "; ".join(
+            f"{space.name} used {view.used} free {view.free}"
+            for space, view in ((space, ctx.device.memory_view(space)) for space in _SPACES))
+        logger.info("after op %d %s%s of program %r on %s: result in %s; %s", ctx.index, ctx.name, loc,
+                    ctx.program.name, self._label, where or "no buffer", totals)
 
     def _starting(self, command: Command) -> None:
         self._programs += 1
@@ -64,7 +89,7 @@ class _MemoryLog:
         views = [(space, device.memory_view(space)) for space in _SPACES]  # device: still open
         failed = f" (failed: {type(error).__name__})" if error is not None else ""
         head = f"{when} program {command.program.name!r}{failed} on {self._label}"
-        if self.level == "summary":
+        if self.level in ("summary", "op"):
             logger.info("%s: %s", head, "; ".join(
                 f"{space.name} used {view.used} free {view.free}" for space, view in views))
         else:
@@ -77,7 +102,8 @@ _logs: weakref.WeakKeyDictionary[Device, _MemoryLog] = weakref.WeakKeyDictionary
 def set_memory_log(device: Device | MeshDevice, level: str | None) -> None:
     """Logs `device`'s memory before and after each program (to the logger "ttflow.memory", at
     INFO) from now on: `level` "summary" (used and free bytes per space), "detail" (every
-    space's `memory_view` table), or None / "off" (no log, the default). On a mesh, every
+    space's `memory_view` table), "op" (the summary, and a line after every op: see the
+    module), or None / "off" (no log, the default). On a mesh, every
     chip's programs. A new level replaces the old one; while a log is on, programs take the
     general path (no C fast path), so set it off before timing anything."""
     if level not in MEMORY_LOG_LEVELS:
@@ -94,6 +120,14 @@ def set_memory_log(device: Device | MeshDevice, level: str | None) -> None:
         raise TypeError(f"expected a tt.Device or a tt.MeshDevice, got {type(device).__name__}")
     for chip in chips:
         chip.check_open()
+        if level == "op":
+            s = chip._scheduler
+            ours = isinstance(_logs.get(chip), _MemoryLog) and _logs[chip].level == "op"
+            if s.hooks is not None and not ours:
+                raise DebugHookError('set_memory_log(level="op") runs programs op by op through debug '
+                                     "hooks, and the device has hooks set (tt.debug_hooks): one at a time")
+            if s.capturing is not None:
+                raise TraceError('set_memory_log(level="op"): a trace is being captured on the device')
     for chip, label in zip(chips, labels):
         old = _logs.pop(chip, None)
         if old is not None:
