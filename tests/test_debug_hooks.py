@@ -319,8 +319,10 @@ def test_ttflow_golden_on_a_file(tmp_path: Any, capsys: pytest.CaptureFixture[st
 
     data = json.loads(capsys.readouterr().out)
     assert data["substitute"] is True and [op["name"] for op in data["ops"]] == ["matmul", "relu", "add"]
-    assert main(["golden", str(tmp_path / "missing.ttb")]) == 1
-    assert main(["golden", str(path), "--program", "4", "--small"]) == 1
+    for usage in (["golden", str(tmp_path / "missing.ttb")], ["golden", str(path), "--program", "4", "--small"]):
+        with pytest.raises(SystemExit) as exited:  # usage errors exit 2, as argparse's do
+            main(usage)
+        assert exited.value.code == 2
 
 
 async def test_a_host_op_under_hooks_and_golden_and_never_on_the_loop() -> None:

@@ -39,7 +39,7 @@ import numpy as np
 from ._binary import Binary
 from ._debug import OpContext, debug_hooks
 from ._device import Device
-from ._errors import ProgramError
+from ._errors import FileError, ProgramError
 from ._mesh import api
 from ._ops import OPS
 from ._program import Program, Step
@@ -140,8 +140,12 @@ class GoldenReport:
         ax.set_title(self.program)
         ax.legend()
         fig.tight_layout()
-        fig.savefig(path)
-        plt.close(fig)
+        try:
+            fig.savefig(path)
+        except OSError as exc:
+            raise FileError.of(exc, "write the plot to", path, writing=True, example="golden.png") from exc
+        finally:
+            plt.close(fig)
 
 
 def _finite(row: dict[str, Any]) -> dict[str, Any]:

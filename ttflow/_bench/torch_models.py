@@ -56,7 +56,7 @@ def models() -> dict[str, tuple[Callable[[], Any], Callable[[], dict[str, Any]],
     try:
         import transformers as hf
     except ImportError:
-        hf = None
+        hf = None  # type: ignore[assignment]
     if hf is not None:
         found["gpt2"] = (lambda: hf.GPT2LMHeadModel(hf.GPT2Config(
             vocab_size=96, n_positions=64, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=95,
@@ -70,7 +70,7 @@ def models() -> dict[str, tuple[Callable[[], Any], Callable[[], dict[str, Any]],
             vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
             max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)),
             lambda: {"input_ids": ids(2, 8)}, "hidden")
-        found["t5"] = (lambda: hf.T5ForConditionalGeneration(hf.T5Config(
+        found["t5"] = (lambda: hf.T5ForConditionalGeneration(hf.T5Config(  # type: ignore[call-arg]
             vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, dropout_rate=0.0,
             decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)),
             lambda: {"input_ids": ids(2, 8), "labels": ids(2, 4, seed=1)}, "loss")

@@ -15,7 +15,6 @@ for its group (`waited_us`).
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ from contextlib import ExitStack, contextmanager
 from typing import Any, final
 
 from .. import _timeline
-from .._timeline import TimelineRecorder
+from .._timeline import TimelineRecorder, write_json
 from .collectives import CollectiveRecord, collective_log
 from .device import MeshDevice
 
@@ -93,9 +92,9 @@ class MeshTimelineRecorder:
         return meta + slices
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Writes the trace; open it at ui.perfetto.dev or chrome://tracing."""
-        with open(path, "w") as f:
-            json.dump(self.to_json(), f)
+        """Writes the trace; open it at ui.perfetto.dev or chrome://tracing. FileError (also an
+        OSError) when the path cannot be written."""
+        write_json(path, self.to_json(), "write the timeline to", example="trace.json")
 
 
 @contextmanager
