@@ -351,3 +351,51 @@ async def test_closing_with_a_trace_unreleased_frees_what_it_pinned() -> None:
         await z
     assert [chip.memory_used(space) for chip in mesh.chips for space in (DRAM, L1)] == [0, 0, 0, 0]
     tt.release_trace(mesh_trace)
+
+
+@pytest.mark.parametrize("write_between", [False, True])
+async def test_a_dropped_trace_gives_back_what_it_pinned_while_its_inputs_live(
+        anyio_backend: str, write_between: bool) -> None:
+    """A `Trace` dropped without `release_trace`, its inputs kept: every buffer it pinned goes
+    (none of kind "trace" is left), and the device holds what the same work without a trace
+    leaves: the inputs and their cached conversions."""
+    import gc
+
+    dram_tile = tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE)
+    l1_tile = tt.Layout(tt.MemorySpace.L1, tt.TensorLayout.TILE)
+    b = tt.ProgramBuilder("chain")
+    x = b.input((64, 64), l1_tile)
+    b.output(b.add(b.mul(x, 2.0), 1.0), dram_tile)
+    binary = tt.Binary([b.build()])
+    host = np.random.default_rng(5).standard_normal((64, 64)).astype(np.float32)
+    held = {}
+    for traced in (False, True):
+        async with tt.open_device(tt.DeviceSpec.small()) as device:
+            t = tt.to_device(host, device)  # DRAM row-major: converted for the program
+            await t
+            if traced:
+                with tt.capture_trace(device) as trace:
+                    (y,) = tt.submit(device, binary, 0, [t])
+                    (z,) = tt.submit(device, binary, 0, [y])
+            else:
+                (y,) = tt.submit(device, binary, 0, [t])
+                (z,) = tt.submit(device, binary, 0, [y])
+            np.testing.assert_allclose(await tt.to_host(z), (host * 2 + 1) * 2 + 1, rtol=1e-6)
+            if write_between:
+                tt.write(t, host * 3)
+                if traced:
+                    tt.execute_trace(trace)
+                else:
+                    (y,) = tt.submit(device, binary, 0, [t])
+                    (z,) = tt.submit(device, binary, 0, [y])
+                np.testing.assert_allclose(await tt.to_host(z), (host * 6 + 1) * 2 + 1, rtol=1e-6)
+            if traced:
+                del trace
+            del y, z
+            gc.collect()
+            await device.synchronize()
+            kinds = {b.kind for space in tt.MemorySpace for b in device.memory_view(space).buffers}
+            assert "trace" not in kinds and "trace_buffer" not in kinds
+            held[traced] = {space: device.memory_used(space) for space in tt.MemorySpace}
+            np.testing.assert_array_equal(await tt.to_host(t), host * 3 if write_between else host)
+    assert held[True] == held[False]
