@@ -146,11 +146,21 @@ class TrioRuntimeMachine(RuntimeMachine):
     eviction = "eager"
 
 
+class OneQueueRuntimeMachine(RuntimeMachine):
+    """A device opened with one hardware command queue (`num_hw_cqs=1`, tt-mlir's default):
+    every write queues on CQ0 among the programs, conversions, evictions and reads."""
+
+    num_hw_cqs = 1
+
+
 MACHINE_SETTINGS = settings(stateful_step_count=50)
 TestRuntimeAsyncio = RuntimeMachine.TestCase
 TestRuntimeAsyncio.settings = MACHINE_SETTINGS
 TestRuntimeTrio = TrioRuntimeMachine.TestCase
 TestRuntimeTrio.settings = MACHINE_SETTINGS
+TestRuntimeOneQueue = OneQueueRuntimeMachine.TestCase
+TestRuntimeOneQueue.settings = settings(stateful_step_count=30,
+                                        max_examples=max(10, settings.default.max_examples // 4))
 
 
 def test_the_reference_programs_use_what_the_model_says() -> None:

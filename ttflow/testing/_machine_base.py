@@ -195,6 +195,9 @@ class MachineBase(RuleBasedStateMachine):
     workers: ClassVar[str] = "thread"
     """Where the device's records run (`open_device(workers=...)`): "process" drives every rule
     against a worker process (held records then wait in its queue's thread or in the child)."""
+    num_hw_cqs: ClassVar[int] = 2
+    """The device's hardware command queues (`open_device(num_hw_cqs=...)`): with 1, every
+    write queues on CQ0 among the programs it feeds and the reads that follow."""
     fragment_dram: ClassVar[bool] = False
     """Whether `fragment` also fragments DRAM: it fills DRAM to the brim (a zero "ballast"
     tensor over all of it but the fragments' room and a few KiB) until `request` runs. Meanwhile
@@ -220,7 +223,7 @@ class MachineBase(RuleBasedStateMachine):
         try:
             self._device_cm = self.portal.wrap_async_context_manager(
                 open_device(self.spec, eviction=self.eviction, inline_seconds=self.inline_seconds,
-                            workers=self.workers))
+                            workers=self.workers, num_hw_cqs=self.num_hw_cqs))
             self.device: Device = self._device_cm.__enter__()
             self.model = DeviceModel(self.spec)
             self.hold = QueueHold(self.device)

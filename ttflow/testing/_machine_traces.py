@@ -18,12 +18,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import attrs
+import numpy as np
 from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
 from .._device import Device
-from .._errors import TraceError, TTFlowError
+from .._errors import DeallocatedTensorError, TraceError, TTFlowError
 from .._runtime import deallocate, submit, write
 from .._tensor import Tensor
 from .._trace import Trace, capture_trace, execute_trace, release_trace
@@ -78,9 +79,21 @@ def _capture(device: Device, steps: list[tuple[ModelProgram, list[Ref]]],
                 args = [inputs[id(entry)] if kind == "input" else outputs[entry][k]
                         for kind, entry, k in refs]
                 outputs.append(submit(device, program.binary, program.index, args))
+                for tensor in inputs.values():  # a host transfer, refused on whichever queue
+                    _refused_in_capture(tensor)
     except TTFlowError as exc:
         return exc
     return trace, outputs
+
+
+def _refused_in_capture(tensor: Tensor) -> None:
+    """A write into `tensor` inside a capture raises TraceError and changes nothing (on a
+    one-queue device it would queue on CQ0, among the captured work)."""
+    try:
+        write(tensor, np.zeros(tensor.shape, tensor.dtype.host_dtype))
+    except (TraceError, DeallocatedTensorError):
+        return
+    raise AssertionError("a write inside a capture was not refused")
 
 
 def _pinned(device: Device) -> dict[MemorySpace, int]:
