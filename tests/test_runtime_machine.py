@@ -84,6 +84,14 @@ def _programs(shape: tuple[int, int]) -> list[ModelProgram]:
     b.output(b.add(x, b.input(shape, tt.Layout(L1, TILE, BF8))), tt.Layout(DRAM, RM, F32))
     built.append((b.build(), lambda x, y: [x.map(np.add, y)]))
 
+    # A constant input (const-eval): its part runs once per constant value and is cached on the
+    # device; a write, a deallocate or a trace's replay around it must leave values as numpy's.
+    b = tt.ProgramBuilder("const_scaled_add")
+    x = b.input(shape, tt.Layout(DRAM, TILE, F32))
+    w = b.input(shape, tt.Layout(DRAM, TILE, F32), const=True)
+    b.output(b.add(x, b.mul(w, 2.0)), tt.Layout(DRAM, TILE))
+    built.append((b.build(), lambda x, w: [x.map(np.add, w.map(lambda a: a * np.float32(2)))]))
+
     b = tt.ProgramBuilder("int_add")
     x = b.input(shape, tt.Layout(DRAM, RM, I32))
     b.output(b.add(x, b.input(shape, tt.Layout(L1, TILE, I32))), tt.Layout(L1, TILE))

@@ -269,15 +269,25 @@ class DeviceModel:
                 assert got == (layout.memory, want.page_size, want.aligned_page_size, want.num_pages), (
                     f"{e!r}: a {layout} storage is {buffer}, SPEC says {want}"
                 )
+        # The const-eval cache's results (`_const_eval`): each entry is of live constants only
+        # (a write, a deallocate or a drop of one frees it), and its bytes are held beside theirs.
+        cache = device._scheduler.const_cache
+        entries = list(cache.entries.values()) if cache is not None else []
+        live = {id(e.tensor._state) for e in self.tensors if not e.deallocated and e.error is None}
+        for entry in entries:
+            assert all(id(state) in live for state in entry.constants), (
+                f"a const-eval entry outlived one of its constants; live: {self.live()}")
         for space in MemorySpace:
             listed = self._listed(space, include_deallocated=False)
             expected = sum(buffer_footprint(b, self.spec) for _, b in listed)
+            cached = sum(buffer_footprint(b, self.spec) for entry in entries for result in entry.results
+                         if not result.is_deallocated for _, b in result.storages if b.space is space)
             kept = (pinned or {}).get(space, 0)
             used = device.memory_used(space)
-            assert used == expected + kept, (
+            assert used == expected + cached + kept, (
                 f"{space.name}: {used} bytes used after a drain, the live tensors hold "
-                f"{expected} and live traces alone {kept} ({used - expected - kept:+d}); "
-                f"live: {self.live()}"
+                f"{expected}, the const-eval cache {cached} and live traces alone {kept} "
+                f"({used - expected - cached - kept:+d}); live: {self.live()}"
             )
 
     def _listed(self, space: MemorySpace, include_deallocated: bool) -> list[tuple[ModelTensor, Any]]:
