@@ -270,10 +270,11 @@ class DeviceModel:
                     f"{e!r}: a {layout} storage is {buffer}, SPEC says {want}"
                 )
         # The const-eval cache's results (`_const_eval`): each entry is of live constants only
-        # (a write, a deallocate or a drop of one frees it), and its bytes are held beside theirs.
+        # (a write, a deallocate or a drop of one frees it; a failed one's results hold nothing
+        # and go at the next lookup), and its bytes are held beside theirs.
         cache = device._scheduler.const_cache
         entries = list(cache.entries.values()) if cache is not None else []
-        live = {id(e.tensor._state) for e in self.tensors if not e.deallocated and e.error is None}
+        live = {id(e.tensor._state) for e in self.tensors if not e.deallocated}
         for entry in entries:
             assert all(id(state) in live for state in entry.constants), (
                 f"a const-eval entry outlived one of its constants; live: {self.live()}")
