@@ -188,8 +188,8 @@ async def test_every_change_of_a_constant_recomputes(submit_path: str) -> None:
 
 
 async def test_capture_runs_constants_in_the_trace(submit_path: str) -> None:
-    """A replay after a write to the constant uses the new value: the constant part, hoisted
-    out of the trace, is computed again before the replay (a stale cached tensor would not)."""
+    """Inside a capture the program runs whole: a replay after a write to the constant uses
+    the new value (a cached tensor would be stale)."""
     cached, _ = _scaled()
     rng = np.random.default_rng(3)
     x_host = rng.standard_normal((32, 32)).astype(np.float32)
