@@ -129,11 +129,8 @@ def _refresh_constants(trace: Trace) -> None:
 
 
 def check_replay(trace: Trace) -> None:
-    """Raises what `execute_trace` would before queuing (a mesh trace checks every chip's
-    first), once the trace's const-eval results are looked up again (a miss queues its constant
-    program: before the check, which would find the old results deallocated)."""
+    """Raises what `execute_trace` would before queuing (a mesh trace checks every chip's first)."""
     trace = _check(trace)
-    _refresh_constants(trace)
     _capture.check_replay(trace.device._scheduler, trace._capture)
 
 
@@ -142,7 +139,8 @@ def execute_with_peers(trace: Trace, peers: Any) -> None:
     this execute (`_mesh.collectives.ReplayPeers`), through which its collectives meet the
     other chips' replays."""
     trace = _check(trace)
-    scheduler = trace.device._scheduler  # (its constants were looked up by `check_replay`)
+    scheduler = trace.device._scheduler
+    _refresh_constants(trace)
     scheduler.enqueue(_capture.replay(scheduler, trace._capture, peers), scheduler.cq0)
 
 

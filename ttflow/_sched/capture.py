@@ -38,7 +38,7 @@ class Capture:
     __slots__ = ("scheduler", "outputs", "inputs", "steps", "external", "pinned", "snapshot",
                  "programs", "nbytes", "kernel_bytes", "macs", "error", "released",
                  "replays_pending", "footprint", "collective_steps", "commands", "trace_buffer",
-                 "const_uses", "renamed", "__weakref__")
+                 "const_uses", "__weakref__")
 
     def __init__(self, scheduler: SchedulerState) -> None:
         self.scheduler = scheduler
@@ -65,7 +65,6 @@ class Capture:
         # What its programs read from the device's const-eval cache (`_const_eval.ConstUse`):
         # computed outside the trace, looked up again before each replay.
         self.const_uses: list[Any] = []
-        self.renamed: dict[TensorState, TensorState] = {}  # retargeted inputs (`retarget`)
 
     @staticmethod
     def admit_transfer() -> None:
@@ -95,17 +94,12 @@ class Capture:
     def _read(self, state: TensorState, storage: Storage) -> None:
         self._pin(storage)
         if state not in self.outputs:
-            # (a captured command decided after a `retarget` still names the old state)
-            self.external[self.renamed.get(state, state), storage] = None
+            self.external[state, storage] = None
 
     def retarget(self, old: TensorState, new: TensorState) -> None:
         """Its replays read `new` where they read `old` (a constant result computed again):
         each replay refills the storage it pinned from `new`'s value, as it does an input
-        whose storage a write dropped. Its captured commands not yet decided read `new` too."""
-        for renamed, target in self.renamed.items():
-            if target is old:
-                self.renamed[renamed] = new
-        self.renamed[old] = new
+        whose storage a write dropped."""
         if old in self.inputs:
             del self.inputs[old]
             self.inputs[new] = None
