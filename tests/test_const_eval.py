@@ -207,68 +207,6 @@ async def test_capture_runs_constants_in_the_trace(submit_path: str) -> None:
         tt.release_trace(trace)
 
 
-async def test_a_trace_counts_const_eval_as_tt_mlir_s_runtime_does(submit_path: str) -> None:
-    """Const-eval is hoisted out of a captured trace: the capture's run is a miss, each replay a
-    hit (the counters stayed (0, 0) when the trace ran the program whole); a replay after a
-    write to the constant is a miss again and reads the new constant, and the trace's release
-    gives back what it pinned."""
-    cached, _ = _scaled()
-    rng = np.random.default_rng(4)
-    x_host = rng.standard_normal((32, 32)).astype(np.float32)
-    w_host = rng.standard_normal((32, 32)).astype(np.float32)
-    async with tt.open_device(SMALL) as device:
-        x, w = tt.to_device(x_host, device), tt.to_device(w_host, device)
-        await x
-        await w
-        held = device.memory_used(DRAM)
-
-        def counters() -> tuple[int, int]:
-            return device.stats.const_eval_misses, device.stats.const_eval_hits
-
-        with tt.capture_trace(device) as trace:
-            (out,) = tt.submit(device, cached, 0, [x, w])
-        assert counters() == (1, 0)
-        np.testing.assert_array_equal(await tt.to_host(out), x_host + np.float32(3) * w_host)
-        for k in range(3):
-            tt.execute_trace(trace)
-            np.testing.assert_array_equal(await tt.to_host(out), x_host + np.float32(3) * w_host)
-        assert counters() == (1, 3)
-        programs = device.stats.programs_run
-        tt.write(w, w_host * 7)
-        tt.execute_trace(trace)  # the entry went with the write: computed again, then replayed
-        np.testing.assert_array_equal(await tt.to_host(out), x_host + np.float32(3) * (w_host * 7))
-        assert counters() == (2, 3) and device.stats.programs_run == programs + 2
-        tt.execute_trace(trace)
-        assert counters() == (2, 4)
-        (plain_out,) = tt.submit(device, cached, 0, [x, w])  # outside the trace: the same entry
-        assert counters() == (2, 5)
-        np.testing.assert_array_equal(await tt.to_host(plain_out), x_host + np.float32(3) * (w_host * 7))
-        tt.release_trace(trace)
-        del out, plain_out, trace
-        await device.synchronize()
-        banks = SMALL.banks(DRAM)
-        cached_bytes = sum(-(-b.num_pages // banks) * b.aligned_page_size * banks
-                           for entry in device._scheduler.const_cache.entries.values()
-                           for t in entry.results for _, b in t.storages)
-        view = device.memory_view(DRAM)
-        assert {b.kind for b in view.buffers} <= {"home", "conversion"}  # nothing the trace pinned
-        conversions = sum(b.nbytes for b in view.buffers if b.kind == "conversion")  # x's, w's
-        assert cached_bytes > 0 and device.memory_used(DRAM) == held + cached_bytes + conversions
-
-
-async def test_a_trace_refuses_a_constant_deallocated_since_capture(submit_path: str) -> None:
-    cached, _ = _scaled()
-    ones = np.ones((32, 32), np.float32)
-    async with tt.open_device(SMALL) as device:
-        x, w = tt.to_device(ones, device), tt.to_device(ones, device)
-        with tt.capture_trace(device) as trace:
-            tt.submit(device, cached, 0, [x, w])
-        tt.deallocate(w)
-        with pytest.raises(tt.TraceError, match="constant input"):
-            tt.execute_trace(trace)
-        tt.release_trace(trace)
-
-
 async def test_a_failed_constant_run_is_computed_again(submit_path: str) -> None:
     """A constant part that failed (here a host op) is not kept: the next submit runs it again."""
     calls = []

@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, final
 
-from . import _const_eval
 from ._sched import capture as _capture
 
 if TYPE_CHECKING:
@@ -115,17 +114,7 @@ def execute_trace(trace: Trace) -> None:
     reader of their previous values, and it drops conversions made of those values since.
     """
     trace = _check(trace)
-    _refresh_constants(trace)
     trace.device._scheduler.replay(trace._capture)
-
-
-def _refresh_constants(trace: Trace) -> None:
-    """The const-eval results the trace reads, looked up again (`_const_eval.refresh`) when it
-    can be replayed at all (`check_replay` says why not, after)."""
-    capture, scheduler = trace._capture, trace.device._scheduler
-    if (capture.const_uses and not capture.released and capture.error is None
-            and scheduler.capturing is None and scheduler.hooks is None):
-        _const_eval.refresh(trace.device, capture)
 
 
 def check_replay(trace: Trace) -> None:
@@ -140,7 +129,6 @@ def execute_with_peers(trace: Trace, peers: Any) -> None:
     other chips' replays."""
     trace = _check(trace)
     scheduler = trace.device._scheduler
-    _refresh_constants(trace)
     scheduler.enqueue(_capture.replay(scheduler, trace._capture, peers), scheduler.cq0)
 
 

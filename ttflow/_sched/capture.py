@@ -38,7 +38,7 @@ class Capture:
     __slots__ = ("scheduler", "outputs", "inputs", "steps", "external", "pinned", "snapshot",
                  "programs", "nbytes", "kernel_bytes", "macs", "error", "released",
                  "replays_pending", "footprint", "collective_steps", "commands", "trace_buffer",
-                 "const_uses", "__weakref__")
+                 "__weakref__")
 
     def __init__(self, scheduler: SchedulerState) -> None:
         self.scheduler = scheduler
@@ -62,9 +62,6 @@ class Capture:
         self.collective_steps: list[int] = []
         self.commands = 0  # captured commands: what its trace buffer holds (`end`)
         self.trace_buffer: int | None = None  # its address in the device's trace region, if any
-        # What its programs read from the device's const-eval cache (`_const_eval.ConstUse`):
-        # computed outside the trace, looked up again before each replay.
-        self.const_uses: list[Any] = []
 
     @staticmethod
     def admit_transfer() -> None:
@@ -95,17 +92,6 @@ class Capture:
         self._pin(storage)
         if state not in self.outputs:
             self.external[state, storage] = None
-
-    def retarget(self, old: TensorState, new: TensorState) -> None:
-        """Its replays read `new` where they read `old` (a constant result computed again):
-        each replay refills the storage it pinned from `new`'s value, as it does an input
-        whose storage a write dropped."""
-        if old in self.inputs:
-            del self.inputs[old]
-            self.inputs[new] = None
-        for state, storage in [key for key in self.external if key[0] is old]:
-            del self.external[state, storage]
-            self.external[new, storage] = None
 
     def failed(self, error: BaseException) -> None:
         """A captured command failed: the trace cannot be replayed."""

@@ -30,10 +30,9 @@ methods too, so that no module outside this one names a table.
 from __future__ import annotations
 
 import collections
-import contextlib
 import math
 import weakref
-from collections.abc import Callable, ItemsView, Iterator, Sequence
+from collections.abc import Callable, ItemsView, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, final
 
 from .._commands import Compute, Copy, Load, Record, Store
@@ -443,16 +442,6 @@ class SchedulerState(SchedulerCore):
 
     def close_capture(self) -> None:
         self.capturing = None
-
-    @contextlib.contextmanager
-    def outside_capture(self) -> Iterator[None]:
-        """What is queued inside is not captured (a capture's constant part, `_const_eval`):
-        it runs once, like work queued before the capture."""
-        capture, self.capturing = self.capturing, None
-        try:
-            yield
-        finally:
-            self.capturing = capture
 
     def traced_writer(self, state: TensorState) -> _Rebindable | None:
         """A live trace whose replays write `state` (one of its outputs), if any."""
