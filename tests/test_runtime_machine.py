@@ -160,8 +160,8 @@ class TrioRuntimeMachine(RuntimeMachine):
 
 class ConstEvalRuntimeMachine(RuntimeMachine):
     """The programs and a constant-input one, so const-eval's cache meets writes, deallocates,
-    traces (const-eval hoisted out of a capture, looked up again before each replay) and
-    evictions. DRAM is not fragmented here: see docs/testing.md, "An open finding"."""
+    traces and evictions. DRAM is not fragmented here: see docs/testing.md, "An open
+    finding"."""
 
     programs = PROGRAMS + _const_programs(SMALL) + _const_programs(BIG)
     fragment_dram = False
