@@ -92,29 +92,42 @@ async def test_host_op_between_device_ops(submit_path: str) -> None:
         assert device.memory_used(tt.MemorySpace.L1) == 0
 
 
+class _Gate:
+    """A host function (x + 1) that, once armed, blocks until the test releases it: a run on
+    the event loop's thread would deadlock on it, a run on a worker thread lets the loop go on."""
+
+    def __init__(self, armed: bool) -> None:
+        self.started, self.release, self.armed = threading.Event(), threading.Event(), threading.Event()
+        if armed:
+            self.armed.set()
+
+    def __call__(self, a: np.ndarray) -> np.ndarray:
+        if self.armed.is_set():
+            self.started.set()
+            if not self.release.wait(10):
+                raise TimeoutError("the event loop never ran while the host op waited")
+        return a + np.float32(1)
+
+
+def _gated_program(name: str, gate: _Gate) -> tt.Program:
+    b = tt.ProgramBuilder(name)
+    (y,) = b.host_op(gate, [b.input((32, 32))], outputs=[((32, 32), None)], name="gate")
+    b.output(y)
+    return b.build()
+
+
 async def test_host_op_never_runs_inline(submit_path: str) -> None:
     """A tiny program with a host op still runs on the worker: its function blocks until the
     event loop (free meanwhile) lets it go, which an inline run would deadlock on."""
-    started, release = threading.Event(), threading.Event()
-
-    def gate(a: np.ndarray) -> np.ndarray:
-        started.set()
-        if not release.wait(10):
-            raise TimeoutError("the event loop never ran while the host op waited")
-        return a + np.float32(1)
-
-    b = tt.ProgramBuilder("tiny")
-    x = b.input((32, 32))
-    (y,) = b.host_op(gate, [x], outputs=[((32, 32), None)])
-    b.output(y)
-    binary = tt.Binary([b.build()])
+    gate = _Gate(armed=True)
+    binary = tt.Binary([_gated_program("tiny", gate)])
     ones = np.ones((32, 32), np.float32)
     async with tt.open_device(SMALL, inline_seconds=1e6) as device:  # everything else inline
         (out,) = tt.submit(device, binary, 0, [tt.to_device(ones, device)])
         with anyio.fail_after(10):
-            while not started.is_set():
+            while not gate.started.is_set():
                 await anyio.sleep(0.001)  # the loop runs while the function waits
-        release.set()
+        gate.release.set()
         np.testing.assert_array_equal(await tt.to_host(out), ones + 1)
 
 
@@ -321,23 +334,10 @@ async def test_the_timeline_shows_each_host_op_as_its_own_slice_and_real_estimat
 async def test_a_replayed_host_op_never_runs_inline_wherever_it_stands() -> None:
     """A trace whose host op is in its first program (not its last) replays on the worker: the
     function blocks until the event loop lets it go, which an inline replay would deadlock on."""
-    started, release = threading.Event(), threading.Event()
-    gated = threading.Event()
-
-    def gate(a: np.ndarray) -> np.ndarray:
-        if gated.is_set():
-            started.set()
-            if not release.wait(10):
-                raise TimeoutError("the event loop never ran while the host op waited")
-        return a + np.float32(1)
-
-    b = tt.ProgramBuilder("host first")
-    x = b.input((32, 32))
-    (y,) = b.host_op(gate, [x], outputs=[((32, 32), None)])
-    b.output(y)
+    gate = _Gate(armed=False)  # the capture's own run goes through; the replay's waits
     plain = tt.ProgramBuilder("plain after")
     plain.output(plain.add(plain.input((32, 32)), 1.0))
-    binary = tt.Binary([b.build(), plain.build()])
+    binary = tt.Binary([_gated_program("host first", gate), plain.build()])
     ones = np.ones((32, 32), np.float32)
     async with tt.open_device(SMALL, inline_seconds=1e6) as device:  # everything else inline
         tx = tt.to_device(ones, device)
@@ -346,12 +346,12 @@ async def test_a_replayed_host_op_never_runs_inline_wherever_it_stands() -> None
             (mid,) = tt.submit(device, binary, 0, [tx])
             (last,) = tt.submit(device, binary, 1, [mid])
         await last
-        gated.set()
+        gate.armed.set()
         tt.execute_trace(trace)
         with anyio.fail_after(10):
-            while not started.is_set():
+            while not gate.started.is_set():
                 await anyio.sleep(0.001)  # the loop runs while the function waits
-        release.set()
+        gate.release.set()
         np.testing.assert_array_equal(await tt.to_host(last), ones + 2)
         tt.release_trace(trace)
 
