@@ -188,8 +188,8 @@ async def test_every_change_of_a_constant_recomputes(submit_path: str) -> None:
 
 
 async def test_capture_runs_constants_in_the_trace(submit_path: str) -> None:
-    """Inside a capture the program runs whole: a replay after a write to the constant uses
-    the new value (a cached tensor would be stale)."""
+    """A replay after a write to the constant uses the new value: the constant part, hoisted
+    out of the trace, is computed again before the replay (a stale cached tensor would not)."""
     cached, _ = _scaled()
     rng = np.random.default_rng(3)
     x_host = rng.standard_normal((32, 32)).astype(np.float32)
@@ -204,6 +204,129 @@ async def test_capture_runs_constants_in_the_trace(submit_path: str) -> None:
         tt.write(w, w_host * 7)
         tt.execute_trace(trace)
         np.testing.assert_array_equal(await tt.to_host(out), x_host + np.float32(3) * (w_host * 7))
+        tt.release_trace(trace)
+
+
+async def test_a_trace_counts_const_eval_as_tt_mlir_s_runtime_does(submit_path: str) -> None:
+    """Const-eval is hoisted out of a captured trace: the capture's run is a miss, each replay a
+    hit (the counters stayed (0, 0) when the trace ran the program whole); a replay after a
+    write to the constant is a miss again and reads the new constant, and the trace's release
+    gives back what it pinned."""
+    cached, _ = _scaled()
+    rng = np.random.default_rng(4)
+    x_host = rng.standard_normal((32, 32)).astype(np.float32)
+    w_host = rng.standard_normal((32, 32)).astype(np.float32)
+    async with tt.open_device(SMALL) as device:
+        x, w = tt.to_device(x_host, device), tt.to_device(w_host, device)
+        await x
+        await w
+        held = device.memory_used(DRAM)
+
+        def counters() -> tuple[int, int]:
+            return device.stats.const_eval_misses, device.stats.const_eval_hits
+
+        with tt.capture_trace(device) as trace:
+            (out,) = tt.submit(device, cached, 0, [x, w])
+        assert counters() == (1, 0)
+        np.testing.assert_array_equal(await tt.to_host(out), x_host + np.float32(3) * w_host)
+        for k in range(3):
+            tt.execute_trace(trace)
+            np.testing.assert_array_equal(await tt.to_host(out), x_host + np.float32(3) * w_host)
+        assert counters() == (1, 3)
+        programs = device.stats.programs_run
+        tt.write(w, w_host * 7)
+        tt.execute_trace(trace)  # the entry went with the write: computed again, then replayed
+        np.testing.assert_array_equal(await tt.to_host(out), x_host + np.float32(3) * (w_host * 7))
+        assert counters() == (2, 3) and device.stats.programs_run == programs + 2
+        tt.execute_trace(trace)
+        assert counters() == (2, 4)
+        (plain_out,) = tt.submit(device, cached, 0, [x, w])  # outside the trace: the same entry
+        assert counters() == (2, 5)
+        np.testing.assert_array_equal(await tt.to_host(plain_out), x_host + np.float32(3) * (w_host * 7))
+        tt.release_trace(trace)
+        del out, plain_out, trace
+        await device.synchronize()
+        banks = SMALL.banks(DRAM)
+        cached_bytes = sum(-(-b.num_pages // banks) * b.aligned_page_size * banks
+                           for entry in device._scheduler.const_cache.entries.values()
+                           for t in entry.results for _, b in t.storages)
+        view = device.memory_view(DRAM)
+        assert {b.kind for b in view.buffers} <= {"home", "conversion"}  # nothing the trace pinned
+        conversions = sum(b.nbytes for b in view.buffers if b.kind == "conversion")  # x's, w's
+        assert cached_bytes > 0 and device.memory_used(DRAM) == held + cached_bytes + conversions
+
+
+@pytest.mark.parametrize("on_mesh", [False, True])
+async def test_a_replay_right_after_the_capture_and_a_write_reads_the_new_constant(
+        submit_path: str, on_mesh: bool) -> None:
+    """Nothing awaited: the capture's own run is still queued when the constant is written and
+    the trace executed, so the captured program is decided after its constants were looked up
+    again; it reads the new results (it read the old, deallocated ones: "no value")."""
+    b = tt.ProgramBuilder("exp_const")
+    x, w = b.input((32, 32)), b.input((32, 32), const=True)
+    b.output(b.add(x, b.exp(w)))
+    binary = tt.Binary([b.build()])
+    x_host = np.random.default_rng(8).standard_normal((32, 32)).astype(np.float32)
+    w_new = np.random.default_rng(9).standard_normal((32, 32)).astype(np.float32)
+    opened = tt.open_mesh_device(tt.MeshSpec((1, 2), chip=SMALL)) if on_mesh else tt.open_device(SMALL)
+    async with opened as device:
+        place = {"mapper": tt.replicate()} if on_mesh else {}
+        x = tt.to_device(x_host, device, **place)
+        w = tt.to_device(np.zeros((32, 32), np.float32), device, **place)
+        with tt.capture_trace(device) as trace:
+            (out,) = tt.submit(device, binary, 0, [x, w])
+        tt.write(w, w_new)
+        tt.execute_trace(trace)
+        got = await (tt.to_host(out, composer=tt.concat(0)) if on_mesh else tt.to_host(out))
+        want = x_host + np.exp(w_new)
+        for part in np.split(got, 2) if on_mesh else [got]:
+            np.testing.assert_allclose(part, want, rtol=1e-6, atol=1e-6)
+        tt.release_trace(trace)
+
+
+async def test_a_replay_writes_an_output_where_the_hoisted_constant_part_moved_it(submit_path: str) -> None:
+    """On an "eager" device the constant program, starting inside the capture, evicts the L1
+    output of the program captured before it; that move is a step of the trace like any
+    captured program's eviction, so each replay writes the output where it then lives. (Run
+    outside the capture, the move was unrecorded: a replay wrote the old L1 storage and the
+    output kept its first value, a wrong value that raised nothing: the runtime machine's
+    finding, docs/testing.md.)"""
+    first = tt.ProgramBuilder("double")
+    v = first.input((32, 32))
+    first.output(first.mul(v, 2.0), tt.Layout(L1, tt.TensorLayout.TILE))
+    second = tt.ProgramBuilder("plus_exp_const")
+    y, w = second.input((32, 32), tt.Layout(L1, tt.TensorLayout.TILE)), second.input((32, 32), const=True)
+    second.output(second.add(y, second.exp(w)))
+    binary = tt.Binary([first.build(), second.build()])
+    rng = np.random.default_rng(11)
+    x_host, w_host = (rng.standard_normal((32, 32)).astype(np.float32) for _ in range(2))
+    async with tt.open_device(SMALL, eviction="eager") as device:
+        x, w = tt.to_device(x_host, device), tt.to_device(w_host, device)
+        with tt.capture_trace(device) as trace:
+            (doubled,) = tt.submit(device, binary, 0, [x])
+            (out,) = tt.submit(device, binary, 1, [doubled, w])
+        await out
+        evictions = device.stats.evictions
+        for k in range(1, 4):
+            x_new = x_host + np.float32(k)
+            tt.write(x, x_new)
+            tt.execute_trace(trace)
+            np.testing.assert_array_equal(await tt.to_host(doubled), x_new * np.float32(2))
+            np.testing.assert_allclose(await tt.to_host(out), x_new * 2 + np.exp(w_host), rtol=1e-6, atol=1e-6)
+        assert evictions > 0  # the case this test is about happened
+        tt.release_trace(trace)
+
+
+async def test_a_trace_refuses_a_constant_deallocated_since_capture(submit_path: str) -> None:
+    cached, _ = _scaled()
+    ones = np.ones((32, 32), np.float32)
+    async with tt.open_device(SMALL) as device:
+        x, w = tt.to_device(ones, device), tt.to_device(ones, device)
+        with tt.capture_trace(device) as trace:
+            tt.submit(device, cached, 0, [x, w])
+        tt.deallocate(w)
+        with pytest.raises(tt.TraceError, match="constant input"):
+            tt.execute_trace(trace)
         tt.release_trace(trace)
 
 

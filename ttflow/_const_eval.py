@@ -19,10 +19,19 @@ share entries, as tt-mlir's `global_cache_across_binaries`.
 An entry is dropped, and its tensors freed, as soon as a constant's value may change or go: any
 command queued to write one (`tt.write`, a trace replay into it: `Scheduler.enqueue` calls
 `written`), its `tt.deallocate`, a donation that consumes it, a failed constant run (computed
-again next time), and the constant's handle being dropped (a finalizer). Inside a trace capture
-the program runs whole (a replay after a write must recompute the constants, which a cached
-tensor would not). The values are the unsplit program's bit for bit: the cut values are stored
-in their own dtype, as the unsplit run keeps them between steps.
+again next time), and the constant's handle being dropped (a finalizer).
+
+Inside a trace capture, as tt-mlir's runtime hoists const-eval out of its traces, the constant
+program is looked up (or run: a miss) once, not replayed, and only the main program is
+captured, reading the cached results (`ConstUse`). A constant program run in a capture is still
+the capture's command (`Capture.hoisting`): what it moves of the trace's own outputs (an
+eviction as it starts) is a step of the trace, or a replay would write where an output no
+longer lives. Before each replay the lookup is made again
+(`refresh`): a hit when the entry stands; a miss when a constant was written since, whose new
+results the replay then reads (its pinned storages refilled from them). A constant written by
+the trace itself cannot be hoisted: such a program runs whole in the trace. The values are the
+unsplit program's bit for bit: the cut values are stored in their own dtype, as the unsplit run
+keeps them between steps.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from typing import TYPE_CHECKING, Any, final
 
 import attrs
 
+from ._errors import TraceError
 from ._ops import COLLECTIVES
 from ._program import Program, Step, TensorSpec
 from ._tensor import Tensor
@@ -205,19 +215,27 @@ def _dropped(cache_ref: weakref.ref[ConstEvalCache], key: Any) -> None:
         cache.entries.pop(key, None)
 
 
-def submit(device: Device, program: Program, inputs: Sequence[Tensor],
-           run: Callable[[Program, tuple[TensorState, ...]], tuple[TensorState, ...]]
-           ) -> tuple[TensorState, ...] | None:
-    """Queues `program` through its constant cut (`run` queues one program on the device):
-    its output states, or None to let the caller run it whole (nothing to cut, or a capture)."""
-    split = split_of(program)
+@final
+@attrs.frozen(eq=False)
+class ConstUse:
+    """A captured program's constant part: its cut, the constant tensors it was computed from
+    (with weak references to their handles: a trace does not keep a constant alive), and the
+    result states the captured main program reads."""
+
+    split: Split
+    constants: tuple[TensorState, ...]
+    handles: tuple[weakref.ref[Tensor], ...]
+    results: tuple[TensorState, ...]
+
+
+def _lookup(device: Device, split: Split, constants: tuple[TensorState, ...], handles: Sequence[Tensor],
+            run: Callable[[Program, tuple[TensorState, ...]], tuple[TensorState, ...]]) -> _Entry:
+    """The cache entry of `split` on these constants, its constant program queued on a miss;
+    counts the hit or the miss."""
     scheduler = device._scheduler
-    if split is None or scheduler.capturing is not None:
-        return None
     cache: ConstEvalCache | None = scheduler.const_cache
     if cache is None:
         cache = scheduler.const_cache = ConstEvalCache(scheduler)
-    constants = tuple(inputs[i]._state for i in split.const_inputs)
     key = (split.key, tuple(map(id, constants)))
     entry = cache.entries.get(key)
     if entry is not None and (any(a is not b for a, b in zip(entry.constants, constants))
@@ -226,10 +244,53 @@ def submit(device: Device, program: Program, inputs: Sequence[Tensor],
         entry = None
     if entry is None:
         results = run(split.const_program, constants)
-        entry = cache.store(key, constants, [Tensor._wrap(device, state) for state in results],
-                            [inputs[i] for i in split.const_inputs])
+        entry = cache.store(key, constants, [Tensor._wrap(device, state) for state in results], handles)
         scheduler.count("const_eval_misses", 1)
     else:
         scheduler.count("const_eval_hits", 1)
+    return entry
+
+
+def submit(device: Device, program: Program, inputs: Sequence[Tensor],
+           run: Callable[[Program, tuple[TensorState, ...]], tuple[TensorState, ...]]
+           ) -> tuple[TensorState, ...] | None:
+    """Queues `program` through its constant cut (`run` queues one program on the device):
+    its output states, or None to let the caller run it whole (nothing to cut, or a constant
+    the capture under way writes)."""
+    split = split_of(program)
+    if split is None:
+        return None
+    scheduler = device._scheduler
+    capture = scheduler.capturing
+    constants = tuple(inputs[i]._state for i in split.const_inputs)
+    handles = [inputs[i] for i in split.const_inputs]
+    if capture is None:
+        entry = _lookup(device, split, constants, handles, run)
+    else:
+        if any(state in capture.outputs for state in constants):
+            return None  # produced inside the trace: every replay changes it
+        with capture.hoisting():
+            entry = _lookup(device, split, constants, handles, run)
+        capture.const_uses.append(ConstUse(split, constants, tuple(weakref.ref(h) for h in handles),
+                                           tuple(t._state for t in entry.results)))
     states = tuple(inputs[i]._state for i in split.main_inputs)
     return run(split.main_program, states + tuple(t._state for t in entry.results))
+
+
+def refresh(device: Device, capture: Any) -> None:
+    """Before a replay of `capture`: each constant part it read is looked up again (a hit, or
+    a miss that queues its constant program), and the replay reads the entry's results."""
+    scheduler = device._scheduler
+    for k, use in enumerate(capture.const_uses):
+        handles = [ref() for ref in use.handles]
+        for state, handle in zip(use.constants, handles):
+            if handle is None or state.deallocated:
+                raise TraceError(
+                    f"a constant input {state.shape} {state.dtype.name} of the trace was deallocated "
+                    "since capture; keep constants alive until the trace is released")
+        entry = _lookup(device, use.split, use.constants, handles, scheduler.submit)  # type: ignore[arg-type]
+        results = tuple(t._state for t in entry.results)
+        if results != use.results:
+            for old, new in zip(use.results, results):
+                capture.retarget(old, new)
+            capture.const_uses[k] = ConstUse(use.split, use.constants, use.handles, results)

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, final
 
+from . import _const_eval
 from ._sched import capture as _capture
 
 if TYPE_CHECKING:
@@ -114,12 +115,25 @@ def execute_trace(trace: Trace) -> None:
     reader of their previous values, and it drops conversions made of those values since.
     """
     trace = _check(trace)
+    _refresh_constants(trace)
     trace.device._scheduler.replay(trace._capture)
 
 
+def _refresh_constants(trace: Trace) -> None:
+    """The const-eval results the trace reads, looked up again (`_const_eval.refresh`) when it
+    can be replayed at all (`check_replay` says why not, after)."""
+    capture, scheduler = trace._capture, trace.device._scheduler
+    if (capture.const_uses and not capture.released and capture.error is None
+            and scheduler.capturing is None and scheduler.hooks is None):
+        _const_eval.refresh(trace.device, capture)
+
+
 def check_replay(trace: Trace) -> None:
-    """Raises what `execute_trace` would before queuing (a mesh trace checks every chip's first)."""
+    """Raises what `execute_trace` would before queuing (a mesh trace checks every chip's
+    first), once the trace's const-eval results are looked up again (a miss queues its constant
+    program: before the check, which would find the old results deallocated)."""
     trace = _check(trace)
+    _refresh_constants(trace)
     _capture.check_replay(trace.device._scheduler, trace._capture)
 
 
@@ -128,7 +142,7 @@ def execute_with_peers(trace: Trace, peers: Any) -> None:
     this execute (`_mesh.collectives.ReplayPeers`), through which its collectives meet the
     other chips' replays."""
     trace = _check(trace)
-    scheduler = trace.device._scheduler
+    scheduler = trace.device._scheduler  # (its constants were looked up by `check_replay`)
     scheduler.enqueue(_capture.replay(scheduler, trace._capture, peers), scheduler.cq0)
 
 

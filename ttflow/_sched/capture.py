@@ -10,6 +10,8 @@ at the end of this module, and the state they change goes through `SchedulerStat
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, final
 
 from .._commands import Compute, Copy, Record, page_kernel, pagewise_storages
@@ -38,7 +40,7 @@ class Capture:
     __slots__ = ("scheduler", "outputs", "inputs", "steps", "external", "pinned", "snapshot",
                  "programs", "nbytes", "kernel_bytes", "macs", "error", "released",
                  "replays_pending", "footprint", "collective_steps", "commands", "trace_buffer",
-                 "__weakref__")
+                 "const_uses", "renamed", "hoisted", "hoisting_now", "__weakref__")
 
     def __init__(self, scheduler: SchedulerState) -> None:
         self.scheduler = scheduler
@@ -62,6 +64,14 @@ class Capture:
         self.collective_steps: list[int] = []
         self.commands = 0  # captured commands: what its trace buffer holds (`end`)
         self.trace_buffer: int | None = None  # its address in the device's trace region, if any
+        # What its programs read from the device's const-eval cache (`_const_eval.ConstUse`):
+        # computed outside the trace, looked up again before each replay.
+        self.const_uses: list[Any] = []
+        self.renamed: dict[TensorState, TensorState] = {}  # retargeted inputs (`retarget`)
+        # Commands queued while it is open but run once, outside the trace (a program's constant
+        # part: `hoisting`), not yet decided; and whether such commands are being queued now.
+        self.hoisted: set[Command] = set()
+        self.hoisting_now = False
 
     @staticmethod
     def admit_transfer() -> None:
@@ -70,12 +80,28 @@ class Capture:
             "between replays (tt.write), and read outputs after tt.execute_trace"
         )
 
+    @contextmanager
+    def hoisting(self) -> Iterator[None]:
+        """What is queued inside runs once and is not replayed (a program's constant part,
+        `_const_eval`). Its commands still belong to the capture (`hoisted`): the evictions they
+        make of the trace's own outputs are captured steps like any captured command's, so that
+        a replay writes where the outputs then live."""
+        assert not self.hoisting_now
+        self.hoisting_now = True
+        try:
+            yield
+        finally:
+            self.hoisting_now = False
+
     def admit(self, command: Command, queue: CommandQueue) -> None:
         """A command queued while capturing: it becomes part of the trace."""
         if queue is not self.scheduler.cq0 or isinstance(command, (ReadCommand, WriteCommand)):
             self.admit_transfer()  # (a write is on CQ0 too with one hardware queue)
         assert isinstance(command, _Scheduled)
         command.capture = self
+        if self.hoisting_now:
+            self.hoisted.add(command)
+            return
         self.commands += 1
         for state in command.reads:
             if state not in self.outputs:
@@ -91,7 +117,23 @@ class Capture:
     def _read(self, state: TensorState, storage: Storage) -> None:
         self._pin(storage)
         if state not in self.outputs:
-            self.external[state, storage] = None
+            # (a captured command decided after a `retarget` still names the old state)
+            self.external[self.renamed.get(state, state), storage] = None
+
+    def retarget(self, old: TensorState, new: TensorState) -> None:
+        """Its replays read `new` where they read `old` (a constant result computed again):
+        each replay refills the storage it pinned from `new`'s value, as it does an input
+        whose storage a write dropped. Its captured commands not yet decided read `new` too."""
+        for renamed, target in self.renamed.items():
+            if target is old:
+                self.renamed[renamed] = new
+        self.renamed[old] = new
+        if old in self.inputs:
+            del self.inputs[old]
+            self.inputs[new] = None
+        for state, storage in [key for key in self.external if key[0] is old]:
+            del self.external[state, storage]
+            self.external[new, storage] = None
 
     def failed(self, error: BaseException) -> None:
         """A captured command failed: the trace cannot be replayed."""
@@ -101,6 +143,9 @@ class Capture:
     def decided(self, command: Command, record: Record) -> None:
         """A captured command was decided: keep what replay must run again, and pin its storages
         before its commit frees any (scratch) for others to take."""
+        if command in self.hoisted:  # run once, not replayed (`hoisting`)
+            self.hoisted.discard(command)
+            return
         if isinstance(command, ProgramCommand):
             *copies, compute = record.steps
             assert isinstance(compute, Compute)
