@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import ttflow as tt
-from ttflow import _binary
+from ttflow._ir import binary as _binary
 from ttflow._memory_map import MemoryMapRecorder
 
 SMALL = tt.DeviceSpec.small()

@@ -15,7 +15,8 @@ from hypothesis.extra import numpy as hnp
 
 from reference import bfp8_pack_reference, bfp8_unpack_reference, tilize
 from ttflow import DataType
-from ttflow._ops import OPS, compute_dtype, erf, store_as, to_host_dtype
+from ttflow._ir.ops import OPS
+from ttflow._ir.numerics import compute_dtype, erf, store_as, to_host_dtype
 
 Array = np.ndarray[Any, Any]
 F32, BF16, BF8, I32, U32 = (DataType.FLOAT32, DataType.BFLOAT16, DataType.BFLOAT8_B,

@@ -1,6 +1,6 @@
 """The ops of format version 3 (what a PyTorch front-end lowering core-ATen graphs needs) against
 references written here: float64 numpy, `math.erf`, a pure-Python Philox4x32-10 and CPU PyTorch
-autograd for the gradients (permuted between NHWC and NCHW), never `ttflow._ops`.
+autograd for the gradients (permuted between NHWC and NCHW), never `ttflow._ir.ops`.
 
 As in `test_ops_model`: each op on hypothesis-drawn shapes and dtypes through `run_on_host`, the
 builder's refusals, and one program holding every new op saved, loaded and run on the emulated
@@ -41,7 +41,8 @@ from test_ops_model import (
 )
 
 import ttflow as tt
-from ttflow._program import Value, run_on_host
+from ttflow._ir.builder import Value
+from ttflow._ir.interpreter import run_on_host
 
 Array = np.ndarray[Any, Any]
 float_dtypes = st.sampled_from(FLOATS)

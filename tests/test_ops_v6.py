@@ -1,6 +1,6 @@
 """The ops of format version 6 (bitwise_and, bitwise_or, bitwise_xor, left_shift, right_shift,
 prod) against references written here, element by element in Python ints or float32 numpy, and
-against CPU PyTorch on int32 and float32, never `ttflow._ops`.
+against CPU PyTorch on int32 and float32, never `ttflow._ir.ops`.
 
 As in `test_ops_model`: each op on hypothesis-drawn shapes, dtypes and operands through
 `run_on_host`, the builder's refusals (`OpDef.int_only`, scalars that do not fit), the range
@@ -41,7 +41,7 @@ from test_ops_model import (
 
 import ttflow as tt
 from ttflow._commands import Plan
-from ttflow._program import run_on_host
+from ttflow._ir.interpreter import run_on_host
 
 Array = np.ndarray[Any, Any]
 INTS = [I32, U32]
@@ -309,7 +309,7 @@ def test_int_only_ops_refuse_floats(op: str, dtype: tt.DataType) -> None:
 
 
 def test_an_op_needs_floats_or_integers_not_both() -> None:
-    from ttflow._ops import OpDef
+    from ttflow._ir.ops import OpDef
 
     with pytest.raises(ValueError, match="both"):
         OpDef("odd", 1, lambda arrays, scalar: arrays[0], float_only=True, int_only=True)

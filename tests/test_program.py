@@ -17,8 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ttflow as tt
-from ttflow import _binary
-from ttflow._program import Value, run_on_host
+from ttflow._ir import binary as _binary
+from ttflow._ir.builder import Value
+from ttflow._ir.interpreter import run_on_host
 from ttflow._types import check_shape, storage_geometry
 
 F32, BF16, BF8 = tt.DataType.FLOAT32, tt.DataType.BFLOAT16, tt.DataType.BFLOAT8_B

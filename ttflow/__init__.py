@@ -25,8 +25,8 @@ except ModuleNotFoundError as _missing:  # pragma: no cover - exercised in a sub
 
 if _typing.TYPE_CHECKING:  # the re-exports, as type checkers and IDEs read them
     from . import kernels as kernels
-    from ._binary import Binary as Binary
-    from ._binary import get_layout as get_layout
+    from ._ir.binary import Binary as Binary
+    from ._ir.binary import get_layout as get_layout
     from ._debug import OpContext as OpContext
     from ._debug import OpTensor as OpTensor
     from ._debug import ProgramContext as ProgramContext
@@ -89,10 +89,10 @@ if _typing.TYPE_CHECKING:  # the re-exports, as type checkers and IDEs read them
     from ._mesh.timeline import MeshTimelineRecorder as MeshTimelineRecorder
     from ._mesh.trace import MeshTrace as MeshTrace
     from ._mesh.transfer import from_shards as from_shards
-    from ._program import Program as Program
-    from ._program import ProgramBuilder as ProgramBuilder
+    from ._ir.program import Program as Program
+    from ._ir.builder import ProgramBuilder as ProgramBuilder
     from ._program_cache import clear_program_cache as clear_program_cache
-    from ._simplify import simplify as simplify
+    from ._ir.simplify import simplify as simplify
     from ._tensor import Tensor as Tensor
     from ._timeline import TimelineRecorder as TimelineRecorder
     from ._timeline import record_trace as record_trace
@@ -122,9 +122,10 @@ _SOURCES: dict[str, str] = {name: module for module, names in {
     "._mesh.api": ("capture_trace", "execute_trace", "release_trace", "deallocate", "empty", "submit",
                    "to_device", "to_host", "to_layout", "wait", "write", "record_timeline"),
     "._memory_map": ("MemoryMapRecorder", "draw_memory_map", "memory_map_figure", "record_memory_map"),
-    "._binary": ("Binary", "get_layout"),
-    "._program": ("Program", "ProgramBuilder"),
-    "._simplify": ("simplify",),
+    "._ir.binary": ("Binary", "get_layout"),
+    "._ir.program": ("Program",),
+    "._ir.builder": ("ProgramBuilder",),
+    "._ir.simplify": ("simplify",),
     "._tensor": ("Tensor",),
     "._timeline": ("TimelineRecorder", "record_trace"),
     "._mesh.device": ("MeshDevice", "MeshStatistics", "create_submesh", "open_mesh_device",

@@ -28,14 +28,15 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Union, cast, final
 import numpy as np
 
 from . import _storage_io as io
-from ._host_ops import HOST_OP, host_step, timing_host_ops
+from ._ir.ops.host import HOST_OP, host_step, timing_host_ops
 from ._kernels import _pointwise
 from ._memory import Storage
-from ._ops import COLLECTIVES, OPS, check_range, compute_dtype
+from ._ir.ops import COLLECTIVES, OPS
+from ._ir.numerics import check_range, compute_dtype
 from ._types import DataType, Layout, MemorySpace, TensorLayout, least_padded_shape
 
 if TYPE_CHECKING:
-    from ._program import Program, TensorSpec
+    from ._ir.program import Program, TensorSpec
 
 __all__ = [
     "Store", "Load", "Copy", "Slide", "Compute", "Step", "Record", "Plan", "Banks", "run", "run_all",

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any, final
 
 import attrs
 
-from ._ops import COLLECTIVES
-from ._program import Program, Step, TensorSpec
+from ._ir.ops import COLLECTIVES
+from ._ir.program import Program, Step, TensorSpec
 from ._tensor import Tensor
 from ._types import Layout, MemorySpace, TensorLayout
 

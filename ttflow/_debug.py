@@ -39,9 +39,9 @@ import numpy as np
 from . import _storage_io as io
 from ._device import Device
 from ._errors import DebugHookError, ShapeError, TraceError
-from ._host_ops import HOST_OP
+from ._ir.ops.host import HOST_OP
 from ._memory import RemoteMemoryError
-from ._program import Program
+from ._ir.program import Program
 from ._runtime import _host_array
 from ._types import DataType, Layout
 

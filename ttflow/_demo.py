@@ -19,11 +19,11 @@ from typing import Any, TextIO
 import anyio
 import numpy as np
 
-from ._binary import Binary
+from ._ir.binary import Binary
 from ._device import Device, open_device
 from ._memory import MemoryView
 from ._memory_map import SPACES, draw_memory_map, record_memory_map, view_as_dict
-from ._program import ProgramBuilder
+from ._ir.builder import ProgramBuilder
 from ._runtime import empty, submit, to_device, to_host, write
 from ._tensor import Tensor
 from ._timeline import record_timeline

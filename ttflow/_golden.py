@@ -36,13 +36,13 @@ from typing import Any, final
 import attrs
 import numpy as np
 
-from ._binary import Binary
+from ._ir.binary import Binary
 from ._debug import OpContext, debug_hooks
 from ._device import Device
 from ._errors import FileError, ProgramError
 from ._mesh import api
-from ._ops import OPS
-from ._program import Program, Step
+from ._ir.ops import OPS
+from ._ir.program import Program, Step
 from ._types import DataType
 
 __all__ = ["GoldenReport", "GoldenRow", "compare_with_golden"]

@@ -39,7 +39,7 @@ from typing import Any, Protocol, final
 import numpy as np
 
 from ._errors import CollectiveError, TTFlowError
-from ._ops import store_as
+from ._ir.numerics import store_as
 from ._types import DataType
 
 __all__ = ["CollectiveRecord", "FabricFacts", "LinkLike", "Meeting", "Peer", "payload_bytes", "portable"]

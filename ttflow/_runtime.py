@@ -21,8 +21,8 @@ from ._kernels import _bfp8, _pointwise
 from ._memory import RemoteMemoryError, Storage
 from ._queue import NO_DEPS
 from ._sched import ProgramCommand, TensorState
-from ._binary import Binary, for_mesh
-from ._program import Program
+from ._ir.binary import Binary, for_mesh
+from ._ir.program import Program
 from ._tensor import Tensor
 from ._types import DataType, Layout, MemorySpace, check_shape
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import kernels
 from ._kernels import _bfp8, _tiles
-from ._ops import to_host_dtype
+from ._ir.numerics import to_host_dtype
 from ._memory import Storage
 from ._types import DataType, TensorLayout
 

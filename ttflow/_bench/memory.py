@@ -33,9 +33,9 @@ from typing import Any
 import anyio
 import numpy as np
 
-from .._binary import Binary
+from .._ir.binary import Binary
 from .._device import Device, open_device
-from .._program import ProgramBuilder
+from .._ir.builder import ProgramBuilder
 from .._runtime import empty, submit, to_device, to_host, write
 from .._tensor import Tensor
 from .._types import DataType, DeviceSpec, Layout, MemorySpace, TensorLayout

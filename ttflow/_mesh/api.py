@@ -17,7 +17,7 @@ import anyio.lowlevel
 
 from .. import _runtime, _timeline, _trace
 from .._debug import OpTensor
-from .._binary import Binary
+from .._ir.binary import Binary
 from .._core import _dispatch
 from .._device import Device
 from .._errors import LayoutError, MeshError

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import _runtime
-from .._binary import Binary
+from .._ir.binary import Binary
 from .._core import _dispatch
 from .._errors import MeshError
 from .._tensor import Tensor

@@ -32,7 +32,7 @@ from .commands import (AllocateCommand, ConvertCommand, ProgramCommand, ReadComm
 from .state import SchedulerState, TensorState
 
 if TYPE_CHECKING:
-    from .._program import Program
+    from .._ir.program import Program
 
 __all__ = ["Scheduler", "EVICTION_POLICIES"]
 

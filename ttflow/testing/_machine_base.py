@@ -37,8 +37,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from .._device import Device, open_device
 from .._errors import (DeallocatedTensorError, LayoutError, OutOfMemoryError, ProgramError, TraceError,
                        TTFlowError)
-from .._binary import Binary
-from .._program import Program, TensorSpec
+from .._ir.binary import Binary
+from .._ir.program import Program, TensorSpec
 from .._runtime import deallocate, empty, submit, to_device, to_host, to_layout, wait, write
 from .._tensor import Tensor
 from .._types import DataType, DeviceSpec, Layout, MemorySpace

@@ -29,7 +29,7 @@ from hypothesis.stateful import invariant, precondition, rule
 
 from .._commands import INLINE_SECONDS
 from .._device import Device
-from .._program import TensorSpec
+from .._ir.program import TensorSpec
 from .._runtime import submit, write
 from .._types import DataType, Layout, MemorySpace, TensorLayout
 from ._machine_base import ModelProgram, _settled

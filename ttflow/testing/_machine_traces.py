@@ -28,7 +28,7 @@ from .._errors import DeallocatedTensorError, TraceError, TTFlowError
 from .._runtime import deallocate, submit, write
 from .._tensor import Tensor
 from .._trace import Trace, capture_trace, execute_trace, release_trace
-from .._program import TensorSpec
+from .._ir.program import TensorSpec
 from .._types import DataType, Layout, MemorySpace
 from ._machine_base import ModelProgram
 from ._machine_flight import FlightRules

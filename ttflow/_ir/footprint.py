@@ -28,7 +28,7 @@ import math
 from collections.abc import Sequence
 from typing import Protocol
 
-from ._types import DataType, DeviceSpec
+from .._types import DataType, DeviceSpec
 
 
 class _Value(Protocol):

@@ -32,13 +32,13 @@ from typing import Any, final
 
 import numpy as np
 
-from ._errors import HostOpError
-from ._types import DataType
+from ..._errors import HostOpError
+from ..._types import DataType
 
 __all__ = ["HOST_OP", "HostFunction", "HostSpan", "host_step", "timing_host_ops"]
 
 HOST_OP = "host_op"
-"""The op name of a host op's steps (not in `_ops.OPS`: it has no device meaning)."""
+"""The op name of a host op's steps (not in `_ir.ops.OPS`: it has no device meaning)."""
 
 HostSpan = tuple[str, float, float]
 """A host op's call: its label (`host_op:<name>`) and its perf_counter start and end."""

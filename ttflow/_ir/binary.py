@@ -51,7 +51,7 @@ from typing import Any, final
 import attrs
 import numpy as np
 
-from ._errors import (
+from .._errors import (
     BinaryFormatError,
     FileError,
     HostOpError,
@@ -59,10 +59,11 @@ from ._errors import (
     ProgramError,
     ShapeError,
 )
-from ._host_ops import HOST_OP
-from ._ops import OPS
-from ._program import Program, ProgramBuilder, TensorSpec, Value
-from ._types import DataType, Layout, MemorySpace, TensorLayout, check_shape
+from .ops.host import HOST_OP
+from .ops import OPS
+from .program import Program, TensorSpec
+from .builder import ProgramBuilder, Value
+from .._types import DataType, Layout, MemorySpace, TensorLayout, check_shape
 
 __all__ = ["Binary", "for_mesh", "get_layout"]
 

@@ -68,135 +68,25 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar, final
 
-import attrs
 import numpy as np
 
-from ._errors import LayoutError, ProgramError, ShapeError
-from ._footprint import program_footprint
-from ._host_ops import HOST_OP, HostFunction, host_step
-from ._ops import (
-    COLLECTIVES,
-    OPS,
-    arange_length,
-    check_range,
-    checked,
-    store_as,
-    to_host_dtype,
-    zero_divisor,
-)
-from ._types import DataType, DeviceSpec, Layout, MemorySpace, TensorLayout, check_shape
+from .._errors import LayoutError, ProgramError, ShapeError
+from .._types import DataType, Layout, MemorySpace, TensorLayout, check_shape
+from .numerics import arange_length, checked, zero_divisor
+from .ops import COLLECTIVES, OPS
+from .ops.host import HOST_OP, HostFunction
+from .program import Program, Step, TensorSpec
 
-__all__ = [
-    "TensorSpec", "Step", "Program", "ProgramBuilder", "Value", "run_on_host",
-]
+__all__ = ["ProgramBuilder", "Value"]
 
 _DEFAULT_LAYOUT = Layout(MemorySpace.DRAM, TensorLayout.TILE)
 _FLOAT_RANK = {DataType.BFLOAT8_B: 0, DataType.BFLOAT16: 1, DataType.FLOAT32: 2}
 
 
-@final
-@attrs.frozen
-class TensorSpec:
-    """A value's static type: its shape and layout (the layout's dtype is always set)."""
-
-    shape: tuple[int, ...]
-    layout: Layout
-
-    @property
-    def dtype(self) -> DataType:
-        assert self.layout.dtype is not None
-        return self.layout.dtype
 
 
-@final
-@attrs.frozen
-class Step:
-    """One op, in execution order: `output = op(*inputs[, scalar], **attrs)`."""
-
-    op: str
-    inputs: tuple[int, ...]
-    scalar: float | None
-    attrs: tuple[tuple[str, Any], ...]
-    output: int
 
 
-@final
-@attrs.frozen(eq=False, repr=False)
-class Program:
-    """A built program. Value ids 0..len(inputs)-1 are the inputs, in order."""
-
-    name: str
-    values: tuple[TensorSpec, ...]
-    steps: tuple[Step, ...]
-    outputs: tuple[int, ...]
-    output_specs: tuple[TensorSpec, ...]
-    num_inputs: int
-    donations: tuple[tuple[int, int], ...] = ()
-    """(output index, input index) pairs: that output reuses that input's buffer (`donates=`)."""
-    range_checks: tuple[tuple[int, str], ...] = ()
-    """(value id, note) pairs: the steps the emulator checks (`ProgramBuilder.checking_range`):
-    an integer result that would wrap, a division by zero or an index out of range fails the run
-    with a ProgramError that begins with the note."""
-    mesh_shape: tuple[int, int] | None = None
-    """The (rows, cols) of the mesh its collectives' shapes were resolved for (`ProgramBuilder`'s
-    `mesh_shape`), or None: a program without collectives, or one built for a group of one
-    chip. A submit resolves them again for the mesh it runs on (`_binary.for_mesh`)."""
-    consts: tuple[int, ...] = ()
-    """The indices of the inputs declared constant (`ProgramBuilder.input(..., const=True)`): the
-    steps that depend only on them run once per (program, constant tensors) and their results
-    are kept on the device until a constant changes (`_const_eval`)."""
-    locations: tuple[tuple[int, str], ...] = ()
-    """(value id, location) pairs: where the step that makes the value came from, as MLIR
-    locations say (`ProgramBuilder.location`: a source line, an FX node); debug hooks and
-    golden reports name ops by it."""
-
-    inputs: tuple[TensorSpec, ...] = attrs.field(init=False, eq=False)
-
-    def __attrs_post_init__(self) -> None:
-        object.__setattr__(self, "inputs", self.values[: self.num_inputs])
-
-    @property
-    def host_ops(self) -> tuple[tuple[int, str], ...]:
-        """(step index, `host_op:<name>`) of each host op (`ProgramBuilder.host_op`), at the step
-        that calls its function (its first output's)."""
-        return tuple((index, step.attrs[0][1].label) for index, step in enumerate(self.steps)
-                     if step.op == HOST_OP and dict(step.attrs)["index"] == 0)
-
-    @property
-    def has_collectives(self) -> bool:
-        """Whether a step exchanges values with other chips (a collective: `COLLECTIVES`)."""
-        return any(step.op in COLLECTIVES for step in self.steps)
-
-    def last_use(self) -> tuple[int, ...]:
-        """For each value id, the index of the last step that reads it, so the runtime can free
-        intermediates early: `len(steps)` for a program output (kept to the end), -1 for a value
-        nothing reads (an unused input, or a dead step result: free it right after its step)."""
-        last = [-1] * len(self.values)
-        for index, step in enumerate(self.steps):
-            for value in step.inputs:
-                last[value] = index
-        for value in self.outputs:
-            last[value] = len(self.steps)
-        return tuple(last)
-
-    def l1_footprint(self, spec: DeviceSpec | None = None) -> int:
-        """Bytes of L1 circular buffers each core needs while the program runs (sized from
-        its ops' tile counts as tt-metal's op factories size them; see `_footprint`). The
-        runtime holds them at the bottom of L1 during the run, beside the program's outputs
-        and intermediates, and moves L1 buffers that are in the way first."""
-        return program_footprint(self.values, self.steps, spec if spec is not None else DeviceSpec())
-
-    def same_as(self, other: Program) -> bool:
-        """Field-by-field equality (programs hash by identity, so the runtime can cache plans)."""
-        return attrs.astuple(self, recurse=False) == attrs.astuple(other, recurse=False)
-
-    def __repr__(self) -> str:
-        def spec(s: TensorSpec) -> str:
-            return f"{s.shape} {s.dtype.name} {s.layout.memory.name} {s.layout.tensor_layout.name}"
-
-        ins = ", ".join(spec(s) for s in self.inputs)
-        outs = ", ".join(spec(s) for s in self.output_specs)
-        return f"<Program {self.name!r} ({ins}) -> ({outs}), {len(self.steps)} steps>"
 
 
 @final
@@ -327,7 +217,7 @@ class ProgramBuilder:
             raise ProgramError("a program needs a non-empty name")
         self.name = name
         # The (rows, cols) of the mesh the collectives' shapes are resolved for; None: a group
-        # of one chip until a submit resolves them for its mesh (`_binary.for_mesh`).
+        # of one chip until a submit resolves them for its mesh (`_ir.binary.for_mesh`).
         self.mesh_shape = _mesh_shape(mesh_shape)
         self._values: list[TensorSpec] = []
         self._steps: list[Step] = []
@@ -407,7 +297,7 @@ class ProgramBuilder:
         (floor_divide, remainder, fmod give 0 on the device; a checked division by a zero scalar
         is refused here), and an embedding id or a gather index out of range (the device clamps
         them). Only the ops that can leave the range of operands inside it are checked
-        (`_ops.checked`: arithmetic, products, left shifts, divisions, typecast, indexing); the
+        (`numerics.checked`: arithmetic, products, left shifts, divisions, typecast, indexing); the
         others select, compare, move or mask values that already fit.
 
         For a front-end that holds a type the device lacks in a narrower one (ttflow.torch keeps
@@ -800,7 +690,7 @@ class ProgramBuilder:
 
     @_located
     def typecast(self, x: Value, dtype: DataType, *, loc: str | None = None) -> Value:
-        """x in another dtype (float to int truncates and saturates; see `_ops`)."""
+        """x in another dtype (float to int truncates and saturates; see `ops`)."""
         self._check_open()
         x = self._value("typecast", x)
         if not isinstance(dtype, DataType):
@@ -1570,44 +1460,3 @@ def _slice_text(bounds: list[tuple[int, int, int]]) -> str:
     return ", ".join(f"{a}:{e}:{s}" for a, e, s in bounds)
 
 
-def run_on_host(program: Program, arrays: Sequence[Any]) -> list[np.ndarray[Any, Any]]:
-    """Runs a program on host arrays exactly as the device does, for tests and a CPU fallback.
-
-    Each input is first converted to its declared dtype (as `submit` converts it at the
-    program's start); each step computes in float32 or int64 and its result is rounded to the
-    value's dtype (`store_as`); each output is rounded to its declared dtype and returned as
-    `to_host` would return it (float32 for BFLOAT8_B, ml_dtypes.bfloat16 for BFLOAT16)."""
-    if len(arrays) != len(program.inputs):
-        raise ProgramError(
-            f"program {program.name!r} takes {len(program.inputs)} inputs, {len(arrays)} were given"
-        )
-    if program.mesh_shape not in (None, (1, 1)):
-        rows, cols = program.mesh_shape
-        raise ProgramError(
-            f"program {program.name!r} was built for a {rows}x{cols} mesh; run_on_host runs one chip "
-            "(its collectives as a group of one): build it without mesh_shape"
-        )
-    values: list[Any] = [None] * len(program.values)  # each set before any step reads it
-    for index, (array, spec) in enumerate(zip(arrays, program.inputs)):
-        host = np.asarray(array)
-        if host.shape != spec.shape:
-            raise ShapeError(
-                f"input {index} of {program.name!r} has shape {host.shape}, the program declares {spec.shape}"
-            )
-        values[index] = store_as(host, spec.dtype)
-    checks = dict(program.range_checks)
-    for step in program.steps:
-        operands = [values[v] for v in step.inputs]
-        if step.op == HOST_OP:  # the user's function, as the runtime calls it
-            result = host_step(operands, step.scalar, **dict(step.attrs))
-        else:
-            result = OPS[step.op].compute(operands, step.scalar, **dict(step.attrs))
-        dtype = program.values[step.output].dtype
-        note = checks.get(step.output)
-        if note is not None:
-            check_range(note, step.op, operands, result, dtype, dict(step.attrs))
-        values[step.output] = store_as(result, dtype)
-    return [
-        to_host_dtype(store_as(values[v], spec.dtype), spec.dtype)
-        for v, spec in zip(program.outputs, program.output_specs)
-    ]

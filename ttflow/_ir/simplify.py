@@ -39,9 +39,9 @@ from typing import Any
 
 import numpy as np
 
-from ._ops import COLLECTIVES
-from ._program import Program, Step, TensorSpec
-from ._types import DataType
+from .ops import COLLECTIVES
+from .program import Program, Step, TensorSpec
+from .._types import DataType
 
 __all__ = ["simplify"]
 
