@@ -53,11 +53,14 @@ def test_the_op_table() -> None:
         "rsqrt", "tanh", "sigmoid", "silu", "pow", "avg_pool2d", "div", "log", "erf", "embedding_grad",
         "conv2d_input_grad", "conv2d_weight_grad", "avg_pool2d_backward", *v4, "atan2"}
     assert all(op.name == n for n, op in OPS.items())
-    assert [n for n, op in OPS.items() if op.arity == 2] == [
+    assert {n for n, op in OPS.items() if op.arity == 2} == {
         "add", "sub", "mul", "gt", "matmul", "eq", "ne", "lt", "le", "ge", "maximum", "minimum",
         "embedding", "rms_norm", "div", "gather", "embedding_grad", "conv2d_input_grad",
         "conv2d_weight_grad", "max_pool2d_backward", "remainder", "floor_divide", "fmod", "atan2",
-        "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"]
+        "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"}
+    # Each record says which format version introduced its op (what `Binary.load` accepts).
+    for version, ops in enumerate([v1, v2, v3, v4, v5, v6, v7], start=1):
+        assert {n for n, op in OPS.items() if op.version == version} == ops, version
     assert {n for n, op in OPS.items() if op.arity == 3} == {"update_cache", "where", "layer_norm", "conv2d"}
     assert {n: op.arity for n, op in OPS.items() if op.arity < 1} == {"concat": -1, "arange": 0, "full": 0}
 

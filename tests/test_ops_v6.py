@@ -3,7 +3,7 @@ prod) against references written here, element by element in Python ints or floa
 against CPU PyTorch on int32 and float32, never `ttflow._ir.ops`.
 
 As in `test_ops_model`: each op on hypothesis-drawn shapes, dtypes and operands through
-`run_on_host`, the builder's refusals (`OpDef.int_only`, scalars that do not fit), the range
+`run_on_host`, the builder's refusals (`OpRecord.int_only`, scalars that do not fit), the range
 checks of left_shift and prod, and one program holding every new op saved, loaded and run on the
 emulated device (asyncio and trio), whose results must equal the host's bit for bit; a
 version-5 file that names a version-6 op is refused.
@@ -309,10 +309,11 @@ def test_int_only_ops_refuse_floats(op: str, dtype: tt.DataType) -> None:
 
 
 def test_an_op_needs_floats_or_integers_not_both() -> None:
-    from ttflow._ir.ops import OpDef
+    from ttflow._ir.record import Kind, OpRecord
 
     with pytest.raises(ValueError, match="both"):
-        OpDef("odd", 1, lambda arrays, scalar: arrays[0], float_only=True, int_only=True)
+        OpRecord("odd", Kind.ELEMENTWISE, 1, lambda arrays, scalar: arrays[0], version=1, float_only=True,
+                 int_only=True)
 
 
 def test_prod_is_a_reduction_as_sum_is() -> None:

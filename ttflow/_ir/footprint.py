@@ -19,16 +19,19 @@ top-down). The rules here follow tt-metal's program factories, in tiles of each 
   subblocks the same way rather than fail).
 
 A program runs its steps in order and each step's buffers are reused by the next, so the
-footprint of the program is the largest footprint of its steps.
+footprint of the program is the largest footprint of its steps. Each op's record names its
+rule (`OpRecord.footprint`: the functions here; none is the eltwise rule).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from collections.abc import Callable
 from typing import Protocol
 
 from .._types import DataType, DeviceSpec
+from .record import REGISTRY
 
 
 class _Value(Protocol):
@@ -46,13 +49,12 @@ class _Step(Protocol):
     @property
     def output(self) -> int: ...
 
-__all__ = ["program_footprint"]
+__all__ = ["program_footprint", "eltwise", "reduction", "row_wise", "matmul_like", "matmul_dims",
+           "conv2d_dims", "channel_dims"]
 
 _ELTWISE_TILES = 2  # double-buffered, per input and output
-_ROW_OPS = {"softmax"}
-_NORM_OPS = {"layer_norm", "rms_norm"}
-_REDUCE_OPS = {"sum", "prod", "max", "mean", "argmax", "cumsum", "argsort"}
-_MATMUL_OPS = {"matmul", "conv2d", "conv2d_input_grad", "conv2d_weight_grad"}
+
+Rule = Callable[[Sequence[_Value], _Step, DeviceSpec], int]
 
 
 def _tiles(n: int) -> int:
@@ -64,21 +66,39 @@ def program_footprint(values: Sequence[_Value], steps: Sequence[_Step], spec: De
     values and steps runs (`Program.l1_footprint`)."""
     if not steps:
         return 0
-    largest = max(_step_footprint(values, step, spec) for step in steps)
+    largest = max((REGISTRY[step.op].footprint or eltwise)(values, step, spec) if step.op in REGISTRY
+                  else eltwise(values, step, spec) for step in steps)
     alignment = spec.l1_alignment
     return -(-largest // alignment) * alignment
 
 
-def _step_footprint(values: Sequence[_Value], step: _Step, spec: DeviceSpec) -> int:
-    out = values[step.output]
-    out_tile = out.dtype.tile_bytes
+def _tile_bytes(values: Sequence[_Value], step: _Step) -> tuple[list[_Value], int, int]:
+    out_tile = values[step.output].dtype.tile_bytes
     inputs = [values[i] for i in step.inputs]
     in_tile = max((v.dtype.tile_bytes for v in inputs), default=out_tile)
-    if step.op in _MATMUL_OPS:
-        return _matmul_footprint(values, step, spec, in_tile, out_tile)
-    if step.op in _ROW_OPS or step.op in _NORM_OPS:
+    return inputs, in_tile, out_tile
+
+
+def eltwise(values: Sequence[_Value], step: _Step, spec: DeviceSpec) -> int:
+    """Two tiles per input and two for the output (eltwise ops, data movement; a host op)."""
+    inputs, _, out_tile = _tile_bytes(values, step)
+    return sum(_ELTWISE_TILES * v.dtype.tile_bytes for v in inputs) + _ELTWISE_TILES * out_tile
+
+
+def reduction(values: Sequence[_Value], step: _Step, spec: DeviceSpec) -> int:
+    """Two input tiles, one scaler tile, two output tiles."""
+    _, in_tile, out_tile = _tile_bytes(values, step)
+    return _ELTWISE_TILES * in_tile + DataType.FLOAT32.tile_bytes + _ELTWISE_TILES * out_tile
+
+
+def row_wise(helpers: int) -> Rule:
+    """A whole row of tiles in (and a row of each affine operand: gamma, beta), a row of
+    intermediates in the compute format, two output tiles and `helpers` one-tile helpers
+    (softmax: 3, the norms: 4)."""
+
+    def rule(values: Sequence[_Value], step: _Step, spec: DeviceSpec) -> int:
+        inputs, in_tile, out_tile = _tile_bytes(values, step)
         compute = DataType.FLOAT32.tile_bytes  # intermediates in the compute format
-        helpers = 3 if step.op in _ROW_OPS else 4
         affine = len(inputs) - 1  # gamma, beta
 
         def size(row: int) -> int:
@@ -87,43 +107,54 @@ def _step_footprint(values: Sequence[_Value], step: _Step, spec: DeviceSpec) -> 
         row = _tiles(inputs[0].shape[-1] if inputs[0].shape else 1)
         # A row too wide for half of L1 streams in blocks of two tiles (the ops' "large" variant).
         return size(row) if size(row) <= spec.l1_bank_bytes // 2 else size(2)
-    if step.op in _REDUCE_OPS:
-        return _ELTWISE_TILES * in_tile + DataType.FLOAT32.tile_bytes + _ELTWISE_TILES * out_tile
-    tiles = sum(_ELTWISE_TILES * v.dtype.tile_bytes for v in inputs)
-    return tiles + _ELTWISE_TILES * out_tile
+
+    return rule
 
 
-def _matmul_dims(values: Sequence[_Value], step: _Step) -> tuple[int, int, int]:
-    """(M, K, N) in elements of the step as a matrix product."""
+def matmul_dims(values: Sequence[_Value], step: _Step) -> tuple[int, int, int]:
+    """(M, K, N) in elements of a matmul step."""
     out = values[step.output]
-    if step.op == "matmul":
-        a, b = (values[i].shape for i in step.inputs[:2])
-        k = a[-1] if a else 1
-        m = math.prod(out.shape[:-1]) if len(out.shape) > 1 else 1
-        return m, k, out.shape[-1] if out.shape else 1
-    if step.op == "conv2d":  # weight [C_out, C_in / groups, kH, kW]: K is C_in / groups * kH * kW
-        k = math.prod(values[step.inputs[1]].shape[1:])
-        return math.prod(out.shape[:-1]), k, out.shape[-1]
-    # a gradient of conv2d: a matmul over the channels of its first operand
+    a, b = (values[i].shape for i in step.inputs[:2])
+    k = a[-1] if a else 1
+    m = math.prod(out.shape[:-1]) if len(out.shape) > 1 else 1
+    return m, k, out.shape[-1] if out.shape else 1
+
+
+def conv2d_dims(values: Sequence[_Value], step: _Step) -> tuple[int, int, int]:
+    """(M, K, N) of a conv2d as the matmul of its im2col: weight [C_out, C_in / groups, kH, kW],
+    so K is C_in / groups * kH * kW."""
+    out = values[step.output]
+    k = math.prod(values[step.inputs[1]].shape[1:])
+    return math.prod(out.shape[:-1]), k, out.shape[-1]
+
+
+def channel_dims(values: Sequence[_Value], step: _Step) -> tuple[int, int, int]:
+    """(M, K, N) of a conv2d gradient: a matmul over the channels of its first operand."""
+    out = values[step.output]
     x = values[step.inputs[0]].shape
     return max(1, math.prod(out.shape[:-1])), x[-1] if x else 1, out.shape[-1] if out.shape else 1
 
 
-def _matmul_footprint(values: Sequence[_Value], step: _Step, spec: DeviceSpec, in_tile: int,
-                      out_tile: int) -> int:
-    m, k, n = _matmul_dims(values, step)
-    mt, kt, nt = _tiles(m), _tiles(k), _tiles(n)
-    grid_x, grid_y = spec.worker_grid
-    per_core_m, per_core_n = -(-mt // grid_y), -(-nt // grid_x)
-    in0_block_w = 2 if kt % 2 == 0 else 1
-    budget = spec.l1_bank_bytes // 2
+def matmul_like(dims: Callable[[Sequence[_Value], _Step], tuple[int, int, int]]) -> Rule:
+    """The multi-core reuse matmul factory's buffers for a step that is a matmul of `dims`."""
 
-    def size(pm: int, pn: int) -> int:
-        return (2 * pm * in0_block_w + 2 * in0_block_w * pn) * in_tile + pm * pn * out_tile
+    def rule(values: Sequence[_Value], step: _Step, spec: DeviceSpec) -> int:
+        _, in_tile, out_tile = _tile_bytes(values, step)
+        m, k, n = dims(values, step)
+        mt, kt, nt = _tiles(m), _tiles(k), _tiles(n)
+        grid_x, grid_y = spec.worker_grid
+        per_core_m, per_core_n = -(-mt // grid_y), -(-nt // grid_x)
+        in0_block_w = 2 if kt % 2 == 0 else 1
+        budget = spec.l1_bank_bytes // 2
 
-    while size(per_core_m, per_core_n) > budget and (per_core_m > 1 or per_core_n > 1):
-        if per_core_m >= per_core_n:
-            per_core_m = -(-per_core_m // 2)
-        else:
-            per_core_n = -(-per_core_n // 2)
-    return size(per_core_m, per_core_n)
+        def size(pm: int, pn: int) -> int:
+            return (2 * pm * in0_block_w + 2 * in0_block_w * pn) * in_tile + pm * pn * out_tile
+
+        while size(per_core_m, per_core_n) > budget and (per_core_m > 1 or per_core_n > 1):
+            if per_core_m >= per_core_n:
+                per_core_m = -(-per_core_m // 2)
+            else:
+                per_core_n = -(-per_core_n // 2)
+        return size(per_core_m, per_core_n)
+
+    return rule

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from .._errors import ProgramError, ShapeError
-from .numerics import check_range, store_as, to_host_dtype
+from .numerics import store_as, to_host_dtype
+from .record import check_range
 from .ops import OPS
 from .ops.host import HOST_OP, host_step
 from .program import Program

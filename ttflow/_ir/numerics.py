@@ -1,6 +1,6 @@
 """The device's number rules that every op and every reader of values shares: the dtype ops
 compute in (float32 or int64), how a value is stored (`store_as`: rounding, wrapping,
-saturating), host dtypes, the range checks of `ProgramBuilder.checking_range`, and the exact
+saturating), host dtypes, and the exact
 functions that several ops evaluate (Cody's erf, Philox4x32-10, numpy's arange length).
 """
 
@@ -12,11 +12,9 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .._errors import ProgramError
 from .._types import DataType
 
-__all__ = ["compute_dtype", "store_as", "to_host_dtype", "checked", "zero_divisor", "check_range",
-           "erf", "philox4x32_10", "arange_length"]
+__all__ = ["compute_dtype", "store_as", "to_host_dtype", "erf", "philox4x32_10", "arange_length"]
 
 Array = np.ndarray[Any, Any]
 
@@ -146,65 +144,14 @@ def store_as(array: Array, dtype: DataType) -> Array:
     wrapped = a.astype(np.int64).astype(np.int32 if dtype is DataType.INT32 else np.uint32)
     return wrapped.astype(np.int64)
 
-_DIVISIONS = frozenset({"floor_divide", "remainder", "fmod"})
 
-_RANGE_CHECKED = frozenset({"add", "sub", "mul", "sum", "neg", "abs", "matmul", "typecast", "cumsum",
-                            "left_shift", "prod", *_DIVISIONS})
 
-"""The integer ops whose result can leave its dtype's range when every operand fits it (-(2**31)
-negated or divided by -1, a sum, a product, a left shift, a float or other integer type cast),
-or that divide (by zero the device gives 0). Bitwise and, or, xor and a right shift of values
-that fit give values that fit."""
 
-_INDEX_CHECKED = frozenset({"embedding", "gather"})
 
-"""The ops that read run-time indices, which the device clamps."""
 
-def checked(op: str, result: DataType) -> bool:
-    """Whether `checking_range` checks a step of `op` giving `result`: the others select,
-    compare or move values that already fit."""
-    return op in _INDEX_CHECKED or (not result.is_float and op in _RANGE_CHECKED)
 
-def zero_divisor(op: str, scalar: float | None) -> bool:
-    """Whether a step divides by the scalar 0 (refused by a checked builder at once)."""
-    return op in _DIVISIONS and scalar == 0
 
-def _check_indices(note: str, index: Array, size: int, what: str) -> None:
-    bad = (index < 0) | (index >= size)
-    if bad.any():
-        raise ProgramError(f"{note}: index {index[bad].flat[0]} is out of range for {size} {what} "
-                           "(the device would clamp it)")
 
-def check_range(note: str, op: str, operands: list[Any], result: Array, dtype: DataType,
-                attrs: dict[str, Any] | None = None) -> None:
-    """Raises ProgramError, beginning with `note`, when a `checked` step's unrounded integer
-    result does not fit `dtype` (`ProgramBuilder.checking_range`): the device would wrap it. A typecast from
-    a float is checked on its truncated input, since the op saturates it (NaN fails too); an
-    integer division (floor_divide, remainder, fmod) by a zero element fails, where the device
-    gives 0. An embedding's ids and a gather's index are checked against the rows or the axis
-    they pick from, which the device clamps into."""
-    if op == "embedding":
-        _check_indices(note, operands[0], operands[1].shape[0], "rows")
-        return
-    if op == "gather":
-        axis = (attrs or {})["axis"]
-        _check_indices(note, operands[1], operands[0].shape[axis], f"places along axis {axis}")
-        return
-    low, high = _INT_RANGE[dtype]
-    if op in _DIVISIONS and len(operands) > 1 and not np.all(operands[1]):
-        raise ProgramError(f"{note}: integer division by zero (the device would give 0)")
-    if op == "typecast" and operands[0].dtype.kind == "f":
-        source = np.trunc(np.asarray(operands[0], np.float64))
-        bad = ~((source >= low) & (source <= high))  # NaN compares False both ways
-        if bad.any():
-            raise ProgramError(f"{note}: {source[bad].flat[0]} does not fit {dtype.name} "
-                               "(the device would saturate it)")
-        return
-    values = np.asarray(result)
-    if values.size and (values.min() < low or values.max() > high):
-        example = values[(values < low) | (values > high)].flat[0]
-        raise ProgramError(f"{note}: a result of {op}, {example}, does not fit {dtype.name} "
-                           "(the device would wrap it)")
 
 def to_host_dtype(array: Array, dtype: DataType) -> Array:
     """`array` as `dtype.host_dtype` (floats round to nearest even, integers wrap to 32 bits);

@@ -10,8 +10,7 @@ from typing import Any, final
 import attrs
 
 from .footprint import program_footprint
-from .ops import COLLECTIVES
-from .ops.host import HOST_OP
+from .record import HOST_OP, REGISTRY, Kind
 from .._types import DataType, DeviceSpec, Layout
 
 __all__ = ["TensorSpec", "Step", "Program"]
@@ -85,8 +84,8 @@ class Program:
 
     @property
     def has_collectives(self) -> bool:
-        """Whether a step exchanges values with other chips (a collective: `COLLECTIVES`)."""
-        return any(step.op in COLLECTIVES for step in self.steps)
+        """Whether a step exchanges values with other chips (a collective: `Kind.COLLECTIVE`)."""
+        return any(step.op in REGISTRY and REGISTRY[step.op].kind is Kind.COLLECTIVE for step in self.steps)
 
     def last_use(self) -> tuple[int, ...]:
         """For each value id, the index of the last step that reads it, so the runtime can free
