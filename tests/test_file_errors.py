@@ -20,7 +20,7 @@ import pytest
 
 import ttflow as tt
 from ttflow._ir import binary as _binary
-from ttflow._memory_map import MemoryMapRecorder
+from ttflow._observe.memory_map import MemoryMapRecorder
 
 SMALL = tt.DeviceSpec.small()
 

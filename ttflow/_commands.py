@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Union, cast, final
 
 import numpy as np
 
-from . import _storage_io as io
+from ._memory import storage_io as io
 from ._ir.ops.host import HOST_OP, host_step, timing_host_ops
 from ._kernels import _pointwise
-from ._memory import Storage
+from ._memory.banks import Storage
 from ._ir.ops import COLLECTIVES, OPS
 from ._ir.record import Kind
 from ._ir.numerics import compute_dtype

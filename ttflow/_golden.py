@@ -37,8 +37,8 @@ import attrs
 import numpy as np
 
 from ._ir.binary import Binary
-from ._debug import OpContext, debug_hooks
-from ._device import Device
+from ._observe.debug import OpContext, debug_hooks
+from ._runtime.device import Device
 from ._errors import FileError, ProgramError
 from ._mesh import api
 from ._ir.ops import OPS
@@ -335,7 +335,7 @@ def run_file(path: str, program_index: int = 0, substitute: bool = False, seed: 
     printed; 1 when an op exceeds its bound (or the file cannot be run), else 0."""
     import anyio
 
-    from ._device import open_device
+    from ._runtime.device import open_device
     from ._errors import TTFlowError
     from ._types import DeviceSpec
 

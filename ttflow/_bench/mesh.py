@@ -33,7 +33,7 @@ import numpy as np
 
 from .._ir.binary import Binary
 from .._blas import limit_blas_threads
-from .._device import open_device
+from .._runtime.device import open_device
 from .._mesh.api import submit, to_device, to_host, wait
 from .._mesh.collectives import collective_log
 from .._mesh.device import open_mesh_device

@@ -58,7 +58,7 @@ from typing import Any, final
 
 import numpy as np
 
-from .. import _runtime
+from .._runtime import calls as _runtime
 from .._ir.binary import Binary, for_mesh
 from .._errors import CollectiveError
 from .._peers import (
@@ -70,7 +70,7 @@ from .._peers import (
     payload_bytes,
     portable,
 )
-from .._tensor import Tensor
+from .._runtime.tensor import Tensor
 from .._workers.endpoint import post_abort
 from .device import MeshDevice
 from .links import Fabric

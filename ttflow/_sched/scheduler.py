@@ -21,7 +21,7 @@ import numpy as np
 from .._commands import Plan, estimate
 from .._core._dispatch import renew_plan_token, submit_program
 from .._errors import OutOfMemoryError, TraceError, detach_frames
-from .._memory import MemorySpaceState
+from .._memory.banks import MemorySpaceState
 from .._queue import Command, CommandQueue
 from .._types import DeviceSpec, Layout, MemorySpace
 from . import capture as _capture

@@ -45,7 +45,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._commands import Compute, Copy, Load, Plan, Record, Slide, Store, _Schedule
-from .._memory import Storage
+from .._memory.banks import Storage
 from .._ir.ops import OPS
 
 __all__ = ["STORE", "LOAD", "COPY", "SLIDE", "COMPUTE", "RUN", "RUN_ALL", "PlanIds", "encode", "decode",

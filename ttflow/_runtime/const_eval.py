@@ -33,14 +33,14 @@ from typing import TYPE_CHECKING, Any, final
 
 import attrs
 
-from ._ir.ops import COLLECTIVES
-from ._ir.program import Program, Step, TensorSpec
-from ._tensor import Tensor
-from ._types import Layout, MemorySpace, TensorLayout
+from .._ir.ops import COLLECTIVES
+from .._ir.program import Program, Step, TensorSpec
+from .tensor import Tensor
+from .._types import Layout, MemorySpace, TensorLayout
 
 if TYPE_CHECKING:
-    from ._device import Device
-    from ._sched import TensorState
+    from .device import Device
+    from .._sched import TensorState
 
 __all__ = ["ConstEvalCache", "Split", "split_of", "submit"]
 
