@@ -30,7 +30,8 @@ mesh its collectives' shapes were resolved for, `ProgramBuilder(mesh_shape=)`); 
 6 still load (with no mesh shape), and a version-6 file that names a collective is malformed.
 Version 8 adds each program's `"locations"` ([value id, location] pairs, see
 `ProgramBuilder.location`), with no other change; versions 1 to 7 still load, with none.
-`save` always writes the newest version, whatever ops the programs use.
+`save` always writes the newest version, whatever ops the programs use: the newest of the
+fields' (8) and of the ops' records (`OpRecord.version`).
 
 `for_mesh` resolves a program's collectives for the mesh a submit runs it on: it replays the
 program through a builder of that mesh shape (the loader's replay), so every later step's
@@ -68,8 +69,11 @@ from .._types import DataType, Layout, MemorySpace, TensorLayout, check_shape
 __all__ = ["Binary", "for_mesh", "get_layout"]
 
 _MAGIC = b"TTFLOWB\0"
-_VERSION = 8
-_READS = (1, 2, 3, 4, 5, 6, 7, 8)  # the versions `load` reads
+_FIELDS_VERSION = 8  # the newest version that changed the file's fields (locations)
+_VERSION = max(_FIELDS_VERSION, *(record.version for record in OPS.values()))
+"""The version `save` writes: the newest of the fields and of the ops' records (an op added to
+ttflow names the version that introduced it; its record is the only place that says so)."""
+_READS = tuple(range(1, _VERSION + 1))  # the versions `load` reads
 _HEADER = struct.Struct("<8sIQI")  # magic, version, payload length, crc32 of payload
 
 
