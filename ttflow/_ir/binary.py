@@ -30,6 +30,9 @@ mesh its collectives' shapes were resolved for, `ProgramBuilder(mesh_shape=)`); 
 6 still load (with no mesh shape), and a version-6 file that names a collective is malformed.
 Version 8 adds each program's `"locations"` ([value id, location] pairs, see
 `ProgramBuilder.location`), with no other change; versions 1 to 7 still load, with none.
+A version after 8 adds ops only: each op's record names the version that introduced it
+(`OpRecord.version`; docs/ops.md has a table per version), and an older file that names it is
+malformed.
 `save` always writes the newest version, whatever ops the programs use: the newest of the
 fields' (8) and of the ops' records (`OpRecord.version`).
 
