@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import ttflow as tt
+from ttflow._ir.binary import _VERSION as NEWEST  # save's version: the newest of the ops' records
 from ttflow._commands import Plan
 from ttflow._ir.builder import Value
 from ttflow._ir.interpreter import run_on_host
@@ -818,7 +819,7 @@ def check_saved_and_on_host(tmp_path: Path, program: tt.Program, arrays: list[Ar
     """Saved in the newest format version, loaded back equal, run on the host, checked."""
     path = tmp_path / "every.ttb"
     tt.Binary([program]).save(path)
-    assert struct.unpack_from("<I", path.read_bytes(), 8) == (8,)  # the newest version
+    assert struct.unpack_from("<I", path.read_bytes(), 8) == (NEWEST,)
     (loaded,) = tt.Binary.load(path).programs
     assert loaded.same_as(program)
     check_every_op(loaded, arrays, refs, run_on_host(loaded, arrays))

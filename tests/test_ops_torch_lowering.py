@@ -41,6 +41,7 @@ from test_ops_model import (
 )
 
 import ttflow as tt
+from ttflow._ir.binary import _VERSION as NEWEST  # save's version: the newest of the ops' records
 from ttflow._ir.builder import Value
 from ttflow._ir.interpreter import run_on_host
 
@@ -819,7 +820,7 @@ def test_an_older_version_file_cannot_hold_a_newer_op(tmp_path: Path, build: Any
     path = tmp_path / "p.ttb"
     tt.Binary([program]).save(path)
     raw = path.read_bytes()
-    assert struct.unpack("<I", raw[8:12]) == (8,)  # the newest version
+    assert struct.unpack("<I", raw[8:12]) == (NEWEST,)
     path.write_bytes(raw[:8] + struct.pack("<I", older) + raw[12:])
     with pytest.raises(tt.BinaryFormatError, match=f"{first_op} is not an op of format version {older}"):
         tt.Binary.load(path)

@@ -40,6 +40,7 @@ from test_ops_model import (
 )
 
 import ttflow as tt
+from ttflow._ir.binary import _VERSION as NEWEST  # save's version: the newest of the ops' records
 from ttflow._commands import Plan
 from ttflow._ir.interpreter import run_on_host
 
@@ -457,7 +458,7 @@ def test_a_version_5_file_cannot_hold_a_version_6_op(tmp_path: Path, op: str) ->
     path = tmp_path / "p.ttb"
     tt.Binary([one_op_program(op)]).save(path)
     raw = path.read_bytes()
-    assert struct.unpack("<I", raw[8:12]) == (8,)  # the newest version
+    assert struct.unpack("<I", raw[8:12]) == (NEWEST,)
     path.write_bytes(with_version(raw, 5))
     with pytest.raises(tt.BinaryFormatError, match=f"step 0: {op} is not an op of format version 5"):
         tt.Binary.load(path)
