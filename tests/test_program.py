@@ -513,7 +513,7 @@ def test_load_checks_the_header_before_reading_the_payload(tmp_path: Path, monke
     header = HEADER.unpack_from(raw)
     cases = {
         "not a ttflow binary": b"PK\x03\x04" + raw[4:],  # a zip, say
-        "version 9": raw[:8] + struct.pack("<I", 9) + raw[12:],
+        f"version {NEWEST + 1}": raw[:8] + struct.pack("<I", NEWEST + 1) + raw[12:],
         "stray bytes": raw,  # the header's length disagrees with the file's size
         r"truncated.*header says 1099511627776": HEADER.pack(header[0], 2, 1 << 40, header[3]) + raw[24:],
     }
