@@ -119,6 +119,16 @@ def _replay_where(b: Any, args: list[Any], scalar: float | None, attrs_: dict[st
     return b.where(cond, a, c)
 
 
+def _clamp(arrays: list[Array], scalar: float | None, min: float | None, max: float | None) -> Array:
+    """max(x, min) then min(., max), as torch.clamp: NaN stays NaN, and min > max gives max."""
+    x = arrays[0]
+    if min is not None:
+        x = np.maximum(x, x.dtype.type(min))
+    if max is not None:
+        x = np.minimum(x, x.dtype.type(max))
+    return x
+
+
 class EltwiseOps(BuilderCore):
     """The eltwise ops of `ProgramBuilder`."""
 
@@ -295,6 +305,20 @@ class EltwiseOps(BuilderCore):
     def minimum(self, a: Value, other: Value | float, *, loc: str | None = None) -> Value:
         """The elementwise smaller of a and other (np.minimum: NaN wins)."""
         return self._binary("minimum", a, other)
+
+    @op("clamp", Kind.ELEMENTWISE, 1, _clamp, version=9)
+    def clamp(self, x: Value, min: float | None = None, max: float | None = None, *,
+              loc: str | None = None) -> Value:
+        """x limited to [min, max] (torch.clamp, np.clip with one bound left out as None, at
+        least one given): max(x, min), then the minimum of that and max, so min > max gives max
+        everywhere (torch's rule) and NaN stays NaN. Floats or integers; an integer value takes
+        integral bounds (as any scalar operand)."""
+        self._check_open()
+        x = self._value("clamp", x)
+        if min is None and max is None:
+            raise ProgramError("clamp needs min, max or both")
+        bounds = {name: None if v is None else _scalar("clamp", x.dtype, v) for name, v in (("min", min), ("max", max))}
+        return self._emit("clamp", [x], x.shape, x.dtype, **bounds)
 
     @op("rsqrt", Kind.ELEMENTWISE, 1, unary_compute(lambda x: x.dtype.type(1) / np.sqrt(x)), version=2,
         float_only=True)
