@@ -270,3 +270,31 @@ def test_store_as_float_array_into_integers_and_compute_dtypes() -> None:
     assert store_as(np.array([3, 4], np.int32), F32).dtype == np.float32
     assert {dt: compute_dtype(dt) for dt in DataType} == {
         F32: np.float32, BF16: np.float32, BF8: np.float32, I32: np.int64, U32: np.int64}
+
+
+def test_every_op_is_one_record_beside_its_builder_method() -> None:
+    """An op is defined once: its record is registered by the builder method it decorates, in
+    the op's family file (`ttflow/_ir/ops/<family>.py`), and every record has its method."""
+    import inspect
+
+    from ttflow import ProgramBuilder
+    from ttflow._ir.record import REGISTRY
+
+    assert OPS is REGISTRY
+    families = set()
+    for name, record in OPS.items():
+        method = inspect.unwrap(getattr(ProgramBuilder, name))
+        module = method.__module__
+        assert module.startswith("ttflow._ir.ops."), (name, module)
+        families.add(module.rsplit(".", 1)[1])
+    assert families == {"eltwise", "reduction", "matmul_conv", "data_movement", "normalization", "creation",
+                        "indexing", "collectives", "cache"}
+
+
+def test_the_registry_is_complete_whatever_part_of_the_ir_is_imported_first() -> None:
+    import subprocess
+    import sys
+
+    code = "import ttflow._ir.record as r; print(len(r.REGISTRY))"  # before anything imports the builder
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert int(out) == len(OPS)
