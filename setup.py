@@ -18,7 +18,7 @@ extensions = [
     )
     for pyx in sorted(KERNELS.glob("*.pyx"))
 ] + [
-    # The allocator of bank memory (below `ttflow._memory`), on dispatch's hot path.
+    # The allocator of bank memory (below `ttflow._memory.banks`), on dispatch's hot path.
     Extension(
         "ttflow._core._allocator",
         [str(Path("ttflow") / "_core" / "_allocator.pyx")],

@@ -16,7 +16,7 @@ import pytest
 import ttflow
 from ttflow import _demo
 from ttflow._bench import dispatch
-from ttflow._timeline import queue_summary
+from ttflow._observe.timeline import queue_summary
 from ttflow.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,12 +16,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import ttflow as tt
-from ttflow._binary import for_mesh
+from ttflow._ir.binary import for_mesh
 from ttflow._mesh.collectives import Rendezvous
 from ttflow._mesh.links import Fabric
 from ttflow._mesh.topology import physical
-from ttflow._ops import store_as
-from ttflow._program import run_on_host
+from ttflow._ir.numerics import store_as
+from ttflow._ir.interpreter import run_on_host
 
 pytestmark = pytest.mark.anyio
 

@@ -260,7 +260,7 @@ def test_locations_survive_the_file_simplify_and_a_mesh_resolution(tmp_path: Any
     tt.Binary([program]).save(path)
     loaded = tt.Binary.load(path).programs[0]
     simplified = tt.simplify(program)
-    from ttflow._binary import for_mesh
+    from ttflow._ir.binary import for_mesh
 
     for p in (program, loaded, simplified, for_mesh(program, (1, 2))):
         locs = dict(p.locations)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import ttflow as tt
-from ttflow._memory import TRACE_BYTES_PER_COMMAND
+from ttflow._memory.banks import TRACE_BYTES_PER_COMMAND
 
 pytestmark = pytest.mark.anyio
 

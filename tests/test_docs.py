@@ -264,7 +264,7 @@ CLAIMING = [page for page in PAGES if format_claims(page)]
     pytest.param(page, marks=pytest.mark.xfail(reason=NOT_OURS[page.name], strict=True))
     if page.name in NOT_OURS else page for page in CLAIMING], ids=[page.name for page in CLAIMING])
 def test_the_docs_quote_the_binary_format_version(page: Path) -> None:
-    from ttflow._binary import _READS, _VERSION
+    from ttflow._ir.binary import _READS, _VERSION
 
     assert format_claims(page) and all(
         version == (_VERSION if what == "writes" else _READS[-1]) for what, version in format_claims(page)

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 import ttflow as tt
-from ttflow import _binary
-from ttflow._memory_map import MemoryMapRecorder
+from ttflow._ir import binary as _binary
+from ttflow._observe.memory_map import MemoryMapRecorder
 
 SMALL = tt.DeviceSpec.small()
 

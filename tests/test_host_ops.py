@@ -18,7 +18,7 @@ import pytest
 
 import ttflow as tt
 from ttflow._core import _dispatch
-from ttflow._program import run_on_host
+from ttflow._ir.interpreter import run_on_host
 
 pytestmark = pytest.mark.anyio
 

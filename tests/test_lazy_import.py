@@ -23,7 +23,7 @@ import pytest
 import ttflow as tt
 
 ROOT = Path(__file__).resolve().parent.parent
-HEAVY = ("ml_dtypes", "ttflow._device", "ttflow._sched", "ttflow.kernels", "numpy")
+HEAVY = ("ml_dtypes", "ttflow._runtime.device", "ttflow._sched", "ttflow.kernels", "numpy")
 
 
 def fresh(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -68,7 +68,7 @@ def test_import_ttflow_loads_a_name_when_it_is_first_used() -> None:
     before = loaded_after("import ttflow")
     assert not before & set(HEAVY), sorted(before & set(HEAVY))
     after = loaded_after("import ttflow as tt; tt.open_device; tt.kernels.tilize")
-    assert {"ttflow._device", "ttflow.kernels", "ml_dtypes"} <= after
+    assert {"ttflow._runtime.device", "ttflow.kernels", "ml_dtypes"} <= after
 
 
 def test_from_ttflow_import_works_in_a_fresh_interpreter() -> None:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import ttflow as tt
-from ttflow._memory import Allocator, BankMemory, MemorySpaceState
+from ttflow._memory.banks import Allocator, BankMemory, MemorySpaceState
 
 
 def _gaps(used: dict[int, int], size: int) -> list[tuple[int, int]]:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import ttflow as tt
-from ttflow._memory_map import (
+from ttflow._observe.memory_map import (
     INSTALL_HINT,
     MemoryMapRecorder,
     draw_memory_map,
@@ -180,7 +180,7 @@ async def test_a_named_tensor_is_named_in_the_views_and_the_map() -> None:
 
 
 def test_a_map_labels_its_largest_buffers() -> None:
-    from ttflow._memory_map import LABELLED, labelled
+    from ttflow._observe.memory_map import LABELLED, labelled
 
     large = [(0, 100, (i * 60, 50 + i, "home", f"t{i}")) for i in range(LABELLED + 2)]
     unnamed = (0, 100, (0, 500, "circular_buffers", ""))     # holds no tensor

@@ -15,7 +15,8 @@ from hypothesis.extra import numpy as hnp
 
 from reference import bfp8_pack_reference, bfp8_unpack_reference, tilize
 from ttflow import DataType
-from ttflow._ops import OPS, compute_dtype, erf, store_as, to_host_dtype
+from ttflow._ir.ops import OPS
+from ttflow._ir.numerics import compute_dtype, erf, store_as, to_host_dtype
 
 Array = np.ndarray[Any, Any]
 F32, BF16, BF8, I32, U32 = (DataType.FLOAT32, DataType.BFLOAT16, DataType.BFLOAT8_B,
@@ -45,18 +46,23 @@ def test_the_op_table() -> None:
     v5 = {"remainder", "floor_divide", "fmod", "cumsum", "argsort", "atan2"}
     v6 = {"bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift", "prod"}
     v7 = {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "point_to_point", "all_to_all"}
-    assert set(OPS) == v1 | v2 | v3 | v4 | v5 | v6 | v7
+    v8: set[str] = set()  # (version 8 added locations, no op)
+    v9 = {"clamp"}
+    assert set(OPS) == v1 | v2 | v3 | v4 | v5 | v6 | v7 | v9
     assert {n for n, op in OPS.items() if op.int_only} == v6 - {"prod"}
     assert {n for n, op in OPS.items() if op.float_only} == {
         "gelu", "exp", "sqrt", "reciprocal", "softmax", "layer_norm", "rms_norm", "conv2d", "mean",
         "rsqrt", "tanh", "sigmoid", "silu", "pow", "avg_pool2d", "div", "log", "erf", "embedding_grad",
         "conv2d_input_grad", "conv2d_weight_grad", "avg_pool2d_backward", *v4, "atan2"}
     assert all(op.name == n for n, op in OPS.items())
-    assert [n for n, op in OPS.items() if op.arity == 2] == [
+    assert {n for n, op in OPS.items() if op.arity == 2} == {
         "add", "sub", "mul", "gt", "matmul", "eq", "ne", "lt", "le", "ge", "maximum", "minimum",
         "embedding", "rms_norm", "div", "gather", "embedding_grad", "conv2d_input_grad",
         "conv2d_weight_grad", "max_pool2d_backward", "remainder", "floor_divide", "fmod", "atan2",
-        "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"]
+        "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"}
+    # Each record says which format version introduced its op (what `Binary.load` accepts).
+    for version, ops in enumerate([v1, v2, v3, v4, v5, v6, v7, v8, v9], start=1):
+        assert {n for n, op in OPS.items() if op.version == version} == ops, version
     assert {n for n, op in OPS.items() if op.arity == 3} == {"update_cache", "where", "layer_norm", "conv2d"}
     assert {n: op.arity for n, op in OPS.items() if op.arity < 1} == {"concat": -1, "arange": 0, "full": 0}
 
@@ -264,3 +270,31 @@ def test_store_as_float_array_into_integers_and_compute_dtypes() -> None:
     assert store_as(np.array([3, 4], np.int32), F32).dtype == np.float32
     assert {dt: compute_dtype(dt) for dt in DataType} == {
         F32: np.float32, BF16: np.float32, BF8: np.float32, I32: np.int64, U32: np.int64}
+
+
+def test_every_op_is_one_record_beside_its_builder_method() -> None:
+    """An op is defined once: its record is registered by the builder method it decorates, in
+    the op's family file (`ttflow/_ir/ops/<family>.py`), and every record has its method."""
+    import inspect
+
+    from ttflow import ProgramBuilder
+    from ttflow._ir.record import REGISTRY
+
+    assert OPS is REGISTRY
+    families = set()
+    for name, record in OPS.items():
+        method = inspect.unwrap(getattr(ProgramBuilder, name))
+        module = method.__module__
+        assert module.startswith("ttflow._ir.ops."), (name, module)
+        families.add(module.rsplit(".", 1)[1])
+    assert families == {"eltwise", "reduction", "matmul_conv", "data_movement", "normalization", "creation",
+                        "indexing", "collectives", "cache"}
+
+
+def test_the_registry_is_complete_whatever_part_of_the_ir_is_imported_first() -> None:
+    import subprocess
+    import sys
+
+    code = "import ttflow._ir.record as r; print(len(r.REGISTRY))"  # before anything imports the builder
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert int(out) == len(OPS)

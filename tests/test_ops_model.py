@@ -1,5 +1,5 @@
 """The ops of format version 2 (issue 10) against references written here, in float64 numpy (and
-PyTorch's conv and pools when torch is installed), never `ttflow._ops`.
+PyTorch's conv and pools when torch is installed), never `ttflow._ir.ops`.
 
 Each op is checked three ways: `run_on_host` on hypothesis-drawn shapes, axes, dtypes and
 edge cases (one row, widths 1, 5, 33, 40, negative indices, NaN, ties); the emulated device end
@@ -27,8 +27,10 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import ttflow as tt
+from ttflow._ir.binary import _VERSION as NEWEST  # save's version: the newest of the ops' records
 from ttflow._commands import Plan
-from ttflow._program import Value, run_on_host
+from ttflow._ir.builder import Value
+from ttflow._ir.interpreter import run_on_host
 
 Array = np.ndarray[Any, Any]
 F32, BF16, BF8 = tt.DataType.FLOAT32, tt.DataType.BFLOAT16, tt.DataType.BFLOAT8_B
@@ -817,7 +819,7 @@ def check_saved_and_on_host(tmp_path: Path, program: tt.Program, arrays: list[Ar
     """Saved in the newest format version, loaded back equal, run on the host, checked."""
     path = tmp_path / "every.ttb"
     tt.Binary([program]).save(path)
-    assert struct.unpack_from("<I", path.read_bytes(), 8) == (8,)  # the newest version
+    assert struct.unpack_from("<I", path.read_bytes(), 8) == (NEWEST,)
     (loaded,) = tt.Binary.load(path).programs
     assert loaded.same_as(program)
     check_every_op(loaded, arrays, refs, run_on_host(loaded, arrays))
@@ -928,7 +930,7 @@ def test_edited_attrs_load_or_raise_binary_format_error(tmp_path: Path, data: st
 
 
 def test_the_ops_page_lists_every_op() -> None:
-    from ttflow._ops import OPS  # the table of ops only; the references above are this file's
+    from ttflow._ir.ops import OPS  # the table of ops only; the references above are this file's
 
     page = (Path(__file__).parent.parent / "docs" / "ops.md").read_text()
     first_column = {name for line in page.splitlines() if line.startswith("| ")

@@ -1,6 +1,6 @@
 """The ops of format version 3 (what a PyTorch front-end lowering core-ATen graphs needs) against
 references written here: float64 numpy, `math.erf`, a pure-Python Philox4x32-10 and CPU PyTorch
-autograd for the gradients (permuted between NHWC and NCHW), never `ttflow._ops`.
+autograd for the gradients (permuted between NHWC and NCHW), never `ttflow._ir.ops`.
 
 As in `test_ops_model`: each op on hypothesis-drawn shapes and dtypes through `run_on_host`, the
 builder's refusals, and one program holding every new op saved, loaded and run on the emulated
@@ -41,7 +41,9 @@ from test_ops_model import (
 )
 
 import ttflow as tt
-from ttflow._program import Value, run_on_host
+from ttflow._ir.binary import _VERSION as NEWEST  # save's version: the newest of the ops' records
+from ttflow._ir.builder import Value
+from ttflow._ir.interpreter import run_on_host
 
 Array = np.ndarray[Any, Any]
 float_dtypes = st.sampled_from(FLOATS)
@@ -818,7 +820,7 @@ def test_an_older_version_file_cannot_hold_a_newer_op(tmp_path: Path, build: Any
     path = tmp_path / "p.ttb"
     tt.Binary([program]).save(path)
     raw = path.read_bytes()
-    assert struct.unpack("<I", raw[8:12]) == (8,)  # the newest version
+    assert struct.unpack("<I", raw[8:12]) == (NEWEST,)
     path.write_bytes(raw[:8] + struct.pack("<I", older) + raw[12:])
     with pytest.raises(tt.BinaryFormatError, match=f"{first_op} is not an op of format version {older}"):
         tt.Binary.load(path)

@@ -1,9 +1,9 @@
 """The ops of format version 6 (bitwise_and, bitwise_or, bitwise_xor, left_shift, right_shift,
 prod) against references written here, element by element in Python ints or float32 numpy, and
-against CPU PyTorch on int32 and float32, never `ttflow._ops`.
+against CPU PyTorch on int32 and float32, never `ttflow._ir.ops`.
 
 As in `test_ops_model`: each op on hypothesis-drawn shapes, dtypes and operands through
-`run_on_host`, the builder's refusals (`OpDef.int_only`, scalars that do not fit), the range
+`run_on_host`, the builder's refusals (`OpRecord.int_only`, scalars that do not fit), the range
 checks of left_shift and prod, and one program holding every new op saved, loaded and run on the
 emulated device (asyncio and trio), whose results must equal the host's bit for bit; a
 version-5 file that names a version-6 op is refused.
@@ -40,8 +40,9 @@ from test_ops_model import (
 )
 
 import ttflow as tt
+from ttflow._ir.binary import _VERSION as NEWEST  # save's version: the newest of the ops' records
 from ttflow._commands import Plan
-from ttflow._program import run_on_host
+from ttflow._ir.interpreter import run_on_host
 
 Array = np.ndarray[Any, Any]
 INTS = [I32, U32]
@@ -309,10 +310,11 @@ def test_int_only_ops_refuse_floats(op: str, dtype: tt.DataType) -> None:
 
 
 def test_an_op_needs_floats_or_integers_not_both() -> None:
-    from ttflow._ops import OpDef
+    from ttflow._ir.record import Kind, OpRecord
 
     with pytest.raises(ValueError, match="both"):
-        OpDef("odd", 1, lambda arrays, scalar: arrays[0], float_only=True, int_only=True)
+        OpRecord("odd", Kind.ELEMENTWISE, 1, lambda arrays, scalar: arrays[0], version=1, float_only=True,
+                 int_only=True)
 
 
 def test_prod_is_a_reduction_as_sum_is() -> None:
@@ -456,7 +458,7 @@ def test_a_version_5_file_cannot_hold_a_version_6_op(tmp_path: Path, op: str) ->
     path = tmp_path / "p.ttb"
     tt.Binary([one_op_program(op)]).save(path)
     raw = path.read_bytes()
-    assert struct.unpack("<I", raw[8:12]) == (8,)  # the newest version
+    assert struct.unpack("<I", raw[8:12]) == (NEWEST,)
     path.write_bytes(with_version(raw, 5))
     with pytest.raises(tt.BinaryFormatError, match=f"step 0: {op} is not an op of format version 5"):
         tt.Binary.load(path)

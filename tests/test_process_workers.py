@@ -29,7 +29,7 @@ import pytest
 from hypothesis import settings
 
 import ttflow as tt
-from ttflow._memory import SHARED_DIR, SHARED_PREFIX
+from ttflow._memory.banks import SHARED_DIR, SHARED_PREFIX
 from ttflow._workers.endpoint import ENDPOINT_PREFIX
 from ttflow._workers.process import ProcessQueueWorker
 

@@ -17,8 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ttflow as tt
-from ttflow import _binary
-from ttflow._program import Value, run_on_host
+from ttflow._ir.binary import _VERSION as NEWEST  # save's version: the newest of the ops' records
+from ttflow._ir import binary as _binary
+from ttflow._ir.builder import Value
+from ttflow._ir.interpreter import run_on_host
 from ttflow._types import check_shape, storage_geometry
 
 F32, BF16, BF8 = tt.DataType.FLOAT32, tt.DataType.BFLOAT16, tt.DataType.BFLOAT8_B
@@ -447,12 +449,13 @@ def load_bytes(path: Path, raw: bytes, match: str | None = None) -> None:
 
 def test_header_errors(tmp_path: Path) -> None:
     path, raw = saved(tmp_path)
-    assert raw[:8] == b"TTFLOWB\0" and HEADER.unpack_from(raw)[1:] == (8, len(raw) - 24, zlib.crc32(raw[24:]))
+    assert raw[:8] == b"TTFLOWB\0" and HEADER.unpack_from(raw)[1:] == (NEWEST, len(raw) - 24, zlib.crc32(raw[24:]))
     load_bytes(path, b"PK\x03\x04" + raw[4:], "not a ttflow binary")
     load_bytes(path, b"", "not a ttflow binary")
     load_bytes(path, b"TTF", "truncated")
-    load_bytes(path, raw[:8] + struct.pack("<I", 9) + raw[12:], r"version 9.*versions 1 to 8.*newer")
-    load_bytes(path, raw[:8] + struct.pack("<I", 0) + raw[12:], r"version 0.*versions 1 to 8.*unknown")
+    load_bytes(path, raw[:8] + struct.pack("<I", NEWEST + 1) + raw[12:],
+               rf"version {NEWEST + 1}.*versions 1 to {NEWEST}.*newer")
+    load_bytes(path, raw[:8] + struct.pack("<I", 0) + raw[12:], rf"version 0.*versions 1 to {NEWEST}.*unknown")
     load_bytes(path, raw[:30], "truncated")
     load_bytes(path, raw + b"\0", "stray bytes")
     i = len(raw) // 2
@@ -510,7 +513,7 @@ def test_load_checks_the_header_before_reading_the_payload(tmp_path: Path, monke
     header = HEADER.unpack_from(raw)
     cases = {
         "not a ttflow binary": b"PK\x03\x04" + raw[4:],  # a zip, say
-        "version 9": raw[:8] + struct.pack("<I", 9) + raw[12:],
+        f"version {NEWEST + 1}": raw[:8] + struct.pack("<I", NEWEST + 1) + raw[12:],
         "stray bytes": raw,  # the header's length disagrees with the file's size
         r"truncated.*header says 1099511627776": HEADER.pack(header[0], 2, 1 << 40, header[3]) + raw[24:],
     }

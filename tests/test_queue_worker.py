@@ -21,7 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ttflow as tt
-from ttflow import _commands, _queue, _sched, _storage_io
+from ttflow import _commands, _queue, _sched
+from ttflow._memory import storage_io as _storage_io
 from ttflow.testing import hold_worker_threads
 
 pytestmark = pytest.mark.anyio  # the async tests; the hypothesis one runs each backend itself

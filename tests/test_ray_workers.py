@@ -37,7 +37,7 @@ from test_process_workers import (  # noqa: E402
 )
 
 import ttflow as tt  # noqa: E402
-from ttflow._memory import RemoteBanks  # noqa: E402
+from ttflow._memory.banks import RemoteBanks  # noqa: E402
 from ttflow._workers.ray import RayQueueWorker, RayWorkers  # noqa: E402
 
 pytestmark = pytest.mark.anyio

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import ttflow as tt
-from ttflow import _ops
+from ttflow._ir import ops as _ops
 
 pytestmark = pytest.mark.anyio
 

@@ -16,8 +16,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import ttflow as tt
-from ttflow._ops import OPS, store_as
-from ttflow._program import run_on_host
+from ttflow._ir.ops import OPS
+from ttflow._ir.numerics import store_as
+from ttflow._ir.interpreter import run_on_host
 
 F32, BF16, I32 = tt.DataType.FLOAT32, tt.DataType.BFLOAT16, tt.DataType.INT32
 DRAM_TILE = tt.Layout(tt.MemorySpace.DRAM, tt.TensorLayout.TILE)

@@ -250,7 +250,7 @@ def _no_room(*args: object) -> None:
 
 
 async def test_a_full_shared_memory_gives_a_typed_error_where_it_allocates(monkeypatch: pytest.MonkeyPatch) -> None:
-    import ttflow._memory as memory
+    import ttflow._memory.banks as memory
 
     b = tt.ProgramBuilder("double")
     b.output(b.mul(b.input((512, 512), tt.Layout(DRAM, TILE, F32)), 2.0), tt.Layout(DRAM, TILE, F32))

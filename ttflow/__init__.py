@@ -25,15 +25,15 @@ except ModuleNotFoundError as _missing:  # pragma: no cover - exercised in a sub
 
 if _typing.TYPE_CHECKING:  # the re-exports, as type checkers and IDEs read them
     from . import kernels as kernels
-    from ._binary import Binary as Binary
-    from ._binary import get_layout as get_layout
-    from ._debug import OpContext as OpContext
-    from ._debug import OpTensor as OpTensor
-    from ._debug import ProgramContext as ProgramContext
-    from ._debug import debug_hooks as debug_hooks
-    from ._device import Device as Device
-    from ._device import DeviceStatistics as DeviceStatistics
-    from ._device import open_device as open_device
+    from ._ir.binary import Binary as Binary
+    from ._ir.binary import get_layout as get_layout
+    from ._observe.debug import OpContext as OpContext
+    from ._observe.debug import OpTensor as OpTensor
+    from ._observe.debug import ProgramContext as ProgramContext
+    from ._observe.debug import debug_hooks as debug_hooks
+    from ._runtime.device import Device as Device
+    from ._runtime.device import DeviceStatistics as DeviceStatistics
+    from ._runtime.device import open_device as open_device
     from ._errors import BinaryFormatError as BinaryFormatError
     from ._errors import CollectiveError as CollectiveError
     from ._errors import DeallocatedTensorError as DeallocatedTensorError
@@ -52,15 +52,15 @@ if _typing.TYPE_CHECKING:  # the re-exports, as type checkers and IDEs read them
     from ._golden import GoldenReport as GoldenReport
     from ._golden import GoldenRow as GoldenRow
     from ._golden import compare_with_golden as compare_with_golden
-    from ._memory import BufferInfo as BufferInfo
-    from ._memory import BufferView as BufferView
-    from ._memory import MemoryView as MemoryView
-    from ._memory import RemoteMemoryError as RemoteMemoryError
+    from ._memory.banks import BufferInfo as BufferInfo
+    from ._memory.banks import BufferView as BufferView
+    from ._memory.banks import MemoryView as MemoryView
+    from ._memory.banks import RemoteMemoryError as RemoteMemoryError
     from ._memory_log import set_memory_log as set_memory_log
-    from ._memory_map import MemoryMapRecorder as MemoryMapRecorder
-    from ._memory_map import draw_memory_map as draw_memory_map
-    from ._memory_map import memory_map_figure as memory_map_figure
-    from ._memory_map import record_memory_map as record_memory_map
+    from ._observe.memory_map import MemoryMapRecorder as MemoryMapRecorder
+    from ._observe.memory_map import draw_memory_map as draw_memory_map
+    from ._observe.memory_map import memory_map_figure as memory_map_figure
+    from ._observe.memory_map import record_memory_map as record_memory_map
     from ._mesh.api import capture_trace as capture_trace
     from ._mesh.api import deallocate as deallocate
     from ._mesh.api import empty as empty
@@ -89,14 +89,14 @@ if _typing.TYPE_CHECKING:  # the re-exports, as type checkers and IDEs read them
     from ._mesh.timeline import MeshTimelineRecorder as MeshTimelineRecorder
     from ._mesh.trace import MeshTrace as MeshTrace
     from ._mesh.transfer import from_shards as from_shards
-    from ._program import Program as Program
-    from ._program import ProgramBuilder as ProgramBuilder
+    from ._ir.program import Program as Program
+    from ._ir.builder import ProgramBuilder as ProgramBuilder
     from ._program_cache import clear_program_cache as clear_program_cache
-    from ._simplify import simplify as simplify
-    from ._tensor import Tensor as Tensor
-    from ._timeline import TimelineRecorder as TimelineRecorder
-    from ._timeline import record_trace as record_trace
-    from ._trace import Trace as Trace
+    from ._ir.simplify import simplify as simplify
+    from ._runtime.tensor import Tensor as Tensor
+    from ._observe.timeline import TimelineRecorder as TimelineRecorder
+    from ._observe.timeline import record_trace as record_trace
+    from ._runtime.trace import Trace as Trace
     from ._types import DataType as DataType
     from ._types import DeviceSpec as DeviceSpec
     from ._types import Layout as Layout
@@ -114,19 +114,20 @@ _SOURCES: dict[str, str] = {name: module for module, names in {
                  "OutOfMemoryError", "ProgramError", "ShapeError", "TTFlowError", "TraceError",
                  "MeshError", "DebugHookError", "CollectiveError", "HostOpError", "DeviceLostError",
                  "FileError"),
-    "._debug": ("OpContext", "OpTensor", "ProgramContext", "debug_hooks"),
+    "._observe.debug": ("OpContext", "OpTensor", "ProgramContext", "debug_hooks"),
     "._golden": ("GoldenReport", "GoldenRow", "compare_with_golden"),
-    "._memory": ("RemoteMemoryError", "BufferInfo", "BufferView", "MemoryView"),
-    "._device": ("Device", "DeviceStatistics", "open_device"),
-    "._trace": ("Trace",),
+    "._memory.banks": ("RemoteMemoryError", "BufferInfo", "BufferView", "MemoryView"),
+    "._runtime.device": ("Device", "DeviceStatistics", "open_device"),
+    "._runtime.trace": ("Trace",),
     "._mesh.api": ("capture_trace", "execute_trace", "release_trace", "deallocate", "empty", "submit",
                    "to_device", "to_host", "to_layout", "wait", "write", "record_timeline"),
-    "._memory_map": ("MemoryMapRecorder", "draw_memory_map", "memory_map_figure", "record_memory_map"),
-    "._binary": ("Binary", "get_layout"),
-    "._program": ("Program", "ProgramBuilder"),
-    "._simplify": ("simplify",),
-    "._tensor": ("Tensor",),
-    "._timeline": ("TimelineRecorder", "record_trace"),
+    "._observe.memory_map": ("MemoryMapRecorder", "draw_memory_map", "memory_map_figure", "record_memory_map"),
+    "._ir.binary": ("Binary", "get_layout"),
+    "._ir.program": ("Program",),
+    "._ir.builder": ("ProgramBuilder",),
+    "._ir.simplify": ("simplify",),
+    "._runtime.tensor": ("Tensor",),
+    "._observe.timeline": ("TimelineRecorder", "record_trace"),
     "._mesh.device": ("MeshDevice", "MeshStatistics", "create_submesh", "open_mesh_device",
                       "release_submesh"),
     "._mesh.placement": ("concat", "concat_2d", "replicate", "shard", "shard_2d"),

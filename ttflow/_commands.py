@@ -27,15 +27,18 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Union, cast, final
 
 import numpy as np
 
-from . import _storage_io as io
-from ._host_ops import HOST_OP, host_step, timing_host_ops
+from ._memory import storage_io as io
+from ._ir.ops.host import HOST_OP, host_step, timing_host_ops
 from ._kernels import _pointwise
-from ._memory import Storage
-from ._ops import COLLECTIVES, OPS, check_range, compute_dtype
+from ._memory.banks import Storage
+from ._ir.ops import COLLECTIVES, OPS
+from ._ir.record import Kind
+from ._ir.numerics import compute_dtype
+from ._ir.record import check_range
 from ._types import DataType, Layout, MemorySpace, TensorLayout, least_padded_shape
 
 if TYPE_CHECKING:
-    from ._program import Program, TensorSpec
+    from ._ir.program import Program, TensorSpec
 
 __all__ = [
     "Store", "Load", "Copy", "Slide", "Compute", "Step", "Record", "Plan", "Banks", "run", "run_all",
@@ -267,7 +270,7 @@ def _in_place_steps(program: Program, donated: dict[int, int],
             readers[value] += 1
     in_place = {}
     for index, step in enumerate(program.steps):
-        if step.op != "update_cache":
+        if step.op not in OPS or OPS[step.op].kind is not Kind.CACHE:  # `update_cache`
             continue
         cache = step.inputs[0]
         k = store_in_output.get(step.output)
@@ -278,20 +281,11 @@ def _in_place_steps(program: Program, donated: dict[int, int],
 
 
 def _macs(program: Program, step: Any) -> int:
-    """Multiply-accumulates of a step, for the run estimate: a (batched, broadcast) matmul
-    makes K of them per output element, a conv2d C_in / groups * kH * kW of them."""
-    if step.op == "matmul":
-        k = program.values[step.inputs[0]].shape[-1]
-        return math.prod(program.values[step.output].shape) * k
-    if step.op == "conv2d":
-        _, c_in_g, kh, kw = program.values[step.inputs[1]].shape
-        return math.prod(program.values[step.output].shape) * c_in_g * kh * kw
-    return 0  # a host op's cost is unknown: its measured span is the timeline's (`_host_ops`)
-
-
-_EXACT_POINTWISE = {"add": np.add, "sub": np.subtract, "mul": np.multiply}
-_EXACT_UNARY = {"relu": lambda x, out: np.maximum(x, np.float32(0), out=out),
-                "neg": lambda x, out: np.negative(x, out=out)}
+    """Multiply-accumulates of a step, for the run estimate (its record's rule: a matmul's K
+    per output element, a conv2d's C_in / groups * kH * kW; none for the others). A host op's
+    cost is unknown: its measured span is the timeline's (`_ir.ops.host`)."""
+    record = OPS.get(step.op)
+    return record.macs(program.values, step) if record is not None and record.macs is not None else 0
 
 
 def _pagewise(program: Program) -> bool:
@@ -312,7 +306,7 @@ def _pagewise(program: Program) -> bool:
     specs = (*program.inputs, *program.output_specs)
     if any(s.layout.tensor_layout is not TensorLayout.TILE or s.layout.dtype is not f32 for s in specs):
         return False
-    return all(step.op in _EXACT_POINTWISE or step.op in _EXACT_UNARY for step in program.steps)
+    return all(step.op in OPS and OPS[step.op].page is not None for step in program.steps)
 
 
 PageCode = tuple[tuple[int, int, int, float, int], ...]
@@ -320,8 +314,6 @@ PageCode = tuple[tuple[int, int, int, float, int], ...]
 Kernel = tuple[MemorySpace, PageCode, tuple[int, ...], int, int]
 """A Compute step run by the C kernel: (memory space, code, operand addresses, rows, depth)."""
 
-_OPCODES = {"add": _pointwise.OP_ADD, "sub": _pointwise.OP_SUB, "mul": _pointwise.OP_MUL,
-            "relu": _pointwise.OP_RELU, "neg": _pointwise.OP_NEG}
 
 
 def _page_code(program: Program, store_in_output: dict[int, int],
@@ -345,7 +337,9 @@ def _page_code(program: Program, store_in_output: dict[int, int],
             if math.isnan(scalar):
                 return None
         second = slot[step.inputs[1]] if len(step.inputs) > 1 else -1
-        code.append((_OPCODES[step.op], slot[step.inputs[0]], second, scalar, slot[step.output]))
+        page = OPS[step.op].page
+        assert page is not None
+        code.append((getattr(_pointwise, page.opcode), slot[step.inputs[0]], second, scalar, slot[step.output]))
     for k, value in enumerate(program.outputs):
         if store_in_output.get(value) != k:
             code.append((_pointwise.OP_COPY, slot[value], -1, 0.0, n_in + k))
@@ -526,12 +520,11 @@ def _compute_pages(step: Compute, banks: Banks) -> None:
     for index, op in enumerate(plan.steps):
         k = plan.store_in_output.get(op.output)
         out = _pages(outputs[k] if k is not None else scratch[op.output], banks)
-        a = views[op.inputs[0]]
-        if op.op in _EXACT_UNARY:
-            _EXACT_UNARY[op.op](a, out)
-        else:
-            b = views[op.inputs[1]] if op.scalar is None else np.float32(op.scalar)
-            _EXACT_POINTWISE[op.op](a, b, out=out)
+        page = OPS[op.op].page
+        assert page is not None  # a pagewise plan's steps all have one (`_pagewise`)
+        b = None if len(op.inputs) < 2 and op.scalar is None else (
+            views[op.inputs[1]] if op.scalar is None else np.float32(op.scalar))
+        page.run(views[op.inputs[0]], b, out)
         views[op.output] = out
     for k, value in enumerate(plan.outputs):
         if plan.store_in_output.get(value) != k:

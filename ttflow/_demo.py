@@ -19,14 +19,14 @@ from typing import Any, TextIO
 import anyio
 import numpy as np
 
-from ._binary import Binary
-from ._device import Device, open_device
-from ._memory import MemoryView
-from ._memory_map import SPACES, draw_memory_map, record_memory_map, view_as_dict
-from ._program import ProgramBuilder
-from ._runtime import empty, submit, to_device, to_host, write
-from ._tensor import Tensor
-from ._timeline import record_timeline
+from ._ir.binary import Binary
+from ._runtime.device import Device, open_device
+from ._memory.banks import MemoryView
+from ._observe.memory_map import SPACES, draw_memory_map, record_memory_map, view_as_dict
+from ._ir.builder import ProgramBuilder
+from ._runtime.calls import empty, submit, to_device, to_host, write
+from ._runtime.tensor import Tensor
+from ._observe.timeline import record_timeline
 from ._types import DataType, DeviceSpec, Layout, MemorySpace, TensorLayout
 
 F32 = DataType.FLOAT32

@@ -36,13 +36,13 @@ from typing import Any, final
 import attrs
 import numpy as np
 
-from ._binary import Binary
-from ._debug import OpContext, debug_hooks
-from ._device import Device
+from ._ir.binary import Binary
+from ._observe.debug import OpContext, debug_hooks
+from ._runtime.device import Device
 from ._errors import FileError, ProgramError
 from ._mesh import api
-from ._ops import OPS
-from ._program import Program, Step
+from ._ir.ops import OPS
+from ._ir.program import Program, Step
 from ._types import DataType
 
 __all__ = ["GoldenReport", "GoldenRow", "compare_with_golden"]
@@ -52,10 +52,6 @@ Array = np.ndarray[Any, Any]
 _UNIT_ROUNDOFF = {DataType.FLOAT32: 2.0**-24, DataType.BFLOAT16: 2.0**-8}
 _BFLOAT8_B_ROUNDOFF = 2.0**-6  # of the largest |golden|: 7-bit magnitudes under a shared exponent
 _COMPUTE_ULPS = 4.0  # float32 arithmetic: numpy's transcendental functions within a few ulp
-_MAGNITUDE_OPS = frozenset({"add", "sub", "mul", "neg", "matmul", "conv2d", "sum", "mean", "cumsum",
-                            "avg_pool2d", "conv2d_input_grad", "conv2d_weight_grad", "avg_pool2d_backward",
-                            "embedding_grad"})
-"""Ops whose value applied to |inputs| bounds the sum of the absolute terms they add."""
 
 
 @final
@@ -152,36 +148,14 @@ def _finite(row: dict[str, Any]) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
 
 
-# -- the ops in float64 -----------------------------------------------------------------------
 
 
-def _mean64(a: list[Array], s: float | None, axis: int) -> Array:
-    return a[0].mean(axis=axis, keepdims=True)
 
 
-def _layer_norm64(a: list[Array], s: float | None, eps: float, has_weight: bool, has_bias: bool) -> Array:
-    x, *rest = a
-    centred = x - x.mean(axis=-1, keepdims=True)
-    y = centred / np.sqrt((centred * centred).mean(axis=-1, keepdims=True) + eps)
-    if has_weight:
-        y = y * rest.pop(0)
-    if has_bias:
-        y = y + rest.pop(0)
-    return y
 
 
-def _rms_norm64(a: list[Array], s: float | None, eps: float, has_weight: bool) -> Array:
-    y = a[0] / np.sqrt((a[0] * a[0]).mean(axis=-1, keepdims=True) + eps)
-    return y * a[1] if has_weight else y
 
 
-def _cumsum64(a: list[Array], s: float | None, axis: int) -> Array:
-    return np.cumsum(a[0], axis=axis)
-
-
-_FLOAT64: dict[str, Callable[..., Array]] = {
-    "mean": _mean64, "layer_norm": _layer_norm64, "rms_norm": _rms_norm64, "cumsum": _cumsum64,
-}
 
 
 def _host(array: Array) -> Array:
@@ -195,7 +169,7 @@ def golden_op(step: Step, operands: list[Array], out_dtype: DataType) -> tuple[A
     """`step` on the host in float64 (int64 for integer results): the result, and "float64",
     or "float32" when the op's host function computes only in float32."""
     attrs_ = dict(step.attrs)
-    fn = _FLOAT64.get(step.op) if out_dtype.is_float else None
+    fn = OPS[step.op].float64 if out_dtype.is_float else None
     with np.errstate(all="ignore"):
         result = np.asarray((fn or OPS[step.op].fn)(operands, step.scalar, **attrs_))
     precision = "float64"
@@ -207,20 +181,9 @@ def golden_op(step: Step, operands: list[Array], out_dtype: DataType) -> tuple[A
 
 
 def _accumulated_terms(step: Step, shapes: list[tuple[int, ...]]) -> int:
-    """How many terms the op adds into one result (K of the bound)."""
-    attrs_ = dict(step.attrs)
-    if step.op == "matmul":
-        return shapes[0][-1]
-    if step.op == "conv2d":
-        return math.prod(shapes[1][1:])
-    if step.op in ("avg_pool2d", "max_pool2d"):
-        return math.prod(attrs_["kernel_size"])
-    axis = attrs_.get("axis")
-    if isinstance(axis, int) and shapes and step.op in ("sum", "mean", "prod", "softmax", "cumsum"):
-        return shapes[0][axis]
-    if step.op in ("layer_norm", "rms_norm"):
-        return shapes[0][-1]
-    return 1
+    """How many terms the op adds into one result (K of the bound: its record's rule)."""
+    accumulates = OPS[step.op].accumulates
+    return accumulates(dict(step.attrs), shapes) if accumulates is not None else 1
 
 
 def _bound(step: Step, golden: Array, operands: list[Array], dtype: DataType) -> Array:
@@ -233,7 +196,7 @@ def _bound(step: Step, golden: Array, operands: list[Array], dtype: DataType) ->
     else:
         rounding = _UNIT_ROUNDOFF[dtype] * g
     terms = _accumulated_terms(step, [o.shape for o in operands])
-    if step.op in _MAGNITUDE_OPS:
+    if OPS[step.op].magnitude_bound:
         magnitude, _ = golden_op(step, [np.abs(o) if o.dtype.kind == "f" else o for o in operands], dtype)
         magnitude = np.abs(np.broadcast_to(magnitude, golden.shape))
     else:
@@ -372,7 +335,7 @@ def run_file(path: str, program_index: int = 0, substitute: bool = False, seed: 
     printed; 1 when an op exceeds its bound (or the file cannot be run), else 0."""
     import anyio
 
-    from ._device import open_device
+    from ._runtime.device import open_device
     from ._errors import TTFlowError
     from ._types import DeviceSpec
 

@@ -23,8 +23,8 @@ import logging
 import weakref
 from typing import Any, final
 
-from ._debug import DebugHooks, OpContext
-from ._device import Device
+from ._observe.debug import DebugHooks, OpContext
+from ._runtime.device import Device
 from ._errors import DebugHookError, TraceError
 from ._mesh.device import MeshDevice
 from ._queue import Command

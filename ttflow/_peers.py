@@ -39,7 +39,8 @@ from typing import Any, Protocol, final
 import numpy as np
 
 from ._errors import CollectiveError, TTFlowError
-from ._ops import store_as
+from ._ir.numerics import store_as
+from ._ir.ops import OPS
 from ._types import DataType
 
 __all__ = ["CollectiveRecord", "FabricFacts", "LinkLike", "Meeting", "Peer", "payload_bytes", "portable"]
@@ -236,7 +237,7 @@ class Peer:
         axis = attrs.get("cluster_axis")
         group = fabric.group(self.coord, axis)
         path, ring = fabric.path(group)
-        topology = ("ring" if ring else "line") if op in _ALONG_PATH else "routes"
+        topology = ("ring" if ring else "line") if OPS[op].along_path else "routes"
         itemsize = 0 if dtype is DataType.BFLOAT8_B else np.dtype(dtype.host_dtype).itemsize
         record = r._arrive(op, step, group, topology, self.coord, payload_bytes(x, itemsize))
         exchange = _Exchange(r, step, op, self.coord, group, path, ring, itemsize, dtype, record)
@@ -440,7 +441,6 @@ _ALGORITHMS: dict[str, Callable[..., Array]] = {
     "point_to_point": _point_to_point,
     "all_to_all": _all_to_all,
 }
-_ALONG_PATH = frozenset({"all_gather", "reduce_scatter", "all_reduce"})
 
 
 

@@ -9,7 +9,7 @@ as tt-mlir's runtime keeps its program cache. A compiler's harness turns the cac
 
 from __future__ import annotations
 
-from ._device import Device
+from ._runtime.device import Device
 from ._mesh.device import MeshDevice
 
 __all__ = ["clear_program_cache"]

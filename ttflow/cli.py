@@ -245,7 +245,7 @@ def _run_golden(args: argparse.Namespace) -> int:
             parser.error("argument --plot: drawing needs matplotlib: pip install '.[plot]' "
                          "from the ttflow checkout")
         _prepare_output(parser, "--plot", args.plot, "golden.png")
-    from ._binary import Binary
+    from ._ir.binary import Binary
     from ._errors import TTFlowError
     from ._golden import run_file
 

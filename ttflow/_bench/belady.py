@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Self
 from .._types import Layout, MemorySpace
 
 if TYPE_CHECKING:
-    from .._device import Device
+    from .._runtime.device import Device
 
 __all__ = ["RULES", "AccessTrace", "Item", "SimResult", "Step", "TraceRecorder", "lower_bound", "simulate"]
 

@@ -25,12 +25,12 @@ from typing import Any
 import anyio
 import numpy as np
 
-from .._device import open_device
-from .._binary import Binary
-from .._program import ProgramBuilder
-from .._runtime import submit, to_device, to_host, wait
-from .._binary import get_layout
-from .._trace import capture_trace, execute_trace, release_trace
+from .._runtime.device import open_device
+from .._ir.binary import Binary
+from .._ir.builder import ProgramBuilder
+from .._runtime.calls import submit, to_device, to_host, wait
+from .._ir.binary import get_layout
+from .._runtime.trace import capture_trace, execute_trace, release_trace
 from .._types import DataType, DeviceSpec, Layout, MemorySpace, TensorLayout
 
 

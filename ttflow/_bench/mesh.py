@@ -31,17 +31,17 @@ from typing import Any
 import anyio
 import numpy as np
 
-from .._binary import Binary
+from .._ir.binary import Binary
 from .._blas import limit_blas_threads
-from .._device import open_device
+from .._runtime.device import open_device
 from .._mesh.api import submit, to_device, to_host, wait
 from .._mesh.collectives import collective_log
 from .._mesh.device import open_mesh_device
 from .._mesh.placement import replicate, shard
 from .._mesh.spec import MeshSpec
 from .._mesh.tensor import device_tensors
-from .._ops import erf
-from .._program import ProgramBuilder
+from .._ir.numerics import erf
+from .._ir.builder import ProgramBuilder
 from .._types import DataType, DeviceSpec, Layout, MemorySpace, TensorLayout
 
 Coord = tuple[int, int]

@@ -24,11 +24,11 @@ import numpy as np
 from threadpoolctl import threadpool_info
 
 from .. import kernels
-from .._binary import Binary
-from .._device import Device, open_device
-from .._program import ProgramBuilder
-from .._runtime import empty, submit, to_device, to_host, write
-from .._tensor import Tensor
+from .._ir.binary import Binary
+from .._runtime.device import Device, open_device
+from .._ir.builder import ProgramBuilder
+from .._runtime.calls import empty, submit, to_device, to_host, write
+from .._runtime.tensor import Tensor
 from .._types import DataType, DeviceSpec, Layout, MemorySpace, TensorLayout
 
 F32 = DataType.FLOAT32

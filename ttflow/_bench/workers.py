@@ -25,13 +25,13 @@ from typing import Any
 import anyio
 import numpy as np
 
-from .._binary import Binary
+from .._ir.binary import Binary
 from .._mesh.api import submit, to_device, to_host, wait
 from .._mesh.device import MeshDevice, open_mesh_device
 from .._mesh.placement import concat, replicate, shard
 from .._mesh.spec import MeshSpec
 from .._mesh.tensor import device_tensors
-from .._program import ProgramBuilder
+from .._ir.builder import ProgramBuilder
 from .._types import DataType, DeviceSpec, Layout, MemorySpace, TensorLayout
 from .mesh import _submit_us, _tiny_binary, mlp_binary
 

@@ -1,5 +1,5 @@
-"""Cython for the runtime's per-command bookkeeping (below `ttflow._memory`).
+"""Cython for the runtime's per-command bookkeeping (below `ttflow._memory.banks`).
 
 `_allocator`: the best-fit allocator of a memory space's address line, which every program
-calls for its outputs and every freed tensor calls again. `ttflow._memory` re-exports it.
+calls for its outputs and every freed tensor calls again. `ttflow._memory.banks` re-exports it.
 """

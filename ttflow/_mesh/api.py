@@ -15,15 +15,16 @@ import numpy as np
 
 import anyio.lowlevel
 
-from .. import _runtime, _timeline, _trace
-from .._debug import OpTensor
-from .._binary import Binary
+from .._runtime import calls as _runtime, trace as _trace
+from .._observe import timeline as _timeline
+from .._observe.debug import OpTensor
+from .._ir.binary import Binary
 from .._core import _dispatch
-from .._device import Device
+from .._runtime.device import Device
 from .._errors import LayoutError, MeshError
-from .._tensor import Tensor
-from .._timeline import TimelineRecorder
-from .._trace import Trace
+from .._runtime.tensor import Tensor
+from .._observe.timeline import TimelineRecorder
+from .._runtime.trace import Trace
 from .._types import DataType, Layout
 from .device import MeshDevice
 from .placement import Composer, Mapper

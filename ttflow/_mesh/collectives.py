@@ -58,8 +58,8 @@ from typing import Any, final
 
 import numpy as np
 
-from .. import _runtime
-from .._binary import Binary, for_mesh
+from .._runtime import calls as _runtime
+from .._ir.binary import Binary, for_mesh
 from .._errors import CollectiveError
 from .._peers import (
     Array,
@@ -70,7 +70,7 @@ from .._peers import (
     payload_bytes,
     portable,
 )
-from .._tensor import Tensor
+from .._runtime.tensor import Tensor
 from .._workers.endpoint import post_abort
 from .device import MeshDevice
 from .links import Fabric
@@ -410,7 +410,7 @@ def wiring_of(mesh: MeshDevice) -> Wiring | None:
 def submit_collective(mesh: MeshDevice, binary: Binary, program_index: int,
                       per_chip: list[list[Tensor]]) -> list[list[Tensor]] | None:
     """An SPMD submit of a program with collectives: one checked single-chip submit per chip
-    (the program resolved for the mesh's shape, `_binary.for_mesh`), each chip's command given
+    (the program resolved for the mesh's shape, `_ir.binary.for_mesh`), each chip's command given
     its `Peer` of one new `Rendezvous`; each chip's outputs. None for a program without
     collectives (or a binary or index the first chip's submit must refuse): the caller submits
     it as any other.

@@ -23,9 +23,9 @@ from typing import Any, final
 import anyio
 import attrs
 
-from .._device import Device, DeviceStatistics, open_device
+from .._runtime.device import Device, DeviceStatistics, open_device
 from .._errors import DeviceClosedError, MeshError, ShapeError
-from .._memory import MemoryView
+from .._memory.banks import MemoryView
 from .._types import MemorySpace
 from .spec import Coord, MeshSpec, check_mesh_shape
 from .topology import linked_pairs, physical, reshape_order

@@ -16,11 +16,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .. import _runtime
-from .._binary import Binary
+from .._runtime import calls as _runtime
+from .._ir.binary import Binary
 from .._core import _dispatch
 from .._errors import MeshError
-from .._tensor import Tensor
+from .._runtime.tensor import Tensor
 from .collectives import submit_collective
 from .device import MeshDevice
 from .tensor import PER_DEVICE, MeshTensor, per_device

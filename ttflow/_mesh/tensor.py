@@ -17,9 +17,9 @@ import anyio.lowlevel
 import numpy as np
 
 from .._core._dispatch import MeshTensorCore, wrap
-from .._device import Device
+from .._runtime.device import Device
 from .._errors import MeshError
-from .._tensor import Tensor
+from .._runtime.tensor import Tensor
 from .._types import DataType, Layout
 from .device import MeshDevice
 from .placement import PerDevice, Placement

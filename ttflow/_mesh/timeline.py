@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any, final
 
-from .. import _timeline
-from .._timeline import TimelineRecorder, write_json
+from .._observe import timeline as _timeline
+from .._observe.timeline import TimelineRecorder, write_json
 from .collectives import CollectiveRecord, collective_log
 from .device import MeshDevice
 

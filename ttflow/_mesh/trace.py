@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any, final
 
-from .. import _trace
-from .._trace import Trace
+from .._runtime import trace as _trace
+from .._runtime.trace import Trace
 from .collectives import ReplayPeers, ReplayRendezvous
 from .device import MeshDevice
 from .spec import Coord

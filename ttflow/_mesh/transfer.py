@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import _runtime
+from .._runtime import calls as _runtime
 from .._errors import LayoutError, MeshError, ShapeError, raise_stored
-from .._runtime import _host_array
-from .._tensor import Tensor
+from .._runtime.calls import _host_array
+from .._runtime.tensor import Tensor
 from .._types import DataType, Layout, check_shape
 from .device import MeshDevice
 from .placement import Concat, Concat2D, Mapper, PerDevice, Replicate, Shard, Shard2D

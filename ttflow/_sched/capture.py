@@ -16,7 +16,7 @@ from typing import Any, final
 
 from .._commands import Compute, Copy, Record, page_kernel, pagewise_storages
 from .._errors import OutOfMemoryError, TraceError
-from .._memory import TRACE_BYTES_PER_COMMAND, Storage
+from .._memory.banks import TRACE_BYTES_PER_COMMAND, Storage
 from .._queue import Command, CommandQueue
 from .._types import MemorySpace
 from .commands import ConvertCommand, ProgramCommand, ReadCommand, WriteCommand, _Scheduled

@@ -16,10 +16,10 @@ import numpy as np
 
 from .._commands import Compute, Copy, Load, PageCode, Record, Store, estimate, page_kernel, pagewise_storages
 from .._errors import OutOfMemoryError, ProgramError
-from .._memory import Storage
-from .. import _storage_io as io
+from .._memory.banks import Storage
+from .._memory import storage_io as io
 from .._queue import NO_DEPS as _NO_DEPS, Command
-from .._storage_io import row_bytes
+from .._memory.storage_io import row_bytes
 from .._types import Layout, MemorySpace, TensorLayout
 from . import room
 from .state import Geometry, SchedulerState, TensorState, spilled

@@ -14,7 +14,7 @@ from typing import Any
 
 from .._commands import Copy, Record, Slide
 from .._errors import OutOfMemoryError
-from .._memory import Storage
+from .._memory.banks import Storage
 from .._queue import Command
 from .._types import Layout, MemorySpace
 from . import planning

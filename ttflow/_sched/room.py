@@ -22,7 +22,7 @@ import functools
 from typing import TYPE_CHECKING
 
 from .._errors import OutOfMemoryError
-from .._memory import Storage
+from .._memory.banks import Storage
 from .._queue import RETRY, Command
 from .._types import Layout, MemorySpace
 from . import planning

@@ -21,7 +21,7 @@ import numpy as np
 from .._commands import Plan, estimate
 from .._core._dispatch import renew_plan_token, submit_program
 from .._errors import OutOfMemoryError, TraceError, detach_frames
-from .._memory import MemorySpaceState
+from .._memory.banks import MemorySpaceState
 from .._queue import Command, CommandQueue
 from .._types import DeviceSpec, Layout, MemorySpace
 from . import capture as _capture
@@ -32,7 +32,7 @@ from .commands import (AllocateCommand, ConvertCommand, ProgramCommand, ReadComm
 from .state import SchedulerState, TensorState
 
 if TYPE_CHECKING:
-    from .._program import Program
+    from .._ir.program import Program
 
 __all__ = ["Scheduler", "EVICTION_POLICIES"]
 

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol, final
 from .._commands import Compute, Copy, Load, Record, Store
 from .._core._dispatch import SchedulerCore, StateCore
 from .._errors import OutOfMemoryError, ProgramError
-from .._memory import BufferView, MemorySpaceState, MemoryView, Storage, TraceRegion
+from .._memory.banks import BufferView, MemorySpaceState, MemoryView, Storage, TraceRegion
 from .._types import Layout, MemorySpace, TensorLayout, storage_geometry
 from . import planning
 

@@ -141,7 +141,7 @@ def _heartbeat(fd: int, interval: float) -> None:
 def main(argv: list[str]) -> None:
     """The child: `fds blas_threads space:path:banks:bank_bytes...` (see `WorkerProcess.start`)."""
     from .._blas import limit_blas_threads
-    from .._memory import map_shared
+    from .._memory.banks import map_shared
     from .._types import MemorySpace
     from .heap import keep_freed_heap
 

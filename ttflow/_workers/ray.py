@@ -38,7 +38,7 @@ import numpy as np
 
 from .._commands import Compute, run, run_all
 from .._errors import DeviceLostError, ShapeError, TTFlowError
-from .._memory import RemoteMemoryError
+from .._memory.banks import RemoteMemoryError
 from .child import Executor, _timed
 from .endpoint import Endpoint
 from .process import ProcessQueueWorker, _landed

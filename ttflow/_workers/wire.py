@@ -45,8 +45,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .._commands import Compute, Copy, Load, Plan, Record, Slide, Store, _Schedule
-from .._memory import Storage
-from .._ops import OPS
+from .._memory.banks import Storage
+from .._ir.ops import OPS
 
 __all__ = ["STORE", "LOAD", "COPY", "SLIDE", "COMPUTE", "RUN", "RUN_ALL", "PlanIds", "encode", "decode",
            "plan_state", "plan_from_state", "send_message", "recv_message"]
@@ -59,7 +59,7 @@ RUN, RUN_ALL = 0, 1
 _PLAN_FIELDS = tuple(name for name in Plan.__slots__ if name not in ("bound", "compute", "schedule", "_built"))
 """What travels of a plan: all but the device's precomputed geometry (`bound`, for the host's
 fast decision only) and the ops' functions (closures, which do not pickle): the worker takes
-those from its own `_ops.OPS` by the steps' op names, and schedules the plan again."""
+those from its own `_ir.ops.OPS` by the steps' op names, and schedules the plan again."""
 
 _PLANS_KEPT = 256
 """Plans a connection keeps ids for (their plans kept alive on the host) before the oldest goes."""

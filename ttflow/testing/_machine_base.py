@@ -34,13 +34,13 @@ from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from .._device import Device, open_device
+from .._runtime.device import Device, open_device
 from .._errors import (DeallocatedTensorError, LayoutError, OutOfMemoryError, ProgramError, TraceError,
                        TTFlowError)
-from .._binary import Binary
-from .._program import Program, TensorSpec
-from .._runtime import deallocate, empty, submit, to_device, to_host, to_layout, wait, write
-from .._tensor import Tensor
+from .._ir.binary import Binary
+from .._ir.program import Program, TensorSpec
+from .._runtime.calls import deallocate, empty, submit, to_device, to_host, to_layout, wait, write
+from .._runtime.tensor import Tensor
 from .._types import DataType, DeviceSpec, Layout, MemorySpace
 from ._model import DeviceModel, ModelTensor, QueueHold, drain
 from ._reference import ExpectedValue, space_capacity, storage_geometry, stored

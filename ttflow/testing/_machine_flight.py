@@ -28,9 +28,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule
 
 from .._commands import INLINE_SECONDS
-from .._device import Device
-from .._program import TensorSpec
-from .._runtime import submit, write
+from .._runtime.device import Device
+from .._ir.program import TensorSpec
+from .._runtime.calls import submit, write
 from .._types import DataType, Layout, MemorySpace, TensorLayout
 from ._machine_base import ModelProgram, _settled
 from ._machine_memory import MemoryRules, _seeded_array

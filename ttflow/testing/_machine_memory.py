@@ -20,9 +20,9 @@ from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
-from .._device import Device
+from .._runtime.device import Device
 from .._errors import OutOfMemoryError, TTFlowError
-from .._runtime import deallocate, empty, to_device, write
+from .._runtime.calls import deallocate, empty, to_device, write
 from .._types import DataType, DeviceSpec, Layout, MemorySpace, TensorLayout
 from ._machine_base import MachineBase, _deallocate_all, arrays_zeros
 from ._model import ModelTensor, drain

@@ -74,9 +74,9 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from .. import _runtime
-from .._binary import Binary, for_mesh
-from .._device import Device
+from .._runtime import calls as _runtime
+from .._ir.binary import Binary, for_mesh
+from .._runtime.device import Device
 from .._errors import (
     CollectiveError,
     DeallocatedTensorError,
@@ -92,8 +92,8 @@ from .._mesh.placement import concat, concat_2d, replicate, shard, shard_2d
 from .._mesh.spec import MeshSpec
 from .._mesh.tensor import MeshTensor, device_tensors
 from .._mesh.transfer import from_shards
-from .._program import ProgramBuilder
-from .._tensor import Tensor
+from .._ir.builder import ProgramBuilder
+from .._runtime.tensor import Tensor
 from .._types import DataType, DeviceSpec, Layout, MemorySpace, TensorLayout
 from ._machine_base import _check_memory_views, _within
 from ._model import DeviceModel, ModelTensor, QueueHold, drain

@@ -23,12 +23,12 @@ from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
-from .._device import Device
+from .._runtime.device import Device
 from .._errors import DeallocatedTensorError, TraceError, TTFlowError
-from .._runtime import deallocate, submit, write
-from .._tensor import Tensor
-from .._trace import Trace, capture_trace, execute_trace, release_trace
-from .._program import TensorSpec
+from .._runtime.calls import deallocate, submit, write
+from .._runtime.tensor import Tensor
+from .._runtime.trace import Trace, capture_trace, execute_trace, release_trace
+from .._ir.program import TensorSpec
 from .._types import DataType, Layout, MemorySpace
 from ._machine_base import ModelProgram
 from ._machine_flight import FlightRules

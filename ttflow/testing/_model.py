@@ -22,10 +22,10 @@ import anyio.to_thread
 import attrs
 import numpy as np
 
-from .._device import Device
+from .._runtime.device import Device
 from .._errors import OutOfMemoryError
-from .._runtime import deallocate, to_device, to_host
-from .._tensor import Tensor
+from .._runtime.calls import deallocate, to_device, to_host
+from .._runtime.tensor import Tensor
 from .._types import DataType, DeviceSpec, Layout, MemorySpace
 from ._reference import ExpectedValue, buffer_footprint, space_capacity, storage_geometry
 

@@ -23,7 +23,7 @@ import attrs
 import ml_dtypes
 import numpy as np
 
-from .._memory import BufferInfo
+from .._memory.banks import BufferInfo
 from .._types import DataType, DeviceSpec, Layout, MemorySpace, TensorLayout
 
 __all__ = [

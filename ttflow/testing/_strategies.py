@@ -18,8 +18,9 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as npst
 
-from .._binary import Binary
-from .._program import Program, ProgramBuilder
+from .._ir.binary import Binary
+from .._ir.program import Program
+from .._ir.builder import ProgramBuilder
 from .._types import DataType, DeviceSpec, Layout, MemorySpace, TensorLayout
 from ._reference import storage_geometry
 

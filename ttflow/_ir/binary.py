@@ -30,7 +30,11 @@ mesh its collectives' shapes were resolved for, `ProgramBuilder(mesh_shape=)`); 
 6 still load (with no mesh shape), and a version-6 file that names a collective is malformed.
 Version 8 adds each program's `"locations"` ([value id, location] pairs, see
 `ProgramBuilder.location`), with no other change; versions 1 to 7 still load, with none.
-`save` always writes the newest version, whatever ops the programs use.
+A version after 8 adds ops only: each op's record names the version that introduced it
+(`OpRecord.version`; docs/ops.md has a table per version), and an older file that names it is
+malformed.
+`save` always writes the newest version, whatever ops the programs use: the newest of the
+fields' (8) and of the ops' records (`OpRecord.version`).
 
 `for_mesh` resolves a program's collectives for the mesh a submit runs it on: it replays the
 program through a builder of that mesh shape (the loader's replay), so every later step's
@@ -51,7 +55,7 @@ from typing import Any, final
 import attrs
 import numpy as np
 
-from ._errors import (
+from .._errors import (
     BinaryFormatError,
     FileError,
     HostOpError,
@@ -59,30 +63,20 @@ from ._errors import (
     ProgramError,
     ShapeError,
 )
-from ._host_ops import HOST_OP
-from ._ops import OPS
-from ._program import Program, ProgramBuilder, TensorSpec, Value
-from ._types import DataType, Layout, MemorySpace, TensorLayout, check_shape
+from .ops.host import HOST_OP
+from .ops import OPS
+from .program import Program, TensorSpec
+from .builder import ProgramBuilder, Value
+from .._types import DataType, Layout, MemorySpace, TensorLayout, check_shape
 
 __all__ = ["Binary", "for_mesh", "get_layout"]
 
 _MAGIC = b"TTFLOWB\0"
-_VERSION = 8
-_READS = (1, 2, 3, 4, 5, 6, 7, 8)  # the versions `load` reads
-_V1_OPS = frozenset({"add", "sub", "mul", "gt", "matmul", "relu", "neg", "gelu", "exp", "sqrt",
-                     "reciprocal", "softmax", "sum", "max", "transpose", "reshape", "typecast"})
-_V2_OPS = _V1_OPS | {
-    "eq", "ne", "lt", "le", "ge", "maximum", "minimum", "embedding", "update_cache", "where",
-    "layer_norm", "rms_norm", "conv2d", "concat", "arange", "slice", "permute", "argmax", "mean",
-    "rsqrt", "tanh", "sigmoid", "silu", "pow", "max_pool2d", "avg_pool2d"}
-_V3_OPS = _V2_OPS | {
-    "div", "log", "erf", "abs", "full", "broadcast_to", "rand", "gather", "embedding_grad",
-    "conv2d_input_grad", "conv2d_weight_grad", "max_pool2d_backward", "avg_pool2d_backward"}
-_V4_OPS = _V3_OPS | {"sin", "cos", "floor", "ceil", "round", "trunc"}
-_V5_OPS = _V4_OPS | {"remainder", "floor_divide", "fmod", "cumsum", "argsort", "atan2"}
-_V6_OPS = _V5_OPS | {"bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift", "prod"}
-# The older versions' ops; the newest holds every op.
-_OPS_OF_VERSION = {1: _V1_OPS, 2: _V2_OPS, 3: _V3_OPS, 4: _V4_OPS, 5: _V5_OPS, 6: _V6_OPS}
+_FIELDS_VERSION = 8  # the newest version that changed the file's fields (locations)
+_VERSION = max(_FIELDS_VERSION, *(record.version for record in OPS.values()))
+"""The version `save` writes: the newest of the fields and of the ops' records (an op added to
+ttflow names the version that introduced it; its record is the only place that says so)."""
+_READS = tuple(range(1, _VERSION + 1))  # the versions `load` reads
 _HEADER = struct.Struct("<8sIQI")  # magic, version, payload length, crc32 of payload
 
 
@@ -227,69 +221,21 @@ def _program_to_json(p: Program) -> dict[str, Any]:
     }
 
 
-def _flag(attrs_: dict[str, Any], name: str) -> bool:
-    value = attrs_.pop(name)
-    if not isinstance(value, bool):
-        raise BinaryFormatError(f"attr {name} must be a JSON boolean, got {value!r:.40}")
-    return value
 
 
-def _optional(args: list[Value], present: bool) -> Value | None:
-    """The next optional operand of a step (a norm's weight or bias, a conv's bias)."""
-    return args.pop(0) if present else None
 
 
 def _replay(b: ProgramBuilder, op: str, args: list[Value], scalar: float | None,
             attrs_: dict[str, Any]) -> Value:
-    """Calls the builder's method for one stored step, so the builder's checks run again.
-
-    Most steps replay as `method(*inputs[, scalar], **attrs)`; the ops whose inputs or attrs
-    are not the method's arguments one for one are rebuilt here."""
-    if op == "typecast":
-        (x,) = args
-        return b.typecast(x, DataType(attrs_.pop("dtype")), **attrs_)
-    if op == "arange":
-        if args:
-            raise BinaryFormatError("arange reads no values")
-        return b.arange(dtype=DataType(attrs_.pop("dtype")), **attrs_)
-    if op == "full":
-        if args:
-            raise BinaryFormatError("full reads no values")
-        return b.full(dtype=DataType(attrs_.pop("dtype")), **attrs_)
-    if op == "rand":
-        (seed,) = args
-        return b.rand(seed=seed, **attrs_)
-    if op == "concat":
-        return b.concat(args, **attrs_)
-    if op == "where":
-        cond, *rest = args
-        branches = [attrs_.pop(k) for k in ("a_scalar", "b_scalar")]
-        if attrs_ or len(rest) != sum(v is None for v in branches):
-            raise BinaryFormatError("where: its attrs do not match its inputs")
-        a, c = (rest.pop(0) if v is None else v for v in branches)
-        return b.where(cond, a, c)
-    if op in ("layer_norm", "rms_norm", "conv2d"):
-        x, *rest = args
-        if op == "conv2d":
-            weight = rest.pop(0)
-            bias = _optional(rest, _flag(attrs_, "has_bias"))
-            if rest:
-                raise BinaryFormatError("conv2d: more inputs than its attrs say")
-            return b.conv2d(x, weight, bias, **attrs_)
-        w = _optional(rest, _flag(attrs_, "has_weight"))
-        if op == "rms_norm":
-            if rest:
-                raise BinaryFormatError("rms_norm: more inputs than its attrs say")
-            return b.rms_norm(x, w, **attrs_)
-        bias = _optional(rest, _flag(attrs_, "has_bias"))
-        if rest:
-            raise BinaryFormatError("layer_norm: more inputs than its attrs say")
-        return b.layer_norm(x, w, bias, **attrs_)
-    if op == "reshape":
-        (x,) = args
-        return b.reshape(x, **attrs_)
-    method = getattr(b, op)
-    result = method(*args, scalar, **attrs_) if scalar is not None else method(*args, **attrs_)
+    """Calls the builder's method for one stored step, so the builder's checks run again: as
+    `method(*inputs[, scalar], **attrs)`, or by the op's record (`OpRecord.replay`) where its
+    inputs or attrs are not the method's arguments one for one."""
+    replay = OPS[op].replay
+    if replay is not None:
+        result = replay(b, args, scalar, attrs_)
+    else:
+        method = getattr(b, op)
+        result = method(*args, scalar, **attrs_) if scalar is not None else method(*args, **attrs_)
     assert isinstance(result, Value)
     return result
 
@@ -322,9 +268,9 @@ def _program_from_json(j: Any, version: int = _VERSION) -> Program:
     built = [b.input(spec.shape, spec.layout, const=i in consts) for i, spec in enumerate(values[:num_inputs])]
     for index, raw in enumerate(_expect(j["steps"], list, "steps")):
         op, inputs, scalar, step_attrs, output = _expect(raw, list, f"step {index}")
-        if not isinstance(op, str) or op not in OPS or op.startswith("_") or not hasattr(b, op):
+        if not isinstance(op, str) or op not in OPS:
             raise BinaryFormatError(f"step {index}: unknown op {op!r:.40}")
-        if version in _OPS_OF_VERSION and op not in _OPS_OF_VERSION[version]:
+        if OPS[op].version > version:  # (the op's record says which version introduced it)
             raise BinaryFormatError(f"step {index}: {op} is not an op of format version {version}")
         ids = [_expect(i, int, f"step {index} input") for i in _expect(inputs, list, f"step {index} inputs")]
         if not all(0 <= i < len(built) for i in ids):

@@ -19,12 +19,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, final
 
-from . import _const_eval
-from ._sched import capture as _capture
+from .._sched import capture as _capture
+from . import const_eval as _const_eval
 
 if TYPE_CHECKING:
-    from ._device import Device
-    from ._sched import Capture
+    from .device import Device
+    from .._sched import Capture
 
 __all__ = ["Trace", "capture_trace", "check_replay", "execute_trace", "execute_with_peers", "release_trace"]
 

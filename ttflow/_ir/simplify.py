@@ -39,25 +39,24 @@ from typing import Any
 
 import numpy as np
 
-from ._ops import COLLECTIVES
-from ._program import Program, Step, TensorSpec
-from ._types import DataType
+from .ops import COLLECTIVES, OPS
+from .program import Program, Step, TensorSpec
+from .._types import DataType
+from .record import Kind
 
 __all__ = ["simplify"]
 
-_IN_PLACE = frozenset({"update_cache"})
-_POINTWISE = frozenset({
-    "add", "sub", "mul", "div", "maximum", "minimum", "eq", "ne", "lt", "le", "ge", "gt", "where",
-    "relu", "neg", "exp", "log", "sqrt", "rsqrt", "reciprocal", "tanh", "sigmoid", "silu", "gelu",
-    "erf", "abs", "sin", "cos", "floor", "ceil", "round", "trunc", "pow", "typecast", "remainder",
-    "floor_divide", "fmod", "atan2", "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift",
-    "right_shift",
-})
+
+def _kind(op: str) -> Kind | None:
+    """The op's kind (None: a host op, which has no record)."""
+    record = OPS.get(op)
+    return record.kind if record is not None else None
+
 
 
 def simplify(program: Program) -> Program:
     """`program` with the steps above removed (the same object when nothing changes)."""
-    if program.donations or any(step.op in _IN_PLACE for step in program.steps):
+    if program.donations or any(_kind(step.op) is Kind.CACHE for step in program.steps):
         return program
     # Lifting pays when the reshapes it moves meet others and cancel; where they do not, it
     # would add a step, so the fewer steps of the two passes win.
@@ -106,7 +105,7 @@ def _simplified(program: Program, lift: bool) -> Program:
             if axes == tuple(range(len(axes))) and _same(values, inputs[0], step.output):
                 alias[step.output] = inputs[0]
                 continue
-        elif op in _POINTWISE:
+        elif _kind(op) is Kind.ELEMENTWISE:
             lifted = _lifted(values, made, inputs, step.output) if lift else None
             if lifted is None:
                 inputs = _unreshaped_one_elements(values, made, inputs, step.output)
@@ -153,7 +152,6 @@ def _emit(steps: list[Step], made: dict[int, Step], seen: dict[Hashable, int],
     return step.output
 
 
-_COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
 
 
 def _comparison_as_condition(made: dict[int, Step], inputs: tuple[int, ...]) -> tuple[int, ...]:
@@ -166,7 +164,7 @@ def _comparison_as_condition(made: dict[int, Step], inputs: tuple[int, ...]) -> 
     if cast is None or cast.op != "typecast":
         return inputs
     comparison = made.get(cast.inputs[0])
-    if comparison is None or comparison.op not in _COMPARISONS:
+    if comparison is None or not (comparison.op in OPS and OPS[comparison.op].comparison):
         return inputs
     return (cast.inputs[0], *inputs[1:])
 

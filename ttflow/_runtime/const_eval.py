@@ -42,15 +42,15 @@ from typing import TYPE_CHECKING, Any, final
 
 import attrs
 
-from ._errors import TraceError
-from ._ops import COLLECTIVES
-from ._program import Program, Step, TensorSpec
-from ._tensor import Tensor
-from ._types import Layout, MemorySpace, TensorLayout
+from .._errors import TraceError
+from .._ir.ops import COLLECTIVES
+from .._ir.program import Program, Step, TensorSpec
+from .tensor import Tensor
+from .._types import Layout, MemorySpace, TensorLayout
 
 if TYPE_CHECKING:
-    from ._device import Device
-    from ._sched import TensorState
+    from .device import Device
+    from .._sched import TensorState
 
 __all__ = ["ConstEvalCache", "Split", "split_of", "submit"]
 

@@ -14,15 +14,15 @@ from typing import Any, final
 import anyio
 import attrs
 
-from ._blas import limit_blas_threads
-from ._commands import INLINE_SECONDS, PROCESS_INLINE_SECONDS
-from ._errors import DeviceClosedError, DeviceLostError
-from ._memory import MemorySpaceState, MemoryView, TraceRegion
-from ._queue import Command, CommandQueue
-from ._sched import EVICTION_POLICIES, Scheduler
-from ._types import DeviceSpec, MemorySpace
-from ._workers.process import WORKER_TIMEOUT, ProcessQueueWorker, WorkerProcess
-from ._workers.ray import STRATEGIES, RayChip, RayQueueWorker, RayWorkers, spaces_of
+from .._blas import limit_blas_threads
+from .._commands import INLINE_SECONDS, PROCESS_INLINE_SECONDS
+from .._errors import DeviceClosedError, DeviceLostError
+from .._memory.banks import MemorySpaceState, MemoryView, TraceRegion
+from .._queue import Command, CommandQueue
+from .._sched import EVICTION_POLICIES, Scheduler
+from .._types import DeviceSpec, MemorySpace
+from .._workers.process import WORKER_TIMEOUT, ProcessQueueWorker, WorkerProcess
+from .._workers.ray import STRATEGIES, RayChip, RayQueueWorker, RayWorkers, spaces_of
 
 __all__ = ["Device", "DeviceStatistics", "open_device", "WORKERS"]
 

@@ -32,13 +32,15 @@ from typing import Any, final
 
 import numpy as np
 
-from ._errors import HostOpError
-from ._types import DataType
+from ..._errors import HostOpError, LayoutError, ProgramError
+from ..._types import DataType, Layout, MemorySpace, TensorLayout, check_shape
+from ..core import BuilderCore, Value
+from ..program import Step
+from ..record import HOST_OP, located
 
-__all__ = ["HOST_OP", "HostFunction", "HostSpan", "host_step", "timing_host_ops"]
+__all__ = ["HOST_OP", "HostOps", "HostFunction", "HostSpan", "host_step", "timing_host_ops"]
 
-HOST_OP = "host_op"
-"""The op name of a host op's steps (not in `_ops.OPS`: it has no device meaning)."""
+"""The op name of a host op's steps (not in `_ir.ops.OPS`: it has no device meaning)."""
 
 HostSpan = tuple[str, float, float]
 """A host op's call: its label (`host_op:<name>`) and its perf_counter start and end."""
@@ -47,6 +49,8 @@ _timing = threading.local()  # `spans`: where this thread's host op calls are no
 
 
 @contextmanager
+
+
 def timing_host_ops() -> Iterator[list[HostSpan]]:
     """Notes the span of every host op called on this thread inside the block (a timed
     record's run: the timeline draws each as a slice inside its program's)."""
@@ -62,6 +66,8 @@ Array = np.ndarray[Any, Any]
 
 
 @final
+
+
 class HostFunction:
     """The function of one host op and what it declares: its name (`host_op:<name>` in errors
     and the timeline), its inputs' dtypes, and its outputs' shapes and dtypes. Compared by
@@ -148,3 +154,62 @@ def host_step(operands: list[Array], scalar: float | None, *, host: HostFunction
     if index == count - 1:
         host._kept.results = None
     return kept[index]
+
+
+class HostOps(BuilderCore):
+    """The host op of `ProgramBuilder` (a user's function, run on the host)."""
+
+    @located
+    def host_op(self, fn: Any, inputs: Sequence[Value],
+                outputs: Sequence[tuple[Sequence[int], Layout | DataType | None]], *,
+                name: str | None = None, loc: str | None = None) -> list[Value]:
+        """A step that runs `fn` on the host (tt-mlir's CPU hoisting); returns its output values.
+
+        At run time the runtime reads `inputs` back from bank memory, calls `fn(*arrays)` on the
+        queue's worker thread (never on the event loop), in queue order, and stores what it
+        returns. `fn` gets read-only numpy arrays in each input's host dtype (float32 for
+        FLOAT32 and BFLOAT8_B, ml_dtypes.bfloat16, int32, uint32) and returns a tuple or list of
+        arrays (one array alone when it declares one output), each of the declared shape and
+        host dtype. `outputs` declares them as `(shape, layout)` pairs: only the layout's dtype
+        counts (a `DataType` may stand for it; None or no dtype: FLOAT32), as the op's results
+        are intermediates like any op's. A failing `fn`, or results of another count, shape or
+        dtype, fail the program's outputs with a HostOpError naming `host_op:<name>` (`name`,
+        default `fn.__name__`); the exception `fn` raised is its `__cause__`.
+
+        A program with a host op runs on devices and meshes (once per chip), in traces and
+        under `run_on_host`, but cannot be saved to a file (`Binary.save` raises HostOpError).
+        """
+        self._check_open()
+        if not callable(fn):
+            raise ProgramError(f"host_op: fn must be callable, got {type(fn).__name__}")
+        label = name if name is not None else getattr(fn, "__name__", None) or type(fn).__name__
+        if not isinstance(label, str) or not label:
+            raise ProgramError(f"host_op: name must be a non-empty str, got {name!r:.40}")
+        if isinstance(inputs, Value) or not isinstance(inputs, (list, tuple)):
+            raise ProgramError(f"host_op:{label}: inputs must be a list of Values, got {type(inputs).__name__}")
+        values = [self._value(f"host_op:{label}", v) for v in inputs]
+        if not isinstance(outputs, (list, tuple)) or not outputs:
+            raise ProgramError(f"host_op:{label}: outputs must be a non-empty list of (shape, layout) pairs")
+        declared: list[tuple[tuple[int, ...], DataType]] = []
+        for k, entry in enumerate(outputs):
+            if not isinstance(entry, (list, tuple)) or len(entry) != 2 or not isinstance(entry[0], (list, tuple)):
+                raise ProgramError(f"host_op:{label}: output {k} must be a (shape, layout) pair, got {entry!r:.60}")
+            shape, layout = entry
+            if isinstance(layout, DataType):
+                dtype = layout
+            elif layout is None or isinstance(layout, Layout):
+                dtype = layout.dtype if layout is not None and layout.dtype is not None else DataType.FLOAT32
+            else:
+                raise LayoutError(f"host_op:{label}: output {k}'s layout must be a tt.Layout or tt.DataType, "
+                                  f"got {layout!r:.60}")
+            declared.append((check_shape(shape), dtype))
+        host = HostFunction(fn, label, [v.dtype for v in values], declared)
+        results: list[Value] = []
+        for k, (shape, dtype) in enumerate(declared):
+            out = self._new(shape, Layout(MemorySpace.L1, TensorLayout.TILE, dtype))
+            # The first step calls fn on the inputs; the later ones take their result after it.
+            reads = tuple(v.id for v in values) if k == 0 else (results[0].id,)
+            self._steps.append(Step(HOST_OP, reads, None, (("host", host), ("index", k)), out.id))
+            self._locate(out)
+            results.append(out)
+        return results

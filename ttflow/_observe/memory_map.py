@@ -17,13 +17,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, final
 
-from ._errors import FileError
-from ._types import MemorySpace
+from .._errors import FileError
+from .._types import MemorySpace
 
 if TYPE_CHECKING:
-    from ._device import Device
-    from ._memory import MemoryView
-    from ._queue import Command
+    from .._runtime.device import Device
+    from .._memory.banks import MemoryView
+    from .._queue import Command
 
 __all__ = ["Block", "MemoryMapRecorder", "draw_memory_map", "memory_map_figure", "record_memory_map",
            "view_as_dict"]

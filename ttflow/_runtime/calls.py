@@ -13,18 +13,18 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from . import _const_eval
-from ._core import _dispatch
-from ._device import Device
-from ._errors import LayoutError, ProgramError, ShapeError, TraceError, raise_stored
-from ._kernels import _bfp8, _pointwise
-from ._memory import RemoteMemoryError, Storage
-from ._queue import NO_DEPS
-from ._sched import ProgramCommand, TensorState
-from ._binary import Binary, for_mesh
-from ._program import Program
-from ._tensor import Tensor
-from ._types import DataType, Layout, MemorySpace, check_shape
+from . import const_eval as _const_eval
+from .._core import _dispatch
+from .device import Device
+from .._errors import LayoutError, ProgramError, ShapeError, TraceError, raise_stored
+from .._kernels import _bfp8, _pointwise
+from .._memory.banks import RemoteMemoryError, Storage
+from .._queue import NO_DEPS
+from .._sched import ProgramCommand, TensorState
+from .._ir.binary import Binary, for_mesh
+from .._ir.program import Program
+from .tensor import Tensor
+from .._types import DataType, Layout, MemorySpace, check_shape
 
 __all__ = [
     "to_device",

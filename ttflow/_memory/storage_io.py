@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from . import kernels
-from ._kernels import _bfp8, _tiles
-from ._ops import to_host_dtype
-from ._memory import Storage
-from ._types import DataType, TensorLayout
+from .. import kernels
+from .._kernels import _bfp8, _tiles
+from .._ir.numerics import to_host_dtype
+from .banks import Storage
+from .._types import DataType, TensorLayout
 
 __all__ = ["write_array", "write_tiles", "read_array", "copy_storage", "zero_fill", "update_row", "row_bytes",
            "stage_array", "land"]

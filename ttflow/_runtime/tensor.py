@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any, final
 import anyio.lowlevel
 import numpy as np
 
-from ._core._dispatch import TensorCore, wrap
-from ._errors import DeallocatedTensorError, DeviceClosedError, raise_stored
-from ._memory import BufferInfo
-from ._types import DataType, Layout
+from .._core._dispatch import TensorCore, wrap
+from .._errors import DeallocatedTensorError, DeviceClosedError, raise_stored
+from .._memory.banks import BufferInfo
+from .._types import DataType, Layout
 
 if TYPE_CHECKING:
-    from ._device import Device
-    from ._sched import TensorState
+    from .device import Device
+    from .._sched import TensorState
 
 __all__ = ["Tensor"]
 

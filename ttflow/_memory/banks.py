@@ -33,10 +33,10 @@ from typing import Any, final
 import attrs
 import numpy as np
 
-from ._core._allocator import Allocator
-from ._core._dispatch import StorageCore
-from ._errors import OutOfMemoryError, ShapeError, TTFlowError
-from ._types import DataType, DeviceSpec, Layout, MemorySpace
+from .._core._allocator import Allocator
+from .._core._dispatch import StorageCore
+from .._errors import OutOfMemoryError, ShapeError, TTFlowError
+from .._types import DataType, DeviceSpec, Layout, MemorySpace
 
 __all__ = ["BufferInfo", "BufferView", "MemoryView", "Storage", "BankMemory", "Allocator",
            "MemorySpaceState", "TraceRegion", "TRACE_BYTES_PER_COMMAND", "RemoteBanks", "RemoteBankMemory", "RemoteMemoryError", "SHARED_PREFIX",

@@ -36,18 +36,18 @@ import anyio.from_thread
 import attrs
 import numpy as np
 
-from . import _storage_io as io
-from ._device import Device
-from ._errors import DebugHookError, ShapeError, TraceError
-from ._host_ops import HOST_OP
-from ._memory import RemoteMemoryError
-from ._program import Program
-from ._runtime import _host_array
-from ._types import DataType, Layout
+from .._memory import storage_io as io
+from .._runtime.device import Device
+from .._errors import DebugHookError, ShapeError, TraceError
+from .._ir.ops.host import HOST_OP
+from .._memory.banks import RemoteMemoryError
+from .._ir.program import Program
+from .._runtime.calls import _host_array
+from .._types import DataType, Layout
 
 if TYPE_CHECKING:
-    from ._commands import Plan
-    from ._memory import Storage
+    from .._commands import Plan
+    from .._memory.banks import Storage
 
 __all__ = ["DebugHooks", "OpContext", "OpTensor", "ProgramContext", "debug_hooks"]
 

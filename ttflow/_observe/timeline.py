@@ -34,12 +34,12 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any, final
 
-from ._errors import FileError
-from ._types import MemorySpace
+from .._errors import FileError
+from .._types import MemorySpace
 
 if TYPE_CHECKING:
-    from ._device import Device
-    from ._queue import Command
+    from .._runtime.device import Device
+    from .._queue import Command
 
 __all__ = ["TimelineRecorder", "queue_summary", "record_timeline", "record_trace"]
 
