@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import anyio
 import ml_dtypes
+import attrs
 import numpy as np
 import pytest
 
@@ -251,18 +252,14 @@ async def test_program_outputs_that_do_not_fit_fail_only_their_dependents() -> N
 
 
 async def test_a_program_whose_kernel_raises(monkeypatch: pytest.MonkeyPatch) -> None:
-    class Exploding:
-        @staticmethod
-        def fn(*args: object, **kwargs: object) -> np.ndarray:
-            raise RuntimeError("kernel fault")
-
-        compute = fn
+    def exploding(*args: object, **kwargs: object) -> np.ndarray:
+        raise RuntimeError("kernel fault")
 
     binary = relu_binary()
     async with tt.open_device(tt.DeviceSpec.small()) as device:
         base = used(device)
         x = tt.to_device(np.ones((3, 50), np.float32), device)
-        monkeypatch.setitem(_ops.OPS, "relu", Exploding())
+        monkeypatch.setitem(_ops.OPS, "relu", attrs.evolve(_ops.OPS["relu"], fn=exploding, page=None))
         (bad,) = tt.submit(device, binary, 0, [x])
         (dependent,) = tt.submit(device, binary, 0, [bad])
         with pytest.raises(RuntimeError, match="kernel fault"):
