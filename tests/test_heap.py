@@ -15,7 +15,7 @@ _LOOP = """
 import resource, sys, threading
 import numpy as np
 from ttflow._workers.heap import keep_freed_heap
-from ttflow._ir.ops import _gelu
+from ttflow._ir.ops.eltwise import _gelu
 if sys.argv[1] == "keep":
     assert keep_freed_heap()
 x = (np.random.default_rng(0).standard_normal((128, 1024)) / 8).astype(np.float32)
