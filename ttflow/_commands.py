@@ -32,9 +32,8 @@ from ._ir.ops.host import HOST_OP, host_step, timing_host_ops
 from ._kernels import _pointwise
 from ._memory.banks import Storage
 from ._ir.ops import COLLECTIVES, OPS
-from ._ir.record import Kind
 from ._ir.numerics import compute_dtype
-from ._ir.record import check_range
+from ._ir.record import Kind, check_range
 from ._types import DataType, Layout, MemorySpace, TensorLayout, least_padded_shape
 
 if TYPE_CHECKING:
@@ -313,7 +312,6 @@ PageCode = tuple[tuple[int, int, int, float, int], ...]
 """`_pointwise.run` code: (op, operand a, operand b or -1 for the scalar, scalar, out) each."""
 Kernel = tuple[MemorySpace, PageCode, tuple[int, ...], int, int]
 """A Compute step run by the C kernel: (memory space, code, operand addresses, rows, depth)."""
-
 
 
 def _page_code(program: Program, store_in_output: dict[int, int],
