@@ -22,6 +22,7 @@ from ttflow._mesh.links import Fabric
 from ttflow._mesh.topology import physical
 from ttflow._ir.numerics import store_as
 from ttflow._ir.interpreter import run_on_host
+from ttflow.testing import ordered_sums as summed_in_order
 
 pytestmark = pytest.mark.anyio
 
@@ -308,33 +309,12 @@ def host_values(rng: np.random.Generator, shape: tuple[int, ...], dtype: tt.Data
 
 def ordered_sums(path: list[Coord], ring: bool, terms: dict[Coord, dict[Coord, np.ndarray]],
                  dtype: tt.DataType) -> dict[Coord, np.ndarray]:
-    """Each path chip's part summed in the documented order, every partial rounded to `dtype`:
-    `terms[chip][home]` is chip's term of home's part."""
+    """Each path chip's part summed in the documented order (`ttflow.testing.ordered_sums`),
+    every partial rounded to `dtype` (BFLOAT8_B: by this file's packer reference)."""
     def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return rounded(a + b, dtype) if a.size else a + b
 
-    n = len(path)
-    sums = {}
-    for h, home in enumerate(path):
-        if ring:  # x[h+1] + x[h+2] + ... + x[h-1], then + x[h]
-            total = terms[path[(h + 1) % n]][home]
-            for k in range(2, n):
-                total = add(total, terms[path[(h + k) % n]][home])
-            total = add(total, terms[home][home])
-        else:  # ((x[0] + ... + x[h-1]) + x[h]) + (x[N-1] + ... + x[h+1])
-            total = terms[home][home]
-            if h > 0:
-                left = terms[path[0]][home]
-                for k in range(1, h):
-                    left = add(left, terms[path[k]][home])
-                total = add(left, total)
-            if h < n - 1:
-                right = terms[path[-1]][home]
-                for k in range(n - 2, h, -1):
-                    right = add(right, terms[path[k]][home])
-                total = add(total, right)
-        sums[home] = total
-    return sums
+    return summed_in_order(path, ring, terms, add)
 
 
 def near_sum(got: np.ndarray, terms: list[np.ndarray], dtype: tt.DataType) -> None:

@@ -10,7 +10,6 @@ carries by the formulas of docs/mesh.md, counted again on every replay.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -33,18 +32,13 @@ from test_collectives import (
 )
 
 import ttflow as tt
-from ttflow._mesh import collectives
 
 pytestmark = pytest.mark.anyio
 
 LIMIT = 60  # seconds a test may take: a hang is a failure, never a stuck run
 
 
-@pytest.fixture(autouse=True)
-def short_timeout(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """A chip that never meets its group fails typed after 20 s (the last resort is 600 s)."""
-    monkeypatch.setattr(collectives, "TIMEOUT_SECONDS", 20.0)
-    yield
+SHORT_TIMEOUT = 20.0  # a chip that never meets its group fails typed after 20 s (the last resort is 600 s)
 
 
 # -- a chain of programs with collectives: captured once, replayed with new inputs ---------------------
@@ -126,7 +120,7 @@ async def test_replays_equal_numpy_a_submit_and_the_capture_and_count_their_byte
     binary = chain(dtype)
     rng = np.random.default_rng(5)
     with anyio.fail_after(LIMIT):
-        async with tt.open_mesh_device(spec) as mesh:
+        async with tt.open_mesh_device(spec, collective_timeout=SHORT_TIMEOUT) as mesh:
             xs = shards(rng, spec, dtype)
             x = tt.from_shards([tt.to_device(xs[c], chip) for c, chip in zip(mesh.coords, mesh.chips)], mesh)
             before = mesh.stats.link_bytes
@@ -168,7 +162,7 @@ async def test_queued_replays_count_bytes_once_each() -> None:
     spec = mesh_spec((2, 2))
     binary = chain(F32)
     with anyio.fail_after(LIMIT):
-        async with tt.open_mesh_device(spec) as mesh:
+        async with tt.open_mesh_device(spec, collective_timeout=SHORT_TIMEOUT) as mesh:
             xs = shards(np.random.default_rng(1), spec, F32)
             x = tt.from_shards([tt.to_device(xs[c], chip) for c, chip in zip(mesh.coords, mesh.chips)], mesh)
             with tt.capture_trace(mesh) as trace:
@@ -187,7 +181,7 @@ async def test_the_timeline_draws_the_links_of_replays(tmp_path: Any) -> None:
     spec = tt.MeshSpec((1, 4), chip=SMALL, topology="ring", links_per_pair=2)
     binary = chain(F32)
     with anyio.fail_after(LIMIT):
-        async with tt.open_mesh_device(spec) as mesh:
+        async with tt.open_mesh_device(spec, collective_timeout=SHORT_TIMEOUT) as mesh:
             xs = shards(np.random.default_rng(2), spec, F32)
             x = tt.from_shards([tt.to_device(xs[c], chip) for c, chip in zip(mesh.coords, mesh.chips)], mesh)
             with tt.capture_trace(mesh) as trace:
@@ -229,7 +223,7 @@ async def test_a_bfloat8_b_trace_replays_packed_tiles() -> None:
     binary = tt.Binary([b.build()])
     rng = np.random.default_rng(9)
     with anyio.fail_after(LIMIT):
-        async with tt.open_mesh_device(spec) as mesh:
+        async with tt.open_mesh_device(spec, collective_timeout=SHORT_TIMEOUT) as mesh:
             xs = {c: host_values(rng, (32, 40), BF8) for c in grid(spec)}
             x = tt.from_shards([tt.to_device(xs[c], chip, lay) for c, chip in zip(mesh.coords, mesh.chips)], mesh)
             with tt.capture_trace(mesh) as trace:
@@ -259,7 +253,7 @@ async def test_a_chip_failing_inside_a_replay_fails_its_peers_typed_and_the_trac
     spec = mesh_spec((2, 2))
     bad = (1, 0)
     with anyio.fail_after(LIMIT):
-        async with tt.open_mesh_device(spec) as mesh:
+        async with tt.open_mesh_device(spec, collective_timeout=SHORT_TIMEOUT) as mesh:
             empty = used(mesh)
             ok = [np.full((4, 32), k, np.int32) for k in range(4)]
             x = tt.from_shards([tt.to_device(a, chip) for a, chip in zip(ok, mesh.chips)], mesh)
@@ -306,7 +300,7 @@ async def test_a_replay_failing_before_it_runs_releases_its_peers() -> None:
     b.output(b.all_reduce(b.input((4, 32), lay)))
     total = tt.Binary([b.build()])
     with anyio.fail_after(LIMIT):
-        async with tt.open_mesh_device(spec) as mesh:
+        async with tt.open_mesh_device(spec, collective_timeout=SHORT_TIMEOUT) as mesh:
             x = tt.from_shards([tt.to_device(np.ones((4, 32), np.int32), chip) for chip in mesh.chips], mesh)
             with tt.capture_trace(mesh) as t1:
                 (y,) = tt.submit(mesh, double, 0, [x])
@@ -333,7 +327,7 @@ async def test_a_replay_failing_before_it_runs_releases_its_peers() -> None:
 
 async def test_release_then_execute_is_refused_typed_and_queues_nothing() -> None:
     spec = mesh_spec((1, 2))
-    async with tt.open_mesh_device(spec) as mesh:
+    async with tt.open_mesh_device(spec, collective_timeout=SHORT_TIMEOUT) as mesh:
         x = tt.to_device(np.ones((4, 32), np.int32), mesh)
         with tt.capture_trace(mesh) as trace:
             tt.submit(mesh, overflowing(), 0, [x])
@@ -352,7 +346,7 @@ async def test_release_then_execute_is_refused_typed_and_queues_nothing() -> Non
 
 async def test_a_deallocated_input_on_one_chip_refuses_the_execute_on_every_chip() -> None:
     spec = mesh_spec((1, 3))
-    async with tt.open_mesh_device(spec) as mesh:
+    async with tt.open_mesh_device(spec, collective_timeout=SHORT_TIMEOUT) as mesh:
         per = [tt.to_device(np.ones((4, 32), np.int32), chip) for chip in mesh.chips]
         x = tt.from_shards(per, mesh)
         with tt.capture_trace(mesh) as trace:
@@ -366,7 +360,7 @@ async def test_a_deallocated_input_on_one_chip_refuses_the_execute_on_every_chip
 
 async def test_closing_drains_queued_replays() -> None:
     with anyio.fail_after(LIMIT):
-        async with tt.open_mesh_device(mesh_spec((2, 2))) as mesh:
+        async with tt.open_mesh_device(mesh_spec((2, 2)), collective_timeout=SHORT_TIMEOUT) as mesh:
             x = tt.from_shards([tt.to_device(np.full((4, 32), k, np.int32), chip)
                                 for k, chip in enumerate(mesh.chips)], mesh)
             with tt.capture_trace(mesh) as trace:
@@ -384,7 +378,7 @@ async def test_closing_on_an_error_fails_queued_replays_typed() -> None:
     out = None
     with anyio.fail_after(LIMIT):
         with pytest.raises(RuntimeError, match="the host's own error"):
-            async with tt.open_mesh_device(mesh_spec((1, 4))) as mesh:
+            async with tt.open_mesh_device(mesh_spec((1, 4)), collective_timeout=SHORT_TIMEOUT) as mesh:
                 x = tt.from_shards([tt.to_device(np.full((4, 32), k, np.int32), chip)
                                     for k, chip in enumerate(mesh.chips)], mesh)
                 with tt.capture_trace(mesh) as trace:
@@ -405,7 +399,7 @@ async def test_closing_on_an_error_fails_queued_replays_typed() -> None:
 
 async def test_a_mesh_trace_without_collectives_replays_inline_as_before() -> None:
     # No collective: the replays carry no peers once decided (they may run inline), and equal numpy.
-    async with tt.open_mesh_device(mesh_spec((1, 2))) as mesh:
+    async with tt.open_mesh_device(mesh_spec((1, 2)), collective_timeout=SHORT_TIMEOUT) as mesh:
         b = tt.ProgramBuilder("add")
         b.output(b.add(b.input((4, 32)), 1.0))
         x = tt.to_device(np.zeros((4, 32), np.float32), mesh)

@@ -286,27 +286,22 @@ async def test_an_abort_reaches_a_record_that_comes_later() -> None:
     """A chip fails before its record runs while another chip's record is still queued on the
     host: the queued one travels after the abort and fails at once (the failure travels with
     it, or is waiting in its worker), never waiting for the timeout."""
-    old = collectives.TIMEOUT_SECONDS
-    collectives.TIMEOUT_SECONDS = 60.0
-    try:
-        async with tt.open_mesh_device(tt.MeshSpec((1, 3), chip=SMALL), workers="process",
-                                       inline_seconds=-1) as mesh:
-            _workers(mesh)[2].pause()
-            try:
-                start = anyio.current_time()
-                shards = [tt.to_device(np.full((4, 32), 2**30 + 5 if k == 1 else k, np.int32), chip)
-                          for k, chip in enumerate(mesh.chips)]
-                (out,) = tt.submit(mesh, _overflowing(), 0, [tt.from_shards(shards, mesh)])
-                first = tt.device_tensors(out)[0]
-                with anyio.fail_after(BOUND), pytest.raises(tt.CollectiveError):
-                    await first
-            finally:  # a held worker would hold the mesh's close forever
-                _workers(mesh)[2].resume()
-            got = await _outcomes(out)
-            assert isinstance(got[2], tt.CollectiveError) and got[2].chip == (0, 1)
-            assert anyio.current_time() - start < BOUND
-    finally:
-        collectives.TIMEOUT_SECONDS = old
+    async with tt.open_mesh_device(tt.MeshSpec((1, 3), chip=SMALL), workers="process",
+                                   inline_seconds=-1, collective_timeout=60.0) as mesh:
+        _workers(mesh)[2].pause()
+        try:
+            start = anyio.current_time()
+            shards = [tt.to_device(np.full((4, 32), 2**30 + 5 if k == 1 else k, np.int32), chip)
+                      for k, chip in enumerate(mesh.chips)]
+            (out,) = tt.submit(mesh, _overflowing(), 0, [tt.from_shards(shards, mesh)])
+            first = tt.device_tensors(out)[0]
+            with anyio.fail_after(BOUND), pytest.raises(tt.CollectiveError):
+                await first
+        finally:  # a held worker would hold the mesh's close forever
+            _workers(mesh)[2].resume()
+        got = await _outcomes(out)
+        assert isinstance(got[2], tt.CollectiveError) and got[2].chip == (0, 1)
+        assert anyio.current_time() - start < BOUND
 
 
 # -- existing modules, again on worker processes ---------------------------------------------------

@@ -20,7 +20,7 @@ PUBLIC = {
     "programs", "binaries", "ProgramCase", "FLOAT_MAGNITUDE", "INT_RANGE",
     # the reference model
     "stored", "ExpectedValue", "round_as", "bfloat8_b_error_bound", "storage_geometry",
-    "StorageGeometry", "buffer_footprint", "space_capacity",
+    "StorageGeometry", "buffer_footprint", "space_capacity", "ordered_sums",
     # the state machine and its tools
     "RuntimeStateMachine", "MeshStateMachine", "ModelProgram", "DeviceModel", "ModelTensor", "drain",
     "WorkerThreadHold", "QueueHold", "hold_worker_threads",
@@ -37,6 +37,21 @@ def test_public_surface_is_pinned() -> None:
             assert obj.__module__.startswith("ttflow.testing."), name
     exported = {n for n in vars(ttt) if not n.startswith("_")}
     assert exported == PUBLIC, exported ^ PUBLIC
+
+
+def test_ordered_sums_adds_in_the_documented_order() -> None:
+    """docs/mesh.md, "Sums": on a ring the part of position h is x[h+1] + ... + x[h-1], then
+    + x[h]; on a line ((x[0] + ... + x[h-1]) + x[h]) + (x[N-1] + ... + x[h+1]). The terms are
+    names and `add` writes the sum out, so the order itself is compared."""
+    def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.array(f"({a.item()}+{b.item()})")
+
+    path = ["a", "b", "c", "d"]
+    terms = {chip: {home: np.array(chip) for home in path} for chip in path}
+    assert {h: str(v) for h, v in ttt.ordered_sums(path, True, terms, add).items()} == {
+        "a": "(((b+c)+d)+a)", "b": "(((c+d)+a)+b)", "c": "(((d+a)+b)+c)", "d": "(((a+b)+c)+d)"}
+    assert {h: str(v) for h, v in ttt.ordered_sums(path, False, terms, add).items()} == {
+        "a": "(a+((d+c)+b))", "b": "((a+b)+(d+c))", "c": "(((a+b)+c)+d)", "d": "(((a+b)+c)+d)"}
 
 
 def test_without_hypothesis_the_import_error_says_what_to_install() -> None:

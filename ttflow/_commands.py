@@ -108,7 +108,7 @@ class Plan:
                  "store_in_output", "copied_out", "compute", "value_dtypes", "scratch", "macs",
                  "page_code", "input_layouts", "output_layouts", "output_shapes", "input_checks",
                  "bound", "donated", "in_place", "output_states", "footprint", "schedule", "range_checks",
-                 "collectives", "host_ops", "consts", "_built")
+                 "collectives", "host_ops", "consts", "checked_submit", "_built")
 
     def __init__(self, program: Program) -> None:
         # The parts of the program a run reads (not the program: a plan cached under its program
@@ -178,6 +178,11 @@ class Plan:
         self.donated = dict(program.donations)
         # Steps that update a donated cache in place: step index -> the output it writes.
         self.in_place = _in_place_steps(program, self.donated, self.store_in_output)
+        # The submit gate, one rule for both C fast paths (`_core._dispatch.submit`,
+        # `submit_spmd`): a donation (inputs consumed), collectives (resolved for the mesh's
+        # groups, a rendezvous to join) or constant inputs (the const-eval cut) take the
+        # checked path.
+        self.checked_submit = bool(self.donated or self.collectives or self.consts)
         self.schedule = _Schedule(self)
         self._built = True  # from here on, fields are read-only
 

@@ -21,8 +21,7 @@ def clear_program_cache(device: Device | MeshDevice) -> None:
     (a miss). Commands already queued keep their own plans. The cache stays on (see
     `device.program_cache_enabled`)."""
     if isinstance(device, MeshDevice):
-        chips = device.chips
-        device._decided = None
+        chips = device.chips  # clearing a chip's plans renews the plan token: the mesh's decided record goes stale
     elif isinstance(device, Device):
         chips = [device]
     else:

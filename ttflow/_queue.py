@@ -39,7 +39,7 @@ import anyio
 import anyio.lowlevel
 
 from ._commands import INLINE_SECONDS, Banks, Compute, Record, estimate, is_transfer, run, run_all
-from ._core._dispatch import CommandCore, QueueCore, run_program
+from ._core._dispatch import CommandCore, QueueCore, finish, run_program
 from ._errors import DeviceClosedError, OutOfMemoryError
 from ._workers.thread import QueueWorker, Ticket
 
@@ -167,14 +167,8 @@ class Command(CommandCore):
         awaiting caller), so it must not keep tensors, storages or other commands alive: memory
         held stays bounded by what the user holds plus what is queued.
         """
-        self.error = error
-        self.done = True
-        self.deps = NO_DEPS
-        self.record = None
-        self.capture = None
         self.forget()
-        if self._event is not None:
-            self._event.set()
+        finish(self, error)  # the one copy of the step (`_core._dispatch.finish`)
 
     def forget(self) -> None:
         """Drops the references a subclass keeps."""

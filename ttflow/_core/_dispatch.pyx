@@ -306,12 +306,14 @@ cdef class SchedulerCore:
                 self.release(state)
 
 
-def submit_program(SchedulerCore s, queue, program, plan, tuple inputs):
-    """Queues a program command on `queue` (CQ0) reading `inputs`; returns its output states."""
-    return _submit_program(s, queue, program, plan, inputs)
+def submit_program(SchedulerCore s, queue, program, plan, tuple inputs, peers=None):
+    """Queues a program command on `queue` (CQ0) reading `inputs`; returns its output states.
+    `peers`: the chip's place in its SPMD submit's rendezvous (a program with collectives), set
+    before the command is queued, so a worker deciding it at once sees it."""
+    return _submit_program(s, queue, program, plan, inputs, peers)
 
 
-cdef tuple _submit_program(SchedulerCore s, queue, program, plan, tuple inputs):
+cdef tuple _submit_program(SchedulerCore s, queue, program, plan, tuple inputs, peers=None):
     cdef StateCore state
     cdef CommandCore writer
     cdef tuple specs = plan.output_states, spec
@@ -339,6 +341,7 @@ cdef tuple _submit_program(SchedulerCore s, queue, program, plan, tuple inputs):
     command.program = program
     command.plan = plan
     command.converted = _no_deps
+    command.peers = peers
     # `enqueue`, for a program: its outputs are new, so only its inputs' writers order it.
     cdef list deps = None
     for state in inputs:
@@ -403,7 +406,7 @@ def submit(device, binary, program_index, inputs):
         given = list(inputs)
     else:
         return None
-    if plan.donated or plan.collectives or plan.consts:  # a donation; collectives resolved for the device's group; const-eval
+    if plan.checked_submit:  # a donation, collectives, const-eval (`Plan.checked_submit`)
         return None
     cdef Py_ssize_t n = len(checks), k
     if len(given) != n:
@@ -512,11 +515,11 @@ def submit_spmd(mesh, tuple chips, binary, program_index, inputs, mesh_tensor_ty
         plans = tuple([(<SchedulerCore>sched).plan(program) for sched in schedulers])
         first_plan = plans[0]
         decided = (_weak_ref(program), chips, schedulers, plans, first_plan.input_checks,
-                   not (first_plan.donated or first_plan.collectives or first_plan.consts), _plan_token)
+                   not first_plan.checked_submit, _plan_token)
         fresh = True
         # A chip whose plan cache is off keeps no plan: nor does the mesh, for it.
         mesh._decided = None if any([(<SchedulerCore>sched).plans_uncached for sched in schedulers]) else decided
-    if not decided[5]:  # a donation; collectives resolved for the mesh's groups
+    if not decided[5]:  # `Plan.checked_submit`: a donation, collectives, const-eval
         return None
     cdef tuple schedulers_t = decided[2], plans_t = decided[3]
     cdef tuple checks = decided[4], check
@@ -590,6 +593,31 @@ cdef TensorCore _wrap(cls, device, StateCore state):
     return tensor
 
 
+def finish(CommandCore command, error):
+    """Marks `command` done with `error` (None: it succeeded) and lets go of everything it
+    referenced: the one copy of that step, for every command (`_queue.Command.complete`) and
+    for the inline run below.
+
+    A finished command may stay reachable for a long time (a queued command's `deps`, an
+    awaiting caller), so it must not keep tensors, storages or other commands alive: memory
+    held stays bounded by what the user holds plus what is queued."""
+    _finish(command, error)
+
+
+cdef inline void _finish(CommandCore command, error):
+    command.reads = ()
+    command.writes = ()
+    command.error = error
+    command.done = True
+    command.deps = _no_deps
+    command.record = None
+    command.capture = None
+    if command.converted:
+        command.converted = _no_deps
+    if command._event is not None:
+        command._event.set()
+
+
 def run_program(CommandCore command, banks, double inline_seconds):
     """Decides, runs, commits and completes a program whose plan runs on the C kernel and
     whose inputs are ready where it reads them; False (having changed nothing) otherwise."""
@@ -652,13 +680,6 @@ def run_program(CommandCore command, banks, double inline_seconds):
     counters["fast_path_programs"] += 1
     # complete
     s.settle_all(command, None)
-    command.reads = ()
-    command.writes = ()
-    command.error = None
-    command.done = True
-    command.deps = _no_deps
-    command.record = None
-    if command._event is not None:
-        command._event.set()
+    _finish(command, None)
     return True
 

@@ -16,7 +16,9 @@ memory, a closed device, a cancelled submit) or while it runs, aborts the rendez
 (`Rendezvous.abort`, called where a command completes with an error, and by the mesh when it
 closes on an error): every chip waiting in, or reaching, a collective of that submit then
 fails its command with a `CollectiveError` naming the chip that failed and the collective. A
-wait longer than `TIMEOUT_SECONDS` (a last resort: a peer that never comes) fails the same way.
+wait longer than the mesh's `collective_timeout` (a last resort: a peer that never comes;
+`open_mesh_device(collective_timeout=...)`, `COLLECTIVE_TIMEOUT` s unless given) fails the same
+way.
 
 The algorithms (N chips in the group, its path as `Fabric.path` lays it out; ranks are the
 group's mesh-coordinate order, positions the path's order):
@@ -72,13 +74,13 @@ from .._peers import (
 )
 from .._runtime.tensor import Tensor
 from .._workers.endpoint import post_abort
-from .device import MeshDevice
+from .device import COLLECTIVE_TIMEOUT, MeshDevice
 from .links import Fabric
 from .spec import Coord
 from .topology import physical
 
 __all__ = [
-    "TIMEOUT_SECONDS",
+    "COLLECTIVE_TIMEOUT",
     "CollectiveLog",
     "CollectiveRecord",
     "Peer",
@@ -93,10 +95,6 @@ __all__ = [
     "payload_bytes",
     "submit_collective",
 ]
-
-TIMEOUT_SECONDS = 600.0
-"""How long a chip waits for its peers in one collective before it gives up (CollectiveError):
-a last resort, far above any emulated program's run; aborts end every wait at once."""
 
 PAYLOAD_FRACTION = 0.96
 """The part of a link's rate that is payload after Ethernet framing (tt-metal's
@@ -185,8 +183,8 @@ class Rendezvous(Meeting):
 
     def __init__(self, fabric: Fabric, program: str, link_bytes_per_second: float = 12.5e9,
                  hop_seconds: float = 711e-9, log: list[CollectiveRecord] | CollectiveLog | None = None,
-                 timeout: float | None = None, links_per_pair: int = 1, wiring: Wiring | None = None) -> None:
-        super().__init__(program, TIMEOUT_SECONDS if timeout is None else timeout)
+                 timeout: float = COLLECTIVE_TIMEOUT, links_per_pair: int = 1, wiring: Wiring | None = None) -> None:
+        super().__init__(program, timeout)
         self.fabric = fabric
         self.links_per_pair = links_per_pair
         self.link_bytes_per_second = link_bytes_per_second
@@ -426,16 +424,14 @@ def submit_collective(mesh: MeshDevice, binary: Binary, program_index: int,
     system = mesh._system
     spec = system.spec
     rendezvous = Rendezvous(fabric_of(mesh), program.name, spec.link_bytes_per_second, spec.hop_seconds,
-                            collective_log(mesh), links_per_pair=spec.links_per_pair, wiring=wiring_of(mesh))
+                            collective_log(mesh), timeout=system.collective_timeout,
+                            links_per_pair=spec.links_per_pair, wiring=wiring_of(mesh))
     system.rendezvous.add(rendezvous)
     outputs: list[list[Tensor]] = []
     try:
         for coord, chip, inputs in zip(mesh.coords, mesh._chips, per_chip):
-            chip_outputs = _runtime._submit_checked(chip, binary, program_index, inputs, mesh._shape)
-            outputs.append(chip_outputs)
-            command = chip_outputs[0]._state.last_writer  # the program command just queued
-            assert command is not None and command.plan.collectives
-            command.peers = rendezvous.peer(coord)
+            outputs.append(_runtime._submit_checked(chip, binary, program_index, inputs, mesh._shape,
+                                                    peers=rendezvous.peer(coord)))
     except BaseException as exc:
         rendezvous.abort(mesh.coords[len(outputs)], exc)
         for chip_outputs in outputs:

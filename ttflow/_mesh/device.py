@@ -14,6 +14,7 @@ and read by `MeshDevice.stats`; a view's shape and order are written by `reshape
 
 from __future__ import annotations
 
+import math
 import operator
 import weakref
 from collections.abc import AsyncIterator, Sequence
@@ -50,13 +51,22 @@ class MeshStatistics:
     total: DeviceStatistics
 
 
+COLLECTIVE_TIMEOUT = 600.0
+"""How long a chip waits for its peers in one collective before it gives up (CollectiveError),
+unless its mesh was opened with another `collective_timeout`: a last resort, far above any
+emulated program's run; aborts end every wait at once. A constant, never overwritten: a test
+that wants a shorter wait opens its mesh with one."""
+
+
 @final
 class _System:
     """What every view of one opened mesh shares: the spec, the chips by id, the link counters."""
 
-    def __init__(self, spec: MeshSpec, chips: Sequence[Device]) -> None:
+    def __init__(self, spec: MeshSpec, chips: Sequence[Device], collective_timeout: float) -> None:
         self.spec = spec
         self.chips = tuple(chips)
+        # Seconds a chip waits for its group in one collective (`open_mesh_device`).
+        self.collective_timeout = collective_timeout
         self.closed = False
         # (from_id, to_id) -> collective payload bytes; every directed link starts at 0.
         self.link_bytes = dict.fromkeys(linked_pairs(spec, range(len(chips))), 0)
@@ -105,8 +115,9 @@ class MeshDevice:
         self._shape = shape
         self._ids = tuple(ids)
         self._chips = tuple(self._system.chips[i] for i in self._ids)
-        # The SPMD fast path's decided record (`_core._dispatch.submit_spmd`): the last program's
-        # plan on each chip, for these very chips.
+        # The SPMD fast path's decided record: the last program's plan on each chip, for these
+        # very chips. `_core._dispatch.submit_spmd` is its one writer; a record made under an
+        # older plan token (a chip's plans cleared or not kept since) is stale and made again.
         self._decided = None
 
     # -- what it is -------------------------------------------------------------------------
@@ -225,9 +236,8 @@ class MeshDevice:
     def program_cache_enabled(self, enabled: bool) -> None:
         if not isinstance(enabled, bool):
             raise TypeError(f"program_cache_enabled is a bool, got {type(enabled).__name__}")
-        for chip in self._chips:
+        for chip in self._chips:  # turning a chip's cache off renews the plan token: the decided record goes stale
             chip.program_cache_enabled = enabled
-        self._decided = None
 
     def memory_view(self, space: MemorySpace) -> list[MemoryView]:
         """Each chip's `memory_view(space)`, row-major."""
@@ -279,7 +289,8 @@ class MeshDevice:
 
 
 @asynccontextmanager
-async def open_mesh_device(spec: MeshSpec | tuple[int, int], **open_device_kwargs: Any) -> AsyncIterator[MeshDevice]:
+async def open_mesh_device(spec: MeshSpec | tuple[int, int], *, collective_timeout: float = COLLECTIVE_TIMEOUT,
+                           **open_device_kwargs: Any) -> AsyncIterator[MeshDevice]:
     """Opens a mesh of emulated chips: one `tt.open_device` per chip, in this event loop.
 
     `spec`: a `tt.MeshSpec` (a preset, `MeshSpec.n300()`, or any shape) or a (rows, cols)
@@ -293,7 +304,14 @@ async def open_mesh_device(spec: MeshSpec | tuple[int, int], **open_device_kwarg
     `ray_cpus` CPUs per actor, `ray_strategy` "PACK" (the default: as few nodes as fit) or
     "SPREAD" (one actor per node while nodes last). Closing kills the actors and removes the
     group.
+
+    `collective_timeout`: seconds a chip waits for its group in one collective before it fails
+    with `tt.CollectiveError` (600 s: a last resort; a failing chip aborts its peers at once). A
+    setting of this mesh, as `inline_seconds` is of a device, never a process-wide global.
     """
+    if (isinstance(collective_timeout, bool) or not isinstance(collective_timeout, (int, float))
+            or not math.isfinite(collective_timeout) or collective_timeout <= 0):
+        raise ValueError(f"collective_timeout is a positive number of seconds, got {collective_timeout!r}")
     if not isinstance(spec, MeshSpec):
         spec = MeshSpec(spec)
     async with AsyncExitStack() as stack:
@@ -308,7 +326,7 @@ async def open_mesh_device(spec: MeshSpec | tuple[int, int], **open_device_kwarg
                  for i in range(spec.num_chips)]
         for index, chip in enumerate(chips):  # named by a DeviceLostError
             chip._set_chip(divmod(index, spec.shape[1]))
-        system = _System(spec, chips)
+        system = _System(spec, chips, float(collective_timeout))
         mesh = MeshDevice._view(system, spec.shape, range(spec.num_chips), None)
         try:
             yield mesh

@@ -298,9 +298,12 @@ def _check_donation(program: Program, program_index: int, inputs: Sequence[Tenso
 
 
 def _submit_checked(device: Device, binary: Binary, program_index: int,
-                    inputs: Sequence[Tensor], mesh_shape: tuple[int, int] = (1, 1)) -> list[Tensor]:
+                    inputs: Sequence[Tensor], mesh_shape: tuple[int, int] = (1, 1),
+                    peers: Any = None) -> list[Tensor]:
     """`submit` with every check said aloud; `mesh_shape`: the mesh whose chip `device` is
-    (an SPMD submit's, `_mesh.collectives`), for which the program's collectives are resolved."""
+    (an SPMD submit's, `_mesh.collectives`), for which the program's collectives are resolved;
+    `peers`: the chip's place in that submit's rendezvous, which the command carries from the
+    moment it is queued (the one with the collectives: a constant part has none)."""
     device.check_open()
     if not isinstance(binary, Binary):
         raise ProgramError(f"expected a tt.Binary, got {type(binary).__name__}")
@@ -340,11 +343,13 @@ def _submit_checked(device: Device, binary: Binary, program_index: int,
         )
     # A device is a 1x1 mesh: its collectives run as in a group of one chip (identities).
     program = for_mesh(program, mesh_shape)
+    def run(program: Program, states: tuple[TensorState, ...]) -> tuple[TensorState, ...]:
+        return scheduler.submit(program, states, peers=peers if program.has_collectives else None)
     states = None
     if program.consts:  # through its constant cut, cached on the device (`_const_eval`)
-        states = _const_eval.submit(device, program, inputs, scheduler.submit)
+        states = _const_eval.submit(device, program, inputs, run)
     if states is None:
-        states = scheduler.submit(program, tuple(tensor._state for tensor in inputs))
+        states = run(program, tuple(tensor._state for tensor in inputs))
     cache = scheduler.const_cache
     if cache is not None and (program.donations or unretained):  # consumed: cached results go
         for state in (*(inputs[i]._state for _, i in program.donations), *unretained):

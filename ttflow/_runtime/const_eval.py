@@ -233,9 +233,7 @@ def _lookup(device: Device, split: Split, constants: tuple[TensorState, ...], ha
     """The cache entry of `split` on these constants, its constant program queued on a miss;
     counts the hit or the miss."""
     scheduler = device._scheduler
-    cache: ConstEvalCache | None = scheduler.const_cache
-    if cache is None:
-        cache = scheduler.const_cache = ConstEvalCache(scheduler)
+    cache: ConstEvalCache = scheduler.attach_const_cache(ConstEvalCache)
     key = (split.key, tuple(map(id, constants)))
     entry = cache.entries.get(key)
     if entry is not None and (any(a is not b for a, b in zip(entry.constants, constants))

@@ -19,6 +19,7 @@ from .._errors import OutOfMemoryError, ProgramError
 from .._memory.banks import Storage
 from .._memory import storage_io as io
 from .._queue import NO_DEPS as _NO_DEPS, Command
+from .._core._dispatch import finish
 from .._memory.storage_io import row_bytes
 from .._types import Layout, MemorySpace, TensorLayout
 from . import room
@@ -59,11 +60,6 @@ class _Scheduled(Command):
         trace replay's; none here), held or not: room does not take back the region from a
         command that needs it."""
         return 0
-
-    def complete(self, error: BaseException | None = None) -> None:
-        self.reads = ()
-        self.writes = ()
-        super().complete(error)
 
 
 class WriteCommand(_Scheduled):
@@ -496,18 +492,8 @@ class ProgramCommand(_Scheduled):
         self.converted = _NO_DEPS
 
     def complete(self, error: BaseException | None = None) -> None:
-        # `Command.complete` and its overrides, flattened: this runs once per program.
-        self.reads = ()
-        self.writes = ()
-        self.error = error
-        self.done = True
-        self.deps = _NO_DEPS
-        self.record = None
-        self.capture = None
-        if self.converted:
-            self.converted = _NO_DEPS
-        if self._event is not None:
-            self._event.set()
+        # Straight to the one copy of the step (its `forget` is part of it): once per program.
+        finish(self, error)
 
     def describe(self) -> dict[str, Any]:
         record = self.record

@@ -58,8 +58,9 @@ class Scheduler(SchedulerState):
         # (one per shape, say) must not find every one it ever built kept alive here.
         self._plans: weakref.WeakKeyDictionary[Program, Plan] = weakref.WeakKeyDictionary()
         self.listeners: list[Callable[[Command, BaseException | None], None]] = []
-        # The const-eval cache (`_const_eval.ConstEvalCache`), made by the first submit of a
-        # program with constant inputs; told of every queued write (`enqueue`).
+        # The const-eval cache (`_runtime.const_eval.ConstEvalCache`), attached by the first
+        # submit of a program with constant inputs (`attach_const_cache`, its only writer); told
+        # of every queued write (`enqueue`).
         self.const_cache: Any = None
         # The last plan looked up: a chain submits one program again and again.
         self._last_plan: tuple[weakref.ref[Program], Plan] | None = None
@@ -103,6 +104,14 @@ class Scheduler(SchedulerState):
             self.plan_hits += 1
         self._last_plan = (weakref.ref(program), plan)
         return plan
+
+    def attach_const_cache(self, make: Callable[[Scheduler], Any]) -> Any:
+        """The device's const-eval cache, made by `make(self)` on first use. The runtime layer
+        above defines the cache; the scheduler holds it, because every queued write must reach
+        it (`enqueue`), and this is the one place it is set."""
+        if self.const_cache is None:
+            self.const_cache = make(self)
+        return self.const_cache
 
     def keep_plans(self, keep: bool) -> None:
         """`Device.program_cache_enabled`: with False, every submit plans again and no plan is
@@ -191,11 +200,13 @@ class Scheduler(SchedulerState):
         return target
 
     def submit(self, program: Program, inputs: tuple[TensorState, ...],
-               plan: Plan | None = None) -> tuple[TensorState, ...]:
-        """Queues a run of `program` on CQ0; its output states (see `_core._dispatch`)."""
+               plan: Plan | None = None, peers: Any = None) -> tuple[TensorState, ...]:
+        """Queues a run of `program` on CQ0; its output states (see `_core._dispatch`).
+        `peers`: the chip's place in its SPMD submit's rendezvous, for a program with
+        collectives (`_mesh.collectives.submit_collective`)."""
         if plan is None:
             plan = self.plan(program)
-        return submit_program(self, self.cq0, program, plan, inputs)
+        return submit_program(self, self.cq0, program, plan, inputs, peers)
 
     def set_retain(self, state: TensorState, retain: bool) -> None:
         """`Tensor.retain`: with False, a submit deallocates the tensor once it is queued to

@@ -37,6 +37,7 @@ from ._reference import ExpectedValue as ExpectedValue
 from ._reference import StorageGeometry as StorageGeometry
 from ._reference import bfloat8_b_error_bound as bfloat8_b_error_bound
 from ._reference import buffer_footprint as buffer_footprint
+from ._reference import ordered_sums as ordered_sums
 from ._reference import round_as as round_as
 from ._reference import space_capacity as space_capacity
 from ._reference import storage_geometry as storage_geometry
@@ -57,7 +58,7 @@ from ._strategies import shapes as shapes
 __all__ = [
     "RuntimeStateMachine", "MeshStateMachine", "ModelProgram", "DeviceModel", "ModelTensor", "QueueHold", "WorkerThreadHold",
     "drain", "hold_worker_threads",
-    "ExpectedValue", "StorageGeometry", "bfloat8_b_error_bound", "buffer_footprint", "round_as",
+    "ExpectedValue", "StorageGeometry", "bfloat8_b_error_bound", "buffer_footprint", "ordered_sums", "round_as",
     "space_capacity", "storage_geometry", "stored",
     "FLOAT_MAGNITUDE", "INT_RANGE", "ProgramCase", "arrays", "arrays_for", "binaries",
     "device_specs", "dtypes", "layouts", "program_cases", "programs", "shapes",

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import anyio
@@ -42,6 +42,7 @@ from .._ir.program import Program, TensorSpec
 from .._runtime.calls import deallocate, empty, submit, to_device, to_host, to_layout, wait, write
 from .._runtime.tensor import Tensor
 from .._types import DataType, DeviceSpec, Layout, MemorySpace
+from ._machine_loop import LoopHarness
 from ._model import DeviceModel, ModelTensor, QueueHold, drain
 from ._reference import ExpectedValue, space_capacity, storage_geometry, stored
 from ._strategies import arrays, layouts
@@ -92,37 +93,6 @@ class ModelProgram:
         p.text(repr(self))
 
 
-def _boxed(fn: Callable[..., T], args: tuple[Any, ...]) -> list[T]:
-    return [fn(*args)]
-
-
-async def _within(seconds: float, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...]) -> T:
-    try:
-        with anyio.fail_after(seconds):
-            return await fn(*args)
-    except TimeoutError:
-        raise AssertionError(
-            f"{getattr(fn, '__name__', fn)} did not complete within {seconds} s: a hang"
-        ) from None
-
-
-async def _released(
-    hold: QueueHold, device: Device, seconds: float, fn: Callable[..., Awaitable[T]],
-    args: tuple[Any, ...],
-) -> T:
-    """`fn(*args)` with the worker threads let go; then the device runs until idle and the
-    threads are held again, so the next rule starts from a state that does not depend on timing."""
-    hold.release()
-    try:
-        return await _within(seconds, fn, args)
-    finally:
-        try:
-            await _within(seconds, drain, (device,))
-        finally:
-            with anyio.move_on_after(seconds):
-                await hold.acquire()
-
-
 async def _settled(check: Callable[[], None], checkpoints: int) -> None:
     """Lets the queues take every step they can without waiting (a few checkpoints), then
     runs `check`: with worker threads held, each rule then starts from a settled device, which
@@ -165,18 +135,15 @@ async def _drained_outcomes(device: Device, tensors: list[Tensor]) -> list[Any]:
 
 
 
-class MachineBase(RuleBasedStateMachine):
+class MachineBase(LoopHarness, RuleBasedStateMachine):
     """The device, the model and the data rules of `RuntimeStateMachine` (which see)."""
 
-    backend: ClassVar[str] = "asyncio"
     spec: ClassVar[DeviceSpec] = DeviceSpec.small()
     shapes: ClassVar[Sequence[tuple[int, ...]]] = ((40, 33),)
     programs: ClassVar[Sequence[ModelProgram]] = ()
     donating_programs: ClassVar[Sequence[ModelProgram]] = ()
     """Programs with `output(donates=)`, for the `submit_donating` rule (not `submit`'s: a
     donation consumes its input, which the model must know)."""
-    timeout: ClassVar[float] = 60.0
-    """Seconds any single await may take before the machine calls it a hang."""
     max_tensors: ClassVar[int] = 64
     hold_workers: ClassVar[bool] = True
     """Hold the worker threads between waiting rules (see the module docstring). False lets
@@ -218,8 +185,7 @@ class MachineBase(RuleBasedStateMachine):
         self._fragments: set[ModelTensor] = set()
         self._fragmented: dict[MemorySpace, list[ModelTensor]] = {}
         self.hold: QueueHold | None = None
-        self._portal_cm = anyio.from_thread.start_blocking_portal(self.backend)
-        self.portal = self._portal_cm.__enter__()
+        self.open_loop()
         try:
             self._device_cm = self.portal.wrap_async_context_manager(
                 open_device(self.spec, eviction=self.eviction, inline_seconds=self.inline_seconds,
@@ -233,37 +199,12 @@ class MachineBase(RuleBasedStateMachine):
             self._close()
             raise
 
-    # -- talking to the loop ------------------------------------------------------------------
+    # -- talking to the loop (`LoopHarness`: call, run, expect_raises, expect_raises_async) ----
 
-    def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """`fn(*args)` on the event loop thread; the result is returned as is, never awaited."""
-        return self.portal.call(_boxed, fn, args)[0]
-
-    def run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """Awaits `fn(*args)` on the event loop, within `timeout`. With `hold_workers`, the
-        threads are let go meanwhile; afterwards the device runs until idle and they are held
-        again."""
+    def held_queues(self) -> tuple[Sequence[QueueHold], Sequence[Device]]:
         if self.hold is not None and self.hold.held:
-            return self.portal.call(_released, self.hold, self.device, self.timeout, fn, args)
-        return self.portal.call(_within, self.timeout, fn, args)
-
-    def expect_raises(self, error: type[BaseException], fn: Callable[..., Any], *args: Any) -> None:
-        """Asserts that the synchronous call `fn(*args)` raises `error` (on the loop thread)."""
-        try:
-            self.call(fn, *args)
-        except error:
-            return
-        raise AssertionError(f"{getattr(fn, '__name__', fn)} did not raise {error.__name__}")
-
-    def expect_raises_async(
-        self, error: type[BaseException], fn: Callable[..., Awaitable[Any]], *args: Any
-    ) -> None:
-        """Asserts that awaiting `fn(*args)` raises `error`, at once (held threads stay held)."""
-        try:
-            self.portal.call(_within, self.timeout, fn, args)
-        except error:
-            return
-        raise AssertionError(f"{getattr(fn, '__name__', fn)} did not raise {error.__name__}")
+            return [self.hold], [self.device]
+        return [], []
 
     # -- the model ----------------------------------------------------------------------------
 
@@ -722,7 +663,7 @@ class MachineBase(RuleBasedStateMachine):
             if hasattr(self, "device"):
                 self._device_cm.__exit__(None, None, None)
         finally:
-            self._portal_cm.__exit__(None, None, None)
+            self.close_loop()
 
 
 

@@ -31,9 +31,9 @@ from .._commands import INLINE_SECONDS
 from .._runtime.device import Device
 from .._ir.program import TensorSpec
 from .._runtime.calls import submit, write
-from .._types import DataType, Layout, MemorySpace, TensorLayout
+from .._types import Layout
 from ._machine_base import ModelProgram, _settled
-from ._machine_memory import MemoryRules, _seeded_array
+from ._machine_memory import MemoryRules
 from ._model import ModelTensor
 from ._reference import stored
 from ._strategies import arrays

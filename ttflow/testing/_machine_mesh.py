@@ -9,8 +9,7 @@ kept, exact accounting whenever the device is idle), this machine does for a mes
   are made against queued programs and queued collectives; `run_one_chip` lets one chip run
   alone (its collectives then wait in the rendezvous for held peers). A rule that awaits lets
   every chip go, awaits with a timeout (a hang is a test failure, never a stuck CI; the
-  rendezvous's own last-resort timeout is lowered to `rendezvous_timeout` for the machine's
-  life, so even a hung chip's thread ends), drains every chip and holds them again. `call`
+  machine's mesh is opened with `collective_timeout=rendezvous_timeout`, so even a hung chip's thread ends), drains every chip and holds them again. `call`
   boxes results: anyio's `BlockingPortal.call` would await a `Tensor`/`MeshTensor` result.
 - Every handle is kept: each chip has its own `DeviceModel` of its shards (a shard `from_shards`
   takes as it is stays one entry), so memory checks per chip reuse the single-device ones
@@ -67,8 +66,6 @@ import functools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
-import anyio
-import anyio.from_thread
 import attrs
 import numpy as np
 from hypothesis import strategies as st
@@ -86,7 +83,6 @@ from .._errors import (
     TTFlowError,
 )
 from .._mesh import api as mesh_api
-from .._mesh import collectives as _collectives
 from .._mesh.device import MeshDevice, create_submesh, open_mesh_device, release_submesh
 from .._mesh.placement import concat, concat_2d, replicate, shard, shard_2d
 from .._mesh.spec import MeshSpec
@@ -95,9 +91,10 @@ from .._mesh.transfer import from_shards
 from .._ir.builder import ProgramBuilder
 from .._runtime.tensor import Tensor
 from .._types import DataType, DeviceSpec, Layout, MemorySpace, TensorLayout
-from ._machine_base import _check_memory_views, _within
-from ._model import DeviceModel, ModelTensor, QueueHold, drain
-from ._reference import ExpectedValue, round_as, storage_geometry, stored
+from ._machine_base import _check_memory_views
+from ._machine_loop import LoopHarness
+from ._model import DeviceModel, ModelTensor, QueueHold
+from ._reference import ExpectedValue, ordered_sums, round_as, storage_geometry, stored
 from ._strategies import arrays
 
 __all__ = ["MeshStateMachine"]
@@ -181,35 +178,13 @@ class _View:
 
 def _ordered_sums(path: list[Coord], ring: bool, terms: dict[Coord, dict[Coord, Array]],
                   dtype: DataType) -> dict[Coord, Array]:
-    """Each path chip's part summed in the documented order, every partial rounded to `dtype`:
-    `terms[chip][home]` is chip's term of home's part (docs/mesh.md, "Sums")."""
+    """`ordered_sums` (the one copy of the documented order), each partial rounded to `dtype`."""
     def add(a: Array, b: Array) -> Array:
         if dtype.is_float:
             return round_as(a.astype(np.float32) + b.astype(np.float32), dtype)
         return round_as(a.astype(np.int64) + b.astype(np.int64), dtype)
 
-    n = len(path)
-    sums = {}
-    for h, home in enumerate(path):
-        if ring:  # x[h+1] + x[h+2] + ... + x[h-1], then + x[h]
-            total = terms[path[(h + 1) % n]][home]
-            for k in range(2, n):
-                total = add(total, terms[path[(h + k) % n]][home])
-            total = add(total, terms[home][home])
-        else:  # ((x[0] + ... + x[h-1]) + x[h]) + (x[N-1] + ... + x[h+1])
-            total = terms[home][home]
-            if h > 0:
-                left = terms[path[0]][home]
-                for k in range(1, h):
-                    left = add(left, terms[path[k]][home])
-                total = add(left, total)
-            if h < n - 1:
-                right = terms[path[-1]][home]
-                for k in range(n - 2, h, -1):
-                    right = add(right, terms[path[k]][home])
-                total = add(total, right)
-        sums[home] = total
-    return sums
+    return ordered_sums(path, ring, terms, add)
 
 
 def collective_results(view: _View, op: str, attrs_: dict[str, Any], xs: dict[Coord, Array],
@@ -577,28 +552,6 @@ def _deallocate_entries(entries: list[_Entry]) -> None:
         mesh_api.deallocate(entry.tensor)
 
 
-def _boxed(fn: Callable[..., T], args: tuple[Any, ...]) -> list[T]:
-    return [fn(*args)]
-
-
-async def _released(holds: list[QueueHold], chips: list[Device], seconds: float,
-                    fn: Callable[..., Awaitable[T]], args: tuple[Any, ...]) -> T:
-    """`fn(*args)` with every chip's workers let go; then every chip runs until idle and the
-    workers are held again."""
-    for hold in holds:
-        hold.release()
-    try:
-        return await _within(seconds, fn, args)
-    finally:
-        try:
-            for chip in chips:
-                await _within(seconds, drain, (chip,))
-        finally:
-            with anyio.move_on_after(seconds):
-                for hold in holds:
-                    await hold.acquire()
-
-
 async def _outcome_of(fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
     """Awaits `fn(*args)`: its result, or the TTFlowError it raised."""
     try:
@@ -618,7 +571,7 @@ async def _read_all(tensors: list[Tensor]) -> list[Any]:
     return outcomes
 
 
-class MeshStateMachine(RuleBasedStateMachine):
+class MeshStateMachine(LoopHarness, RuleBasedStateMachine):
     """A hypothesis state machine over a mesh of chips (see the module docstring), to subclass.
 
     Class attributes: `backend` ("asyncio" or "trio"), `mesh_spec` (a small mesh: the model
@@ -640,7 +593,6 @@ class MeshStateMachine(RuleBasedStateMachine):
     queued shards may hold.
     """
 
-    backend: ClassVar[str] = "asyncio"
     mesh_spec: ClassVar[MeshSpec] = MeshSpec((2, 2), chip=DeviceSpec.small())
     eviction: ClassVar[str] = "lookahead"
     workers: ClassVar[str] = "thread"  # "process": each chip's records in a worker process
@@ -656,15 +608,12 @@ class MeshStateMachine(RuleBasedStateMachine):
         self.submeshes: list[MeshDevice] = []
         self.holds: list[QueueHold] = []
         self._drained: set[int] = set()
-        self._saved_timeout = _collectives.TIMEOUT_SECONDS
-        _collectives.TIMEOUT_SECONDS = self.rendezvous_timeout
-        self._portal_cm = anyio.from_thread.start_blocking_portal(self.backend)
-        self.portal = self._portal_cm.__enter__()
+        self.open_loop()
         self._mesh_cm: Any = None
         try:
             self._mesh_cm = self.portal.wrap_async_context_manager(
                 open_mesh_device(self.mesh_spec, eviction=self.eviction, inline_seconds=-1.0,
-                                 workers=self.workers))
+                                 workers=self.workers, collective_timeout=self.rendezvous_timeout))
             self.mesh: MeshDevice = self._mesh_cm.__enter__()
             self.chips: list[Device] = self.mesh.chips
             self.models = [DeviceModel(self.mesh_spec.chip) for _ in self.chips]
@@ -676,30 +625,10 @@ class MeshStateMachine(RuleBasedStateMachine):
             self._close()
             raise
 
-    # -- the loop ------------------------------------------------------------------------------
+    # -- the loop (`LoopHarness`: call, run, expect_raises, expect_raises_async) -------------
 
-    def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """`fn(*args)` on the loop thread; the result returned as is (never awaited)."""
-        return self.portal.call(_boxed, fn, args)[0]
-
-    def run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """Awaits `fn(*args)` with every chip let go, within `timeout`; then every chip drains."""
-        return self.portal.call(_released, self.holds, self.chips, self.timeout, fn, args)
-
-    def expect_raises(self, error: type[BaseException], fn: Callable[..., Any], *args: Any) -> BaseException:
-        try:
-            self.call(fn, *args)
-        except error as exc:
-            return exc
-        raise AssertionError(f"{getattr(fn, '__name__', fn)} did not raise {error.__name__}")
-
-    def expect_raises_async(self, error: type[BaseException], fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
-        """Awaiting `fn(*args)` raises `error` at once (held workers stay held)."""
-        try:
-            self.portal.call(_within, self.timeout, fn, args)
-        except error:
-            return
-        raise AssertionError(f"{getattr(fn, '__name__', fn)} did not raise {error.__name__}")
+    def held_queues(self) -> tuple[Sequence[QueueHold], Sequence[Device]]:
+        return self.holds, self.chips
 
     # -- the model -------------------------------------------------------------------------------
 
@@ -1448,8 +1377,5 @@ class MeshStateMachine(RuleBasedStateMachine):
             if self._mesh_cm is not None and hasattr(self, "mesh"):
                 self._mesh_cm.__exit__(None, None, None)
         finally:
-            try:
-                self._portal_cm.__exit__(None, None, None)
-            finally:
-                _collectives.TIMEOUT_SECONDS = self._saved_timeout
+            self.close_loop()
 

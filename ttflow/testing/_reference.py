@@ -16,7 +16,7 @@ the runtime's own geometry code.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, final
 
 import attrs
@@ -31,6 +31,7 @@ __all__ = [
     "StorageGeometry",
     "bfloat8_b_error_bound",
     "buffer_footprint",
+    "ordered_sums",
     "round_as",
     "space_capacity",
     "storage_geometry",
@@ -375,3 +376,35 @@ def space_capacity(spec: DeviceSpec, space: MemorySpace) -> int:
     """Bytes `memory_used(space)` can reach: every bank's usable, aligned size."""
     size = spec.bank_bytes(space)
     return (size - size % spec.alignment(space)) * spec.banks(space)
+
+
+def ordered_sums(path: Sequence[Any], ring: bool, terms: Mapping[Any, Mapping[Any, Array]],
+                 add: Callable[[Array, Array], Array]) -> dict[Any, Array]:
+    """Each path chip's part of a reducing collective summed in the documented order
+    (docs/mesh.md, "Sums"): `terms[chip][home]` is chip's term of home's part, `add(a, b)` one
+    partial sum as the device stores it (rounded to the dtype). On a ring the part of the chip
+    at position h is x[h+1] + x[h+2] + ... + x[h-1], then + x[h]; on a line it is
+    ((x[0] + ... + x[h-1]) + x[h]) + (x[N-1] + ... + x[h+1]). The one copy of the rule, read by
+    the collective tests and the mesh state machine alike."""
+    n = len(path)
+    sums = {}
+    for h, home in enumerate(path):
+        if ring:
+            total = terms[path[(h + 1) % n]][home]
+            for k in range(2, n):
+                total = add(total, terms[path[(h + k) % n]][home])
+            total = add(total, terms[home][home])
+        else:
+            total = terms[home][home]
+            if h > 0:
+                left = terms[path[0]][home]
+                for k in range(1, h):
+                    left = add(left, terms[path[k]][home])
+                total = add(left, total)
+            if h < n - 1:
+                right = terms[path[-1]][home]
+                for k in range(n - 2, h, -1):
+                    right = add(right, terms[path[k]][home])
+                total = add(total, right)
+        sums[home] = total
+    return sums
