@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
 import ttflow as tt
 from reference import round_to, tilize
+from ttflow import _commands
+from ttflow._commands import Plan
 
 pytestmark = pytest.mark.anyio
 
@@ -465,3 +469,41 @@ async def test_one_program_with_inputs_in_every_layout_matches_numpy() -> None:
                         (same,) = tt.submit(device, binary, index, [ta, ta])
                         np.testing.assert_array_equal(await tt.to_host(out), ref(a, c))
                         np.testing.assert_array_equal(await tt.to_host(same), ref(a, a))
+
+
+async def test_a_pagewise_program_the_c_kernel_refuses_runs_each_steps_own_page_op(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """More operands than the C kernel takes keep a pagewise program off it
+    (`_commands._page_code`): numpy runs it page by page, each step with its own record's page
+    op (`Plan.page_ops`, bound once per plan). Four different ops in turn, so a step given
+    another's op is seen; the run is watched to be sure it took that path."""
+    x = rng(7).standard_normal((32, 32)).astype(np.float32)
+    layout = tt.Layout(tt.MemorySpace.L1, tt.TensorLayout.TILE, F32)  # with its scratch: one space
+    b = tt.ProgramBuilder("long_chain")
+    t = b.input((32, 32), layout)
+    v, expected = t, x
+    for k in range(70):
+        if k % 4 == 0:
+            v, expected = b.mul(v, 0.5), expected * np.float32(0.5)
+        elif k % 4 == 1:
+            v, expected = b.sub(v, t), expected - x
+        elif k % 4 == 2:
+            v, expected = b.neg(v), -expected
+        else:
+            v, expected = b.relu(v), np.maximum(expected, np.float32(0))
+    b.output(v, layout)
+    program = b.build()
+    plan = Plan(program)
+    assert plan.pagewise and plan.page_code is None  # too many operands for the C kernel
+    numpy_page_runs = []
+    compute_pages = _commands._compute_pages
+
+    def watched(step: Any, banks: Any) -> None:
+        numpy_page_runs.append(step.kernel is None)
+        compute_pages(step, banks)
+
+    monkeypatch.setattr(_commands, "_compute_pages", watched)
+    async with tt.open_device(tt.DeviceSpec()) as device:  # its L1 holds all 69 scratch values
+        (out,) = tt.submit(device, tt.Binary([program]), 0, [tt.to_device(x, device, layout)])
+        np.testing.assert_array_equal(await tt.to_host(out), expected)
+    assert numpy_page_runs == [True]

@@ -33,7 +33,7 @@ from ._kernels import _pointwise
 from ._memory.banks import Storage
 from ._ir.ops import COLLECTIVES, OPS
 from ._ir.numerics import compute_dtype
-from ._ir.record import Kind, check_range
+from ._ir.record import Kind, PageOp, check_range
 from ._types import DataType, Layout, MemorySpace, TensorLayout, least_padded_shape
 
 if TYPE_CHECKING:
@@ -108,7 +108,7 @@ class Plan:
                  "store_in_output", "copied_out", "compute", "value_dtypes", "scratch", "macs",
                  "page_code", "input_layouts", "output_layouts", "output_shapes", "input_checks",
                  "bound", "donated", "in_place", "output_states", "footprint", "schedule", "range_checks",
-                 "collectives", "host_ops", "consts", "checked_submit", "_built")
+                 "collectives", "host_ops", "consts", "checked_submit", "page_ops", "_built")
 
     def __init__(self, program: Program) -> None:
         # The parts of the program a run reads (not the program: a plan cached under its program
@@ -147,6 +147,10 @@ class Plan:
             if self.store_in_output.get(value) != k:
                 self.copied_out[value] = True
         self.pagewise = _pagewise(program)
+        # Each step's page kernel (its record's `page`), looked up once here for a pagewise
+        # plan's numpy path (`_compute_pages`), not once per step per run.
+        pages = [OPS[step.op].page for step in program.steps] if self.pagewise else []
+        self.page_ops: tuple[PageOp, ...] = tuple(page for page in pages if page is not None)
         # Step values that need scratch storage: (value id, storage shape, L1 layout, DRAM
         # fallback). A value that tiles would pad to more than twice its size is stored as its
         # least padded 2-D split (`least_padded_shape`; same elements, same order); a pagewise
@@ -520,11 +524,9 @@ def _compute_pages(step: Compute, banks: Banks) -> None:
     views: list[Any] = [None] * len(plan.values)
     for index, storage in enumerate(sources):
         views[index] = _pages(storage, banks)
-    for index, op in enumerate(plan.steps):
+    for op, page in zip(plan.steps, plan.page_ops):  # a pagewise plan's steps all have one (`_pagewise`)
         k = plan.store_in_output.get(op.output)
         out = _pages(outputs[k] if k is not None else scratch[op.output], banks)
-        page = OPS[op.op].page
-        assert page is not None  # a pagewise plan's steps all have one (`_pagewise`)
         b = None if len(op.inputs) < 2 and op.scalar is None else (
             views[op.inputs[1]] if op.scalar is None else np.float32(op.scalar))
         page.run(views[op.inputs[0]], b, out)
