@@ -37,7 +37,10 @@ from ._ir.record import Kind, PageOp, check_range
 from ._types import DataType, Layout, MemorySpace, TensorLayout, least_padded_shape
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ._ir.program import Program, TensorSpec
+    from ._ir.program import Step as ProgramStep
 
 __all__ = [
     "Store", "Load", "Copy", "Slide", "Compute", "Step", "Record", "Plan", "Banks", "run", "run_all",
@@ -92,6 +95,16 @@ class Slide(NamedTuple):
     source: int
     target: int
     depth: int
+
+
+def page_ops_of(steps: Sequence[ProgramStep], pagewise: bool) -> tuple[PageOp, ...]:
+    """The page kernels of a pagewise plan's steps, in step order (none for another plan): a
+    plan's own, and a worker's copy of it, which gets them again from its `OPS` by op name
+    (their functions do not pickle; `_workers.wire.plan_from_state`)."""
+    if not pagewise:
+        return ()
+    pages = [OPS[step.op].page for step in steps]
+    return tuple(page for page in pages if page is not None)
 
 
 @final
@@ -149,8 +162,7 @@ class Plan:
         self.pagewise = _pagewise(program)
         # Each step's page kernel (its record's `page`), looked up once here for a pagewise
         # plan's numpy path (`_compute_pages`), not once per step per run.
-        pages = [OPS[step.op].page for step in program.steps] if self.pagewise else []
-        self.page_ops: tuple[PageOp, ...] = tuple(page for page in pages if page is not None)
+        self.page_ops = page_ops_of(program.steps, self.pagewise)
         # Step values that need scratch storage: (value id, storage shape, L1 layout, DRAM
         # fallback). A value that tiles would pad to more than twice its size is stored as its
         # least padded 2-D split (`least_padded_shape`; same elements, same order); a pagewise

@@ -44,7 +44,7 @@ import pickle
 from collections.abc import Callable
 from typing import Any
 
-from .._commands import Compute, Copy, Load, Plan, Record, Slide, Store, _Schedule
+from .._commands import Compute, Copy, Load, Plan, Record, Slide, Store, _Schedule, page_ops_of
 from .._memory.banks import Storage
 from .._ir.ops import OPS
 
@@ -56,9 +56,9 @@ STORE, LOAD, COPY, SLIDE, COMPUTE = range(5)
 RUN, RUN_ALL = 0, 1
 """The jobs a message carries: one record run (its result), or a batch of them (`run_all`)."""
 
-_PLAN_FIELDS = tuple(name for name in Plan.__slots__ if name not in ("bound", "compute", "schedule", "_built"))
+_PLAN_FIELDS = tuple(name for name in Plan.__slots__ if name not in ("bound", "compute", "page_ops", "schedule", "_built"))
 """What travels of a plan: all but the device's precomputed geometry (`bound`, for the host's
-fast decision only) and the ops' functions (closures, which do not pickle): the worker takes
+fast decision only) and the ops' functions and page kernels (closures, which do not pickle): the worker takes
 those from its own `_ir.ops.OPS` by the steps' op names, and schedules the plan again."""
 
 _PLANS_KEPT = 256
@@ -79,6 +79,7 @@ def plan_from_state(state: tuple[Any, ...]) -> Plan:
     init(plan, "bound", None)
     # As `Plan.__init__` takes them (a plan that travels has no host op).
     init(plan, "compute", [OPS[step.op].fn for step in plan.steps])
+    init(plan, "page_ops", page_ops_of(plan.steps, plan.pagewise))
     init(plan, "schedule", _Schedule(plan))
     init(plan, "_built", True)
     return plan
