@@ -38,7 +38,9 @@ fields' (8) and of the ops' records (`OpRecord.version`).
 
 `for_mesh` resolves a program's collectives for the mesh a submit runs it on: it replays the
 program through a builder of that mesh shape (the loader's replay), so every later step's
-shape is checked again, and keeps the result per (program, mesh shape).
+shape is checked again by its op's one shape rule (its builder method; a second rule in the
+record would drift from it), and keeps the result per (program, mesh shape)
+(docs/architecture.md, "The op record").
 """
 
 from __future__ import annotations

@@ -71,21 +71,20 @@ class Program:
     golden reports name ops by it."""
 
     inputs: tuple[TensorSpec, ...] = attrs.field(init=False, eq=False)
+    host_ops: tuple[tuple[int, str], ...] = attrs.field(init=False, eq=False)
+    """(step index, `host_op:<name>`) of each host op (`ProgramBuilder.host_op`), at the step
+    that calls its function (its first output's)."""
+    has_collectives: bool = attrs.field(init=False, eq=False)
+    """Whether a step exchanges values with other chips (a collective: `Kind.COLLECTIVE`)."""
 
     def __attrs_post_init__(self) -> None:
-        object.__setattr__(self, "inputs", self.values[: self.num_inputs])
-
-    @property
-    def host_ops(self) -> tuple[tuple[int, str], ...]:
-        """(step index, `host_op:<name>`) of each host op (`ProgramBuilder.host_op`), at the step
-        that calls its function (its first output's)."""
-        return tuple((index, step.attrs[0][1].label) for index, step in enumerate(self.steps)
-                     if step.op == HOST_OP and dict(step.attrs)["index"] == 0)
-
-    @property
-    def has_collectives(self) -> bool:
-        """Whether a step exchanges values with other chips (a collective: `Kind.COLLECTIVE`)."""
-        return any(step.op in REGISTRY and REGISTRY[step.op].kind is Kind.COLLECTIVE for step in self.steps)
+        # Derived once (a checked submit reads them on every call, `for_mesh` too).
+        init = object.__setattr__
+        init(self, "inputs", self.values[: self.num_inputs])
+        init(self, "host_ops", tuple((index, step.attrs[0][1].label) for index, step in enumerate(self.steps)
+                                     if step.op == HOST_OP and dict(step.attrs)["index"] == 0))
+        init(self, "has_collectives", any(step.op in REGISTRY and REGISTRY[step.op].kind is Kind.COLLECTIVE
+                                          for step in self.steps))
 
     def last_use(self) -> tuple[int, ...]:
         """For each value id, the index of the last step that reads it, so the runtime can free
