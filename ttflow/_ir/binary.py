@@ -81,6 +81,21 @@ ttflow names the version that introduced it; its record is the only place that s
 _READS = tuple(range(1, _VERSION + 1))  # the versions `load` reads
 _HEADER = struct.Struct("<8sIQI")  # magic, version, payload length, crc32 of payload
 
+# Other writers' files `Binary.load` and `Binary.from_bytes` read, told apart by content: a
+# size-prefixed flatbuffer's file identifier (bytes 8-12) -> the module whose `read_binary(data,
+# what)` translates it (tt-mlir's `.ttnn`: `ttflow.ttnn`). A table of names, imported when such a
+# file is met, because those readers are front-ends above the IR that translate into it.
+_FOREIGN_FORMATS: dict[bytes, str] = {b"TTNN": "ttflow.ttnn.binary"}
+
+
+def _foreign(head: bytes) -> Any:
+    module = _FOREIGN_FORMATS.get(bytes(head[8:12])) if len(head) >= 12 else None
+    if module is None or head.startswith(_MAGIC):
+        return None
+    import importlib
+
+    return importlib.import_module(module).read_binary
+
 
 @final
 class Binary:
@@ -114,6 +129,20 @@ class Binary:
             raise FileError.of(exc, "save the binary to", path, writing=True, example="model.ttb") from exc
 
     @classmethod
+    def from_bytes(cls, data: bytes, what: str = "the binary") -> Binary:
+        """A binary from a file's bytes: ttflow's own format (what `save` writes) or a registered
+        other writer's, told apart by content (tt-mlir's `.ttnn`, see `ttflow.ttnn`)."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise BinaryFormatError(f"from_bytes takes bytes, got {type(data).__name__}")
+        data = bytes(data)
+        reader = _foreign(data[:16])
+        if reader is not None:
+            return reader(data, what)  # type: ignore[no-any-return]
+        length = _check_header(what, data[:_HEADER.size], len(data))
+        payload = data[_HEADER.size:_HEADER.size + length]
+        return _from_payload(cls, what, data[:_HEADER.size], payload)
+
+    @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Binary:
         """Reads a file `save` wrote; BinaryFormatError for any file it did not write whole,
         FileError (also an OSError) for a path that cannot be read (missing, a folder, no
@@ -126,6 +155,9 @@ class Binary:
         try:
             with open(path, "rb") as f:
                 header = f.read(_HEADER.size)
+                reader = _foreign(header[:16])
+                if reader is not None:  # another writer's format, told apart by its content
+                    return reader(header + f.read(), name)  # type: ignore[no-any-return]
                 length = _check_header(name, header, os.fstat(f.fileno()).st_size)
                 payload = f.read(length)
         except OSError as exc:
@@ -134,22 +166,27 @@ class Binary:
             raise BinaryFormatError(
                 f"{name} is truncated: the payload is {len(payload)} bytes, the header says {length}"
             )
-        _, _, _, crc = _HEADER.unpack(header)
-        if zlib.crc32(payload) != crc:
-            raise BinaryFormatError(f"{name} is corrupt: the payload checksum does not match")
-        (version,) = struct.unpack_from("<I", header, 8)
-        try:
-            programs = [_program_from_json(p, version) for p in _expect(json.loads(payload), list, "payload")]
-            return cls(programs)
-        except BinaryFormatError as exc:
-            raise BinaryFormatError(f"{name} holds a malformed program: {exc}") from None
-        except (ValueError, TypeError, KeyError, IndexError, ArithmeticError, RecursionError,
-                ProgramError) as exc:
-            # ValueError covers JSON, Unicode, ShapeError and LayoutError from the replay;
-            # ArithmeticError an integer too large for a float (a 400-digit scalar).
-            raise BinaryFormatError(
-                f"{name} holds a malformed program: {type(exc).__name__}: {exc}"
-            ) from exc
+        return _from_payload(cls, name, header, payload)
+
+
+def _from_payload(cls: type[Binary], name: str, header: bytes, payload: bytes) -> Binary:
+    """The programs of a checked header's payload."""
+    _, _, _, crc = _HEADER.unpack(header)
+    if zlib.crc32(payload) != crc:
+        raise BinaryFormatError(f"{name} is corrupt: the payload checksum does not match")
+    (version,) = struct.unpack_from("<I", header, 8)
+    try:
+        programs = [_program_from_json(p, version) for p in _expect(json.loads(payload), list, "payload")]
+        return cls(programs)
+    except BinaryFormatError as exc:
+        raise BinaryFormatError(f"{name} holds a malformed program: {exc}") from None
+    except (ValueError, TypeError, KeyError, IndexError, ArithmeticError, RecursionError,
+            ProgramError) as exc:
+        # ValueError covers JSON, Unicode, ShapeError and LayoutError from the replay;
+        # ArithmeticError an integer too large for a float (a 400-digit scalar).
+        raise BinaryFormatError(
+            f"{name} holds a malformed program: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def _check_header(name: str, header: bytes, file_size: int) -> int:

@@ -1,0 +1,197 @@
+"""Make the corpus of tt-mlir binaries ttflow's compiler-path tests read: JAX functions compiled
+by Tenstorrent's real compiler (the `jax-tt-plugin` PJRT plugin, compile-only), each saved as
+`<case>.ttnn` beside `<case>.npz` (its inputs `in0..`, and the same function's outputs on JAX's CPU
+backend `out0..`, the independent reference the tests compare against).
+
+Run it with the `[compiler]` extra installed (Python 3.11):
+
+    python tests/data/ttnn/make_corpus.py [--only CASE ...] [--system-desc FILE]
+
+Every case compiles in a child process per system descriptor (the plugin opens one PJRT client per
+process, and compile-only mode must be set before it starts). The default descriptor is the one
+ttflow writes for its emulated n150 (`ttflow.ttnn.system_desc`), so the compiler plans for the
+device that runs the binary; `--system-desc` compiles against another file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def _cases() -> dict[str, tuple[object, list[object]]]:
+    """Each case: (function, numpy inputs). Imported inside the child only (jax is an extra)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+
+    def f32(*shape: int, scale: float = 1.0) -> object:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    def mlp(x, w1, b1, w2, b2):  # type: ignore[no-untyped-def]
+        h = jax.nn.relu(x @ w1 + b1)
+        return jax.nn.softmax(h @ w2 + b2, axis=-1)
+
+    def eltwise(x, y):  # type: ignore[no-untyped-def]
+        return (
+            jnp.exp(x) * y - jnp.tanh(y),
+            jnp.sqrt(jnp.abs(x)) + jnp.log(jnp.abs(y) + 1.0),
+            jax.nn.sigmoid(x) / (1.0 + y * y),
+            jnp.maximum(x, y) - jnp.minimum(x, 0.5),
+            jnp.where(x > y, x, -y),
+            jax.nn.gelu(x),
+            jnp.negative(jnp.floor(x * 3.0)) + jnp.ceil(y),
+            jnp.sin(x) + jnp.cos(y),
+            jax.lax.rsqrt(jnp.abs(x) + 1.0),
+        )
+
+    def reductions(x):  # type: ignore[no-untyped-def]
+        return (
+            jnp.sum(x, axis=1),
+            jnp.mean(x, axis=0, keepdims=True),
+            jnp.max(x, axis=-1),
+            jnp.min(x, axis=0),
+            jnp.sum(x),
+        )
+
+    def layer_norm(x, g, b):  # type: ignore[no-untyped-def]
+        mu = jnp.mean(x, axis=-1, keepdims=True)
+        var = jnp.mean((x - mu) ** 2, axis=-1, keepdims=True)
+        return (x - mu) * jax.lax.rsqrt(var + 1e-5) * g + b
+
+    def data_movement(x, y):  # type: ignore[no-untyped-def]
+        return (
+            jnp.transpose(x),
+            jnp.reshape(x, (16, 128)),
+            jnp.concatenate([x, y], axis=0),
+            x[2:30:1, 8:40],
+            jnp.pad(y, ((1, 3), (0, 32))),
+            jnp.tile(y[:4], (2, 1)),
+            jnp.flip(x, axis=1),
+            jnp.broadcast_to(y[:1], (8, 64)) + 1.0,
+        )
+
+    def int_ops(a, b):  # type: ignore[no-untyped-def]
+        return (a + b, a * b, a - b, jnp.maximum(a, b), a & b, a | b, a ^ b, (a > b).astype(jnp.int32))
+
+    def cumsum_sort(x):  # type: ignore[no-untyped-def]
+        return (jnp.cumsum(x, axis=1), jnp.sort(x, axis=-1), jnp.argmax(x, axis=-1))
+
+    def embedding(table, ids):  # type: ignore[no-untyped-def]
+        return jnp.take(table, ids, axis=0) * 2.0
+
+    def attention(x, wq, wk, wv, wo):  # type: ignore[no-untyped-def]
+        q, k, v = x @ wq, x @ wk, x @ wv
+        heads = 2
+        s, d = x.shape[0], wq.shape[1] // heads
+
+        def split(t):  # type: ignore[no-untyped-def]
+            return jnp.transpose(jnp.reshape(t, (s, heads, d)), (1, 0, 2))
+
+        q, k, v = split(q), split(k), split(v)
+        scores = jnp.einsum("hqd,hkd->hqk", q, k) / np.sqrt(d)
+        mask = jnp.tril(jnp.ones((s, s), bool))
+        scores = jnp.where(mask, scores, -1e9)
+        out = jnp.einsum("hqk,hkd->hqd", jax.nn.softmax(scores, axis=-1), v)
+        return jnp.reshape(jnp.transpose(out, (1, 0, 2)), (s, heads * d)) @ wo
+
+    def cnn(img, k1, k2):  # type: ignore[no-untyped-def]
+        y = jax.lax.conv_general_dilated(img, k1, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        y = jax.nn.relu(y)
+        y = jax.lax.reduce_window(y, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+        y = jax.lax.conv_general_dilated(y, k2, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return jnp.mean(y, axis=(1, 2))
+
+    def train_step(w, b, x, t):  # type: ignore[no-untyped-def]
+        def loss(w, b):  # type: ignore[no-untyped-def]
+            return jnp.mean((jnp.tanh(x @ w + b) - t) ** 2)
+
+        value, (gw, gb) = jax.value_and_grad(loss, argnums=(0, 1))(w, b)
+        return value, w - 0.1 * gw, b - 0.1 * gb
+
+    def kv_decode(cache, new, pos):  # type: ignore[no-untyped-def]
+        cache = jax.lax.dynamic_update_slice(cache, new, (pos[0], 0))
+        return cache, jnp.sum(cache, axis=0)
+
+    ids = rng.integers(0, 50, (8, 16)).astype(np.int32)
+    return {
+        "mlp": (mlp, [f32(32, 64), f32(64, 128, scale=0.1), f32(128, scale=0.1), f32(128, 32, scale=0.1), f32(32)]),
+        "eltwise": (eltwise, [f32(32, 64), f32(32, 64)]),
+        "reductions": (reductions, [f32(64, 96)]),
+        "layer_norm": (layer_norm, [f32(32, 128), f32(128), f32(128)]),
+        "data_movement": (data_movement, [f32(32, 64), f32(16, 64)]),
+        "int_ops": (int_ops, [rng.integers(-1000, 1000, (32, 32)).astype(np.int32),
+                              rng.integers(-1000, 1000, (32, 32)).astype(np.int32)]),
+        "cumsum_sort": (cumsum_sort, [f32(16, 64)]),
+        "embedding": (embedding, [f32(50, 64), ids]),
+        "attention": (attention, [f32(32, 64), *(f32(64, 64, scale=0.125) for _ in range(4))]),
+        "cnn": (cnn, [f32(2, 16, 16, 3), f32(3, 3, 3, 8, scale=0.3), f32(3, 3, 8, 16, scale=0.2)]),
+        "train_step": (train_step, [f32(64, 32, scale=0.1), f32(32), f32(16, 64), f32(16, 32)]),
+        "kv_decode": (kv_decode, [np.zeros((64, 32), np.float32), f32(1, 32), np.array([5], np.int32)]),
+    }
+
+
+def _child(out: Path, only: list[str]) -> None:
+    """Compile every case against the descriptor this process was started with."""
+    import jax
+    import numpy as np
+
+    cpu = jax.devices("cpu")[0]
+    tt = jax.devices("tt")[0]
+    made = {}
+    for name, (fn, inputs) in _cases().items():
+        if only and name not in only:
+            continue
+        expected = jax.jit(fn)(*(jax.device_put(a, cpu) for a in inputs))
+        expected = expected if isinstance(expected, tuple) else (expected,)
+        export = Path(tempfile.mkdtemp(prefix=f"ttnn-{name}-"))
+        jax.jit(fn, compiler_options={"export_path": str(export)})(*(jax.device_put(a, tt) for a in inputs))
+        (binary,) = export.glob("*.ttnn")
+        shutil.copy(binary, out / f"{name}.ttnn")
+        np.savez(out / f"{name}.npz",
+                 **{f"in{i}": np.asarray(a) for i, a in enumerate(inputs)},
+                 **{f"out{i}": np.asarray(e) for i, e in enumerate(expected)})
+        shutil.rmtree(export)
+        made[name] = (out / f"{name}.ttnn").stat().st_size
+    print(json.dumps(made))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", default=[], help="cases to make (default: all)")
+    parser.add_argument("--system-desc", type=Path, help="descriptor to compile against")
+    parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        _child(args.out, args.only)
+        return
+    desc = args.system_desc
+    if desc is None:
+        from ttflow.ttnn import system_desc
+
+        desc = system_desc(_n150()).save(Path(tempfile.mkdtemp()) / "system_desc.ttsys")
+    env = {**os.environ, "TT_COMPILE_ONLY_SYSTEM_DESC": str(desc)}
+    env.pop("JAX_PLATFORMS", None)
+    command = [sys.executable, __file__, "--child", "--out", str(args.out), "--only", *args.only]
+    subprocess.run(command, env=env, check=True)
+
+
+def _n150() -> object:
+    import ttflow as tt
+
+    return tt.DeviceSpec.wormhole_n150()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""Binaries Tenstorrent's compiler wrote (tests/data/ttnn, made by make_corpus.py beside them),
+loaded with `tt.Binary.load` and run on the emulated device; every output against the same JAX
+function on JAX's CPU backend (the `.npz` beside each binary holds its inputs and those outputs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ttflow as tt
+
+pytestmark = pytest.mark.anyio
+
+CORPUS = Path(__file__).parent / "data" / "ttnn"
+CASES = sorted(p.stem for p in CORPUS.glob("*.ttnn"))
+
+# Largest |device - cpu| over max |cpu|, per case (docs/compiler.md, "Numerics"): float32 ops
+# agree to rounding; the CNN's pool runs in bfloat16 as the compiler typecasts it; TTNN's gelu is
+# the erf form while jax.nn.gelu defaults to the tanh approximation (1.4e-4 apart at most).
+TOLERANCE = {"cnn": 2e-3, "eltwise": 1e-3}
+DEFAULT_TOLERANCE = 1e-5
+
+
+async def run_case(device: tt.Device, name: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    binary = tt.Binary.load(CORPUS / f"{name}.ttnn")
+    data = np.load(CORPUS / f"{name}.npz")
+    program = binary.programs[0]
+    inputs = []
+    for j in range(len(program.inputs)):
+        array = data[f"in{j}"]
+        array = array.reshape(array.shape or (1,))  # a rank-0 tensor is held as (1,)
+        inputs.append(tt.to_device(array, device, tt.get_layout(binary, 0, j)))
+    outputs = tt.submit(device, binary, 0, inputs)
+    got = [await tt.to_host(o) for o in outputs]
+    expected = [data[f"out{j}"] for j in range(len(got))]
+    return got, expected
+
+
+def test_the_corpus_is_there() -> None:
+    assert len(CASES) >= 12, CASES
+
+
+@pytest.mark.parametrize("name", CASES)
+async def test_corpus_binary_matches_jax_cpu(name: str) -> None:
+    async with tt.open_device() as device:
+        got, expected = await run_case(device, name)
+        assert len(got) == len(expected) > 0
+        for j, (g, e) in enumerate(zip(got, expected, strict=True)):
+            g = g.reshape(e.shape)
+            if e.dtype.kind in "iub":
+                np.testing.assert_array_equal(g.astype(np.int64), e.astype(np.int64), err_msg=f"{name} output {j}")
+            else:
+                scale = float(np.max(np.abs(e))) or 1.0
+                err = float(np.max(np.abs(g.astype(np.float64) - e))) / scale
+                assert err <= TOLERANCE.get(name, DEFAULT_TOLERANCE), f"{name} output {j}: {err}"
+
+
+async def test_main_deallocating_its_inputs_leaves_the_callers_tensors() -> None:
+    """`main` deallocates its own inputs (force=false): a caller's tensors survive it and feed a
+    second run, which gives the same outputs."""
+    async with tt.open_device() as device:
+        binary = tt.Binary.load(CORPUS / "mlp.ttnn")
+        data = np.load(CORPUS / "mlp.npz")
+        inputs = [tt.to_device(data[f"in{j}"], device, tt.get_layout(binary, 0, j)) for j in range(5)]
+        first = await tt.to_host(tt.submit(device, binary, 0, inputs)[0])
+        second = await tt.to_host(tt.submit(device, binary, 0, inputs)[0])
+        np.testing.assert_array_equal(first, second)
+        np.testing.assert_allclose(first, data["out0"], rtol=1e-5, atol=1e-6)

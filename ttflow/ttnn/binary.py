@@ -1,0 +1,28 @@
+"""`tt.Binary` from a tt-mlir `.ttnn` file: read (`reader`), then translated (`lower`).
+
+`tt.Binary.load(path)` and `tt.Binary.from_bytes(data)` come here for a file whose flatbuffer
+identifier is `TTNN`. Every program of the file becomes a ttflow program in the file's order
+(`main` first, then its const-eval functions, which `main` also inlines where it calls them), so
+`program_index` means what it means to tt-mlir's runtime and ttrt.
+"""
+
+from __future__ import annotations
+
+from .._errors import BinaryFormatError, ProgramError
+from .._ir.binary import Binary
+from .lower import lower_file
+from .reader import read_ttnn
+
+__all__ = ["read_binary"]
+
+
+def read_binary(data: bytes, what: str = "the binary") -> Binary:
+    """The programs of a TTNN flatbuffer. BinaryFormatError for a file ttflow cannot read (another
+    schema hash, truncation, an offset out of range); ProgramError for an op it cannot run."""
+    file = read_ttnn(data, what)
+    try:
+        return Binary(lower_file(file))
+    except ProgramError as exc:
+        raise ProgramError(f"{what}: {exc}") from None
+    except (ValueError, TypeError, KeyError, IndexError, ArithmeticError, RecursionError) as exc:
+        raise BinaryFormatError(f"{what} holds a malformed program: {type(exc).__name__}: {exc}") from exc

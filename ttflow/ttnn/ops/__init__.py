@@ -1,0 +1,26 @@
+"""Translators from TTNN ops to ttflow builder calls, one module per family as tt-mlir's runtime
+folds them (`runtime/lib/ttnn/operations/<family>/`); `TRANSLATORS` maps an MLIR op name to its
+translator. An op missing here is refused at load, by name."""
+
+from __future__ import annotations
+
+from ..lower import Translator
+from . import (
+    conv,
+    creation,
+    data_movement,
+    eltwise,
+    layout,
+    matmul,
+    normalization,
+    reduction,
+    rows,
+)
+
+TRANSLATORS: dict[str, Translator] = {}
+for _family in (conv, creation, data_movement, eltwise, layout, matmul, normalization, reduction, rows):
+    for _name, _fn in _family.TRANSLATORS.items():
+        assert _name not in TRANSLATORS, f"{_name} translated twice"
+        TRANSLATORS[_name] = _fn
+
+__all__ = ["TRANSLATORS"]

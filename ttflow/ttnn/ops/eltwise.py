@@ -1,0 +1,101 @@
+"""Elementwise ops: unary, binary (with their fused activation chains), `where`, clamps."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from ..._ir.builder import Value
+from ..lower import Lowering, Translator
+from ..mlir import activations, attr_float
+from ..reader import TtnnOp
+
+Unary = Callable[[Lowering, Value], Value]
+
+# A unary op by its TTNN name (as an op and as a fused activation's op_type).
+UNARY: dict[str, Unary] = {
+    "abs": lambda c, x: c.b.abs(x),
+    "ceil": lambda c, x: c.b.ceil(x),
+    "cos": lambda c, x: c.b.cos(x),
+    "floor": lambda c, x: c.b.floor(x),
+    "gelu": lambda c, x: c.b.gelu(x),
+    "neg": lambda c, x: c.b.neg(x),
+    "relu": lambda c, x: c.b.relu(x),
+    "sqrt": lambda c, x: c.b.sqrt(x),
+    "rsqrt": lambda c, x: c.b.rsqrt(x),
+    "sigmoid": lambda c, x: c.b.sigmoid(x),
+    "sin": lambda c, x: c.b.sin(x),
+    "reciprocal": lambda c, x: c.b.reciprocal(x),
+    "recip": lambda c, x: c.b.reciprocal(x),
+    "tanh": lambda c, x: c.b.tanh(x),
+    "exp": lambda c, x: c.b.exp(x),
+    "erf": lambda c, x: c.b.erf(x),
+    "log": lambda c, x: c.b.log(x),
+    "silu": lambda c, x: c.b.silu(x),
+    "square": lambda c, x: c.b.mul(x, x),
+    "logical_not": lambda c, x: c.b.eq(x, 0),
+    "relu6": lambda c, x: c.b.clamp(x, 0.0, 6.0),
+}
+
+BINARY: dict[str, Callable[[Lowering, Value, Value], Value]] = {
+    "add": lambda c, a, b: c.b.add(a, b),
+    "subtract": lambda c, a, b: c.b.sub(a, b),
+    "multiply": lambda c, a, b: c.b.mul(a, b),
+    "divide": lambda c, a, b: c.b.div(a, b),
+    "eq": lambda c, a, b: c.b.eq(a, b),
+    "ne": lambda c, a, b: c.b.ne(a, b),
+    "gt": lambda c, a, b: c.b.gt(a, b),
+    "ge": lambda c, a, b: c.b.ge(a, b),
+    "lt": lambda c, a, b: c.b.lt(a, b),
+    "le": lambda c, a, b: c.b.le(a, b),
+    "maximum": lambda c, a, b: c.b.maximum(a, b),
+    "minimum": lambda c, a, b: c.b.minimum(a, b),
+    "bitwise_and": lambda c, a, b: c.b.bitwise_and(a, b),
+    "bitwise_or": lambda c, a, b: c.b.bitwise_or(a, b),
+    "bitwise_xor": lambda c, a, b: c.b.bitwise_xor(a, b),
+    "logical_and": lambda c, a, b: c.b.mul(c.b.ne(a, 0), c.b.ne(b, 0)),
+    "logical_or": lambda c, a, b: c.b.maximum(c.b.ne(a, 0), c.b.ne(b, 0)),
+    "logical_xor": lambda c, a, b: c.b.ne(c.b.ne(a, 0), c.b.ne(b, 0)),
+}
+
+
+def _chain(c: Lowering, op: TtnnOp, key: str, x: Value) -> Value:
+    """Apply the fused activations listed under `key`, in order (tt-mlir's unary_with_param)."""
+    for name, params in activations(op.op, key):
+        if params or name not in UNARY:
+            raise c.refuse(f"fused activation {name}{params or ''} under {key} has no translation")
+        x = UNARY[name](c, x)
+    return x
+
+
+def _unary(name: str) -> Translator:
+    def translate(c: Lowering, op: TtnnOp) -> Sequence[Value]:
+        (x,) = c.operands(op)
+        return [UNARY[name](c, x)]
+    return translate
+
+
+def _binary(name: str) -> Translator:
+    def translate(c: Lowering, op: TtnnOp) -> Sequence[Value]:
+        a, b = c.operands(op)
+        a = _chain(c, op, "input_tensor_a_activations", a)
+        b = _chain(c, op, "input_tensor_b_activations", b)
+        return [_chain(c, op, "activations", BINARY[name](c, a, b))]
+    return translate
+
+
+def _where(c: Lowering, op: TtnnOp) -> Sequence[Value]:
+    cond, a, b = c.operands(op)
+    return [c.b.where(cond, a, b)]
+
+
+def _clamp_scalar(c: Lowering, op: TtnnOp) -> Sequence[Value]:
+    (x,) = c.operands(op)
+    return [c.b.clamp(x, attr_float(op.op, "min"), attr_float(op.op, "max"))]
+
+
+TRANSLATORS: dict[str, Translator] = {
+    **{f"ttnn.{n}": _unary(n) for n in UNARY if n not in ("recip", "square")},
+    **{f"ttnn.{n}": _binary(n) for n in BINARY},
+    "ttnn.where": _where,
+    "ttnn.clamp_scalar": _clamp_scalar,
+}

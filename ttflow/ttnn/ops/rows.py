@@ -1,0 +1,72 @@
+"""Row gathers and scatters: `rows_gather` (the compiler's gather and embedding), `rows_scatter`
+(its dynamic_update_slice and cache updates), `embedding`.
+
+`rows_gather(input [1.., R, C], indices [1.., K])` gives [1.., K, C]: row `indices[k]` of the
+input for each k (`column = false`, windows of one row); `rows_scatter(input, indices, updates)`
+gives the input with row `indices[k]` replaced by `updates[k]` (`reduce = invalid`: replace). Only
+those forms are translated; others are refused by their attributes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..._ir.builder import Value
+from ..lower import Lowering, Translator
+from ..mlir import attr_bool, attr_ints
+from ..reader import TtnnOp
+
+
+def _check_form(c: Lowering, op: TtnnOp, data: Value) -> tuple[int, int]:
+    if attr_bool(op.op, "column", default=False):
+        raise c.refuse("a column gather/scatter (column = true)")
+    windows = attr_ints(op.op, "windows", default=[1])
+    if windows != [1]:
+        raise c.refuse(f"windows {windows} (only single-row windows are translated)")
+    if len(data.shape) < 2 or any(d != 1 for d in data.shape[:-2]):
+        raise c.refuse(f"an operand of shape {data.shape} (rows of a [1.., R, C] tensor are translated)")
+    return data.shape[-2], data.shape[-1]
+
+
+def _flat(c: Lowering, x: Value) -> Value:
+    n = 1
+    for d in x.shape:
+        n *= d
+    return c.b.reshape(x, (n,)) if x.shape != (n,) else x
+
+
+def _rows_gather(c: Lowering, op: TtnnOp) -> Sequence[Value]:
+    if attr_bool(op.op, "fill_out_of_bounds", default=False):
+        raise c.refuse("fill_out_of_bounds = true")
+    data, indices = c.operands(op)
+    rows, cols = _check_form(c, op, data)
+    table = c.b.reshape(data, (rows, cols))
+    return [c.b.reshape(c.b.embedding(_flat(c, indices), table), c.result_shape(op))]
+
+
+def _rows_scatter(c: Lowering, op: TtnnOp) -> Sequence[Value]:
+    reduce = op.op.attributes.get("reduce", "#ttcore.reduce_type<invalid>")
+    if reduce != "#ttcore.reduce_type<invalid>":
+        raise c.refuse(f"reduce {reduce} (only replacement is translated)")
+    data, indices, updates = c.operands(op)
+    rows, cols = _check_form(c, op, data)
+    index = _flat(c, indices)
+    k = index.shape[0]
+    rows_of = c.b.reshape(updates, (k, cols))
+    cache = c.b.reshape(data, (rows, cols))
+    for i in range(k):  # in order: a repeated index keeps the last update
+        row = rows_of if k == 1 else c.b.slice(rows_of, [i], [i + 1])
+        at = index if k == 1 else c.b.slice(index, [i], [i + 1])
+        cache = c.b.update_cache(cache, row, at)
+    return [c.b.reshape(cache, c.result_shape(op))]
+
+
+def _embedding(c: Lowering, op: TtnnOp) -> Sequence[Value]:
+    ids, table = c.operands(op)
+    if len(table.shape) != 2:
+        table = c.b.reshape(table, (table.shape[-2], table.shape[-1]))
+    return [c.b.reshape(c.b.embedding(ids, table), c.result_shape(op))]
+
+
+TRANSLATORS: dict[str, Translator] = {
+    "ttnn.rows_gather": _rows_gather, "ttnn.rows_scatter": _rows_scatter, "ttnn.embedding": _embedding,
+}
