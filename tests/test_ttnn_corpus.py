@@ -17,9 +17,10 @@ CORPUS = Path(__file__).parent / "data" / "ttnn"
 CASES = sorted(p.stem for p in CORPUS.glob("*.ttnn"))
 
 # Largest |device - cpu| over max |cpu|, per case (docs/compiler.md, "Numerics"): float32 ops
-# agree to rounding; the CNN's pool runs in bfloat16 as the compiler typecasts it; TTNN's gelu is
-# the erf form while jax.nn.gelu defaults to the tanh approximation (1.4e-4 apart at most).
-TOLERANCE = {"cnn": 2e-3, "eltwise": 1e-3}
+# agree to rounding; max pools run in bfloat16 as the compiler typecasts them (cnn, pools);
+# TTNN's gelu is the erf form while jax.nn.gelu defaults to the tanh approximation (1.4e-4 apart
+# at most: eltwise, gpt2_block).
+TOLERANCE = {"cnn": 2e-3, "pools": 5e-3, "eltwise": 1e-3, "gpt2_block": 1e-3}
 DEFAULT_TOLERANCE = 1e-5
 
 
@@ -39,7 +40,7 @@ async def run_case(device: tt.Device, name: str) -> tuple[list[np.ndarray], list
 
 
 def test_the_corpus_is_there() -> None:
-    assert len(CASES) >= 12, CASES
+    assert len(CASES) >= 22, CASES
 
 
 @pytest.mark.parametrize("name", CASES)

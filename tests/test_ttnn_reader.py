@@ -86,9 +86,16 @@ def test_truncated_and_stray_bytes_are_refused() -> None:
 
 
 def test_an_op_ttflow_cannot_run_is_refused_at_load_by_name() -> None:
-    """`ttnn.sign` is a member of the unary table (so the file is well formed) with no translation."""
-    data = _replace(corpus("mlp"), b'"ttnn.relu"', b'"ttnn.sign"')
-    with pytest.raises(tt.ProgramError, match=r"cannot run ttnn\.sign.*make_corpus\.py:\d+.*\n.*ttnn\.sign"):
+    """`ttnn.atan` is a member of the unary table (so the file is well formed) with no translation."""
+    data = _replace(corpus("mlp"), b'"ttnn.relu"', b'"ttnn.atan"')
+    with pytest.raises(tt.ProgramError, match=r"cannot run ttnn\.atan.*make_corpus\.py:\d+.*\n.*ttnn\.atan"):
+        tt.Binary.from_bytes(data)
+
+
+def test_an_attribute_no_translation_reads_is_refused() -> None:
+    """An attribute a translation does not know might change the value: refused, not ignored."""
+    data = _replace(corpus("mlp"), b"numericStable = true", b"numericStabXe = true")
+    with pytest.raises(tt.ProgramError, match=r"cannot run ttnn\.softmax.*\['numericStabXe'\]"):
         tt.Binary.from_bytes(data)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from .._errors import BinaryFormatError, ProgramError
 from .._ir.binary import Binary
 from .lower import lower_file
+from .ops import READS, TRANSLATORS
 from .reader import read_ttnn
 
 __all__ = ["read_binary"]
@@ -21,7 +22,7 @@ def read_binary(data: bytes, what: str = "the binary") -> Binary:
     schema hash, truncation, an offset out of range); ProgramError for an op it cannot run."""
     file = read_ttnn(data, what)
     try:
-        return Binary(lower_file(file))
+        return Binary(lower_file(file, TRANSLATORS, READS))
     except ProgramError as exc:
         raise ProgramError(f"{what}: {exc}") from None
     except (ValueError, TypeError, KeyError, IndexError, ArithmeticError, RecursionError) as exc:

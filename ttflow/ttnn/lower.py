@@ -68,13 +68,24 @@ def layout_of(t: TtnnTensor, where: str) -> Layout:
 
 Translator = Callable[["Lowering", TtnnOp], Sequence[Value | None]]
 
+PLACEMENT = frozenset({
+    "compute_config", "matmul_program_config", "memory_config", "config_tensors_in_dram",
+    "reallocate_halo_output", "use_multicore", "mesh_offset", "mesh_shape", "dtype", "layout",
+    "output_dtype", "in_place_halo", "applied_shard_scheme", "sub_core_grids", "num_links",
+})
+"""Attributes that place an op or pick its kernels on silicon (its core grid, program config,
+memory config, the result's data type and layout, which the result's MLIR type states and the
+translation enforces), never its value: no translation needs to read them. The compute config's
+math fidelity does change a value on silicon; ttflow computes at full fidelity (docs/compiler.md)."""
+
 
 @final
 class Lowering:
     """The state of one program's translation: the builder, and each SSA name's value."""
 
-    def __init__(self, file: TtnnFile, program: TtnnProgram, translators: dict[str, Translator]) -> None:
-        self.file, self.program, self.translators = file, program, translators
+    def __init__(self, file: TtnnFile, program: TtnnProgram, translators: dict[str, Translator],
+                 reads: dict[str, frozenset[str]]) -> None:
+        self.file, self.program, self.translators, self.reads = file, program, translators, reads
         self.b = ProgramBuilder(program.name)
         self.values: dict[str, Value | None] = {}
         self.functions = {p.name: p for p in file.programs}
@@ -136,6 +147,10 @@ class Lowering:
         translator = self.translators.get(op.name)
         if translator is None:
             raise self.refuse("no translation of this op into ttflow's op set (yet)", op)
+        unknown = sorted(set(op.op.attributes) - self.reads.get(op.name, frozenset()) - PLACEMENT)
+        if unknown:
+            raise self.refuse(f"attribute(s) {unknown}: its translation does not read them, and they may "
+                              "change its value", op)
         outer, self.op = self.op, op
         try:
             with self.b.location(op.location):
@@ -178,8 +193,9 @@ def _const_inputs(file: TtnnFile, program: TtnnProgram) -> set[int]:
             if name in read and t.argument_type in ("parameter", "constant")}
 
 
-def lower_program(file: TtnnFile, program: TtnnProgram, translators: dict[str, Translator]) -> Program:
-    lowering = Lowering(file, program, translators)
+def lower_program(file: TtnnFile, program: TtnnProgram, translators: dict[str, Translator],
+                  reads: dict[str, frozenset[str]]) -> Program:
+    lowering = Lowering(file, program, translators, reads)
     lowering.declare_inputs(_const_inputs(file, program))
     results = lowering.run_ops(program, [])
     for i, (value, t) in enumerate(zip(results, program.outputs, strict=True)):
@@ -189,20 +205,17 @@ def lower_program(file: TtnnFile, program: TtnnProgram, translators: dict[str, T
     return lowering.b.build()
 
 
-def lower_file(file: TtnnFile) -> list[Program]:
+def lower_file(file: TtnnFile, translators: dict[str, Translator],
+               reads: dict[str, frozenset[str]]) -> list[Program]:
     """Every program of the file, in its order; a const-eval function is a program of its own
     (ttrt runs it by index) and is also inlined where `load_cached` calls it."""
-    from .ops import TRANSLATORS
-
     def call(lowering: Lowering, op: TtnnOp) -> list[Any]:
         callee = lowering.functions.get(op.op.callee or "")
         if callee is None:
             raise lowering.refuse(f"it calls {op.op.callee!r}, which the binary does not hold", op)
         return lowering.run_ops(callee, lowering.operands(op))
 
-    translators = {**TRANSLATORS, "ttcore.load_cached": call}
-    return [lower_program(file, p, translators) for p in file.programs]
+    translators = {**translators, "ttcore.load_cached": call}
+    return [lower_program(file, p, translators, {**reads, "ttcore.load_cached": frozenset()})
+            for p in file.programs]
 
-
-def parse_attrs(op: TtnnOp) -> mlir.MlirOp:
-    return op.op

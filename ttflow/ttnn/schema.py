@@ -38,7 +38,7 @@ def _t(table: str, *ops: str) -> OpTable:
 _BINARY = ("add", "multiply", "logical_right_shift", "subtract", "eq", "ne", "ge", "gt", "le", "lt",
            "divide", "logical_and", "logical_or", "logical_xor")
 _BINARY_COMPOSITE = ("maximum", "minimum", "remainder", "pow", "atan2", "bitwise_and", "bitwise_or",
-                     "bitwise_xor", "logical_left_shift")
+                     "bitwise_xor", "logical_left_shift", "bitwise_left_shift", "bitwise_right_shift")
 _UNARY = ("abs", "ceil", "cos", "floor", "gelu", "isfinite", "logical_not", "neg", "relu", "sqrt",
           "rsqrt", "sigmoid", "sin", "reciprocal", "sign", "tan", "tanh", "atan", "exp", "erf", "erfc",
           "log", "expm1", "leaky_relu", "bitwise_not", "relu6", "silu", "hardsigmoid", "mish")
@@ -133,6 +133,7 @@ _PLUGIN_0_1_3 = Schema(
         97: _t("Pool2dOp", "ttnn.max_pool2d", "ttnn.avg_pool2d"),
         105: _t("ReductionArgMaxOp", "ttnn.argmax"),
         106: _t("ReductionOp", "ttnn.sum", "ttnn.mean", "ttnn.max", "ttnn.min"),
+        107: _t("ReductionProdOp", "ttnn.prod"),
         110: _t("RepeatOp", "ttnn.repeat"),
         114: _t("RMSNormOp", "ttnn.rms_norm"),
         116: _t("ReshapeOp", "ttnn.reshape"),
@@ -141,6 +142,7 @@ _PLUGIN_0_1_3 = Schema(
         128: _t("SortOp", "ttnn.sort"),
         132: _t("ToLayoutOp", "ttnn.to_layout"),
         135: _t("TypecastOp", "ttnn.typecast"),
+        147: _t("TopKOp", "ttnn.topk"),
     },
 )
 

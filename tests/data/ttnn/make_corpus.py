@@ -123,7 +123,58 @@ def _cases() -> dict[str, tuple[object, list[object]]]:
         cache = jax.lax.dynamic_update_slice(cache, new, (pos[0], 0))
         return cache, jnp.sum(cache, axis=0)
 
+    def unary(x):  # type: ignore[no-untyped-def]
+        return (jnp.exp(x), jnp.log(jnp.abs(x) + 0.5), jnp.square(x), jax.nn.silu(x),
+                jax.nn.gelu(x, approximate=False), jnp.clip(x, -0.5, 0.5), jnp.sign(x), x ** 3,
+                jax.lax.erf(x), 1.0 / (jnp.abs(x) + 1.0))
+
+    def compare(x, y):  # type: ignore[no-untyped-def]
+        a, b = x > 0, y < 0
+        return (jnp.where(x == y, 1.0, 0.0), jnp.where(x != y, x, y), jnp.where(x <= y, x, 0.0),
+                jnp.where(jnp.logical_or(a, b), 1.0, -1.0), jnp.where(jnp.logical_not(a), x, y),
+                jnp.where(jnp.logical_xor(a, b), 2.0, 3.0))
+
+    def int_div(a, b):  # type: ignore[no-untyped-def]
+        return (a // b, a % b, jnp.abs(a), -a, a << 2, a >> 1)
+
+    def bf16_mlp(x, w):  # type: ignore[no-untyped-def]
+        return jax.nn.relu(x @ w).astype(jnp.float32)
+
+    def top_k(x):  # type: ignore[no-untyped-def]
+        values, indices = jax.lax.top_k(x, 4)
+        return values, indices, jnp.argsort(x, axis=-1), jnp.argmin(x, axis=0)
+
+    def pools(img):  # type: ignore[no-untyped-def]
+        avg = jax.lax.reduce_window(img, 0.0, jax.lax.add, (1, 2, 2, 1), (1, 2, 2, 1), "VALID") / 4.0
+        mx = jax.lax.reduce_window(img, -jnp.inf, jax.lax.max, (1, 3, 3, 1), (1, 1, 1, 1), "SAME")
+        return avg, mx
+
+    def gpt2_block(x, g1, b1, wqkv, wo, g2, b2, w1, w2):  # type: ignore[no-untyped-def]
+        def ln(t, g, b):  # type: ignore[no-untyped-def]
+            mu = jnp.mean(t, -1, keepdims=True)
+            return (t - mu) / jnp.sqrt(jnp.var(t, -1, keepdims=True) + 1e-5) * g + b
+        s, d = x.shape
+        h = ln(x, g1, b1) @ wqkv
+        q, k, v = jnp.split(h, 3, axis=-1)
+        att = jax.nn.softmax(jnp.where(jnp.tril(jnp.ones((s, s), bool)), q @ k.T / np.sqrt(d), -jnp.inf), axis=-1)
+        x = x + (att @ v) @ wo
+        return x + jax.nn.gelu(ln(x, g2, b2) @ w1) @ w2
+
+    def prefill(x, wk, wv):  # type: ignore[no-untyped-def]
+        return x @ wk, x @ wv
+
+    def decode(k_cache, v_cache, x, wq, wk, wv, pos):  # type: ignore[no-untyped-def]
+        k_cache = jax.lax.dynamic_update_slice(k_cache, x @ wk, (pos[0], 0))
+        v_cache = jax.lax.dynamic_update_slice(v_cache, x @ wv, (pos[0], 0))
+        mask = jnp.arange(k_cache.shape[0])[None, :] <= pos[0]
+        scores = jnp.where(mask, (x @ wq) @ k_cache.T / 8.0, -1e9)
+        return k_cache, v_cache, jax.nn.softmax(scores, axis=-1) @ v_cache
+
+    def strided(x):  # type: ignore[no-untyped-def]
+        return x[::2, 1::3], jnp.transpose(jnp.reshape(x, (4, 8, 32)), (2, 0, 1)), jnp.prod(x[:4, :4], axis=1)
+
     ids = rng.integers(0, 50, (8, 16)).astype(np.int32)
+    bf16 = jnp.bfloat16
     return {
         "mlp": (mlp, [f32(32, 64), f32(64, 128, scale=0.1), f32(128, scale=0.1), f32(128, 32, scale=0.1), f32(32)]),
         "eltwise": (eltwise, [f32(32, 64), f32(32, 64)]),
@@ -138,6 +189,19 @@ def _cases() -> dict[str, tuple[object, list[object]]]:
         "cnn": (cnn, [f32(2, 16, 16, 3), f32(3, 3, 3, 8, scale=0.3), f32(3, 3, 8, 16, scale=0.2)]),
         "train_step": (train_step, [f32(64, 32, scale=0.1), f32(32), f32(16, 64), f32(16, 32)]),
         "kv_decode": (kv_decode, [np.zeros((64, 32), np.float32), f32(1, 32), np.array([5], np.int32)]),
+        "unary": (unary, [f32(32, 64)]),
+        "compare": (compare, [np.round(f32(32, 32)), np.round(f32(32, 32))]),
+        "int_div": (int_div, [rng.integers(-1000, 1000, (32, 32)).astype(np.int32),
+                              rng.integers(1, 50, (32, 32)).astype(np.int32)]),
+        "bf16_mlp": (bf16_mlp, [np.asarray(f32(32, 64), bf16), np.asarray(f32(64, 32, scale=0.1), bf16)]),
+        "top_k": (top_k, [f32(8, 64)]),
+        "pools": (pools, [f32(1, 8, 8, 16)]),
+        "gpt2_block": (gpt2_block, [f32(32, 64), f32(64), f32(64), f32(64, 192, scale=0.1), f32(64, 64, scale=0.1),
+                                    f32(64), f32(64), f32(64, 256, scale=0.1), f32(256, 64, scale=0.1)]),
+        "prefill": (prefill, [f32(16, 64), f32(64, 64, scale=0.1), f32(64, 64, scale=0.1)]),
+        "decode": (decode, [f32(32, 64), f32(32, 64), f32(1, 64), *(f32(64, 64, scale=0.1) for _ in range(3)),
+                            np.array([16], np.int32)]),
+        "strided": (strided, [f32(32, 32)]),
     }
 
 
@@ -159,11 +223,19 @@ def _child(out: Path, only: list[str]) -> None:
         (binary,) = export.glob("*.ttnn")
         shutil.copy(binary, out / f"{name}.ttnn")
         np.savez(out / f"{name}.npz",
-                 **{f"in{i}": np.asarray(a) for i, a in enumerate(inputs)},
-                 **{f"out{i}": np.asarray(e) for i, e in enumerate(expected)})
+                 **{f"in{i}": _storable(a) for i, a in enumerate(inputs)},
+                 **{f"out{i}": _storable(e) for i, e in enumerate(expected)})
         shutil.rmtree(export)
         made[name] = (out / f"{name}.ttnn").stat().st_size
     print(json.dumps(made))
+
+
+def _storable(a: object) -> object:
+    """npz keeps numpy's own dtypes only: bfloat16 is saved as the float32 of the same value."""
+    import numpy as np
+
+    array = np.asarray(a)
+    return array.astype(np.float32) if array.dtype.name == "bfloat16" else array
 
 
 def main() -> None:

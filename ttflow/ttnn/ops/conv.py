@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..._ir.builder import Value
-from ..lower import Lowering, Translator
-from ..mlir import attr_int, attr_ints, struct_fields
+from ..lower import Lowering, Translator, dtype_of
+from ..mlir import attr_bool, attr_int, attr_ints, struct_fields
 from ..reader import TtnnOp
 from .eltwise import UNARY
 
@@ -36,17 +36,33 @@ def _pairs(c: Lowering, op: TtnnOp, key: str, size: int) -> tuple[int, int]:
     raise c.refuse(f"{key} {values} (only symmetric padding is translated)")
 
 
+# conv2d_config fields that change a value (the rest pick kernels and shards on silicon).
+_CONV_CONFIG_READS = frozenset({
+    "weights_dtype", "activation", "enable_kernel_stride_folding", "config_tensors_in_dram",
+    "deallocate_activation", "reallocate_halo_output", "act_block_h_override", "act_block_w_div",
+    "reshard_if_not_optimal", "override_sharding_config", "shard_layout", "core_grid",
+    "transpose_shards", "output_layout", "enable_act_double_buffer", "enable_weights_double_buffer",
+    "in_place",
+})
+
+
 def _conv2d(c: Lowering, op: TtnnOp) -> Sequence[Value]:
     values = c.operands(op)
     x, weight = values[0], values[1]
     bias = values[2] if len(values) > 2 else None
     x = _nhwc(c, op, x, attr_int(op.op, "in_channels"))
+    weights_dtype = struct_fields(op.op.attributes.get("conv2d_config", "")).get("weights_dtype")
+    if weights_dtype:  # the op's weight preparation stores the weights in this dtype
+        weight = c.b.typecast(weight, dtype_of(weights_dtype, "conv2d weights_dtype"))
     if bias is not None:
         bias = c.b.reshape(bias, (bias.shape[-1],))
     y = c.b.conv2d(x, weight, bias, stride=tuple(attr_ints(op.op, "stride", default=[1, 1])),
                    padding=_pairs(c, op, "padding", 4), dilation=tuple(attr_ints(op.op, "dilation", default=[1, 1])),
                    groups=attr_int(op.op, "groups", default=1))
     config = struct_fields(op.op.attributes.get("conv2d_config", ""))
+    unknown = sorted(set(config) - _CONV_CONFIG_READS)
+    if unknown:
+        raise c.refuse(f"conv2d_config field(s) {unknown} may change its value and are not translated")
     activation = config.get("activation")
     if activation:
         name = struct_fields(activation).get("op_type", activation)
@@ -67,11 +83,25 @@ def _pool(kind: str) -> Translator:
         kernel = tuple(attr_ints(op.op, "kernel_size"))
         stride = tuple(attr_ints(op.op, "stride", default=list(kernel)))
         padding = _pairs(c, op, "padding", 2)
-        pool = c.b.max_pool2d if kind == "max" else c.b.avg_pool2d
-        return [_flatten(c, op, pool(x, kernel, stride, padding))]
+        if kind == "max":
+            return [_flatten(c, op, c.b.max_pool2d(x, kernel, stride, padding))]
+        if any(padding) and not attr_bool(op.op, "count_include_pad", default=True):
+            raise c.refuse("count_include_pad = false with padding (ttflow's avg_pool2d counts the pad)")
+        y = c.b.avg_pool2d(x, kernel, stride, padding)
+        if "divisor_override" in op.op.attributes:  # the window's sum over this divisor
+            y = c.b.mul(y, (kernel[0] * kernel[1]) / attr_int(op.op, "divisor_override"))
+        return [_flatten(c, op, y)]
     return translate
 
 
 TRANSLATORS: dict[str, Translator] = {
     "ttnn.conv2d": _conv2d, "ttnn.max_pool2d": _pool("max"), "ttnn.avg_pool2d": _pool("avg"),
+}
+
+_GEOMETRY = frozenset({"batch_size", "input_height", "input_width", "kernel_size", "stride", "padding",
+                       "dilation", "ceil_mode"})
+READS: dict[str, frozenset[str]] = {
+    "ttnn.conv2d": _GEOMETRY | {"in_channels", "out_channels", "groups", "conv2d_config"},
+    "ttnn.max_pool2d": _GEOMETRY | {"channels"},
+    "ttnn.avg_pool2d": _GEOMETRY | {"channels", "count_include_pad", "divisor_override"},
 }

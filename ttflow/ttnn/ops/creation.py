@@ -33,3 +33,8 @@ TRANSLATORS: dict[str, Translator] = {
     "ttnn.full": _filled(None), "ttnn.zeros": _filled(0.0), "ttnn.ones": _filled(1.0),
     "ttnn.arange": _arange,
 }
+
+READS: dict[str, frozenset[str]] = {
+    "ttnn.full": frozenset({"fill_value", "shape"}), "ttnn.zeros": frozenset({"shape"}),
+    "ttnn.ones": frozenset({"shape"}), "ttnn.arange": frozenset({"start", "end", "step"}),
+}

@@ -81,3 +81,10 @@ TRANSLATORS: dict[str, Translator] = {
     "ttnn.reshape": _reshape, "ttnn.permute": _permute, "ttnn.transpose": _transpose,
     "ttnn.slice_static": _slice, "ttnn.concat": _concat, "ttnn.repeat": _repeat, "ttnn.pad": _pad,
 }
+
+READS: dict[str, frozenset[str]] = {
+    "ttnn.reshape": frozenset({"shape"}), "ttnn.permute": frozenset({"permutation", "pad_value"}),
+    "ttnn.transpose": frozenset({"dim0", "dim1"}), "ttnn.slice_static": frozenset({"begins", "ends", "step"}),
+    "ttnn.concat": frozenset({"dim"}), "ttnn.repeat": frozenset({"repeat_dims"}),
+    "ttnn.pad": frozenset({"padding", "value", "use_multicore"}),
+}

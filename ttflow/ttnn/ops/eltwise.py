@@ -34,6 +34,8 @@ UNARY: dict[str, Unary] = {
     "square": lambda c, x: c.b.mul(x, x),
     "logical_not": lambda c, x: c.b.eq(x, 0),
     "relu6": lambda c, x: c.b.clamp(x, 0.0, 6.0),
+    # sign: 1, 0 or -1 in x's dtype (0 for NaN's comparisons, where torch and JAX give NaN)
+    "sign": lambda c, x: c.b.sub(c.b.gt(x, 0), c.b.lt(x, 0)),
 }
 
 BINARY: dict[str, Callable[[Lowering, Value, Value], Value]] = {
@@ -52,6 +54,11 @@ BINARY: dict[str, Callable[[Lowering, Value, Value], Value]] = {
     "bitwise_and": lambda c, a, b: c.b.bitwise_and(a, b),
     "bitwise_or": lambda c, a, b: c.b.bitwise_or(a, b),
     "bitwise_xor": lambda c, a, b: c.b.bitwise_xor(a, b),
+    # ttnn.remainder is torch.remainder's (the divisor's sign), as tt-metal documents it
+    "remainder": lambda c, a, b: c.b.remainder(a, b),
+    "bitwise_left_shift": lambda c, a, b: c.b.left_shift(a, b),
+    "bitwise_right_shift": lambda c, a, b: c.b.right_shift(a, b),
+    "logical_left_shift": lambda c, a, b: c.b.left_shift(a, b),
     "logical_and": lambda c, a, b: c.b.mul(c.b.ne(a, 0), c.b.ne(b, 0)),
     "logical_or": lambda c, a, b: c.b.maximum(c.b.ne(a, 0), c.b.ne(b, 0)),
     "logical_xor": lambda c, a, b: c.b.ne(c.b.ne(a, 0), c.b.ne(b, 0)),
@@ -98,4 +105,12 @@ TRANSLATORS: dict[str, Translator] = {
     **{f"ttnn.{n}": _binary(n) for n in BINARY},
     "ttnn.where": _where,
     "ttnn.clamp_scalar": _clamp_scalar,
+}
+
+_ACTIVATIONS = frozenset({"activations", "input_tensor_a_activations", "input_tensor_b_activations"})
+READS: dict[str, frozenset[str]] = {
+    **{f"ttnn.{n}": frozenset() for n in UNARY if n not in ("recip", "square")},
+    **{f"ttnn.{n}": _ACTIVATIONS for n in BINARY},
+    "ttnn.where": frozenset(),
+    "ttnn.clamp_scalar": frozenset({"min", "max"}),
 }

@@ -30,3 +30,8 @@ TRANSLATORS: dict[str, Translator] = {
     "ttnn.to_device": _same, "ttnn.from_device": _same, "ttnn.to_dtype": _same,
     "ttnn.deallocate": _nothing, "ttnn.get_device": _nothing,
 }
+
+READS: dict[str, frozenset[str]] = {
+    **{name: frozenset() for name in TRANSLATORS},
+    "ttnn.deallocate": frozenset({"force"}),  # ttflow frees after the last use whatever force says
+}

@@ -53,3 +53,6 @@ def _linear(c: Lowering, op: TtnnOp) -> Sequence[Value]:
 
 
 TRANSLATORS: dict[str, Translator] = {"ttnn.matmul": _matmul, "ttnn.linear": _linear}
+
+_PRODUCT = frozenset({"transpose_a", "transpose_b", "activation"})
+READS: dict[str, frozenset[str]] = {"ttnn.matmul": _PRODUCT, "ttnn.linear": _PRODUCT}

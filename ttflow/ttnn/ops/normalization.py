@@ -48,3 +48,9 @@ def _layer_norm(c: Lowering, op: TtnnOp) -> Sequence[Value]:
 TRANSLATORS: dict[str, Translator] = {
     "ttnn.softmax": _softmax, "ttnn.rms_norm": _rms_norm, "ttnn.layer_norm": _layer_norm,
 }
+
+READS: dict[str, frozenset[str]] = {
+    "ttnn.softmax": frozenset({"dimension", "numericStable"}),  # both forms give softmax's value
+    "ttnn.rms_norm": frozenset({"epsilon", "operandSegmentSizes"}),
+    "ttnn.layer_norm": frozenset({"epsilon", "operandSegmentSizes"}),
+}

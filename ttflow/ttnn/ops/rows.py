@@ -70,3 +70,9 @@ def _embedding(c: Lowering, op: TtnnOp) -> Sequence[Value]:
 TRANSLATORS: dict[str, Translator] = {
     "ttnn.rows_gather": _rows_gather, "ttnn.rows_scatter": _rows_scatter, "ttnn.embedding": _embedding,
 }
+
+READS: dict[str, frozenset[str]] = {
+    "ttnn.rows_gather": frozenset({"column", "fill_out_of_bounds", "sizes", "windows"}),
+    "ttnn.rows_scatter": frozenset({"column", "reduce", "sizes", "windows"}),
+    "ttnn.embedding": frozenset(),
+}
