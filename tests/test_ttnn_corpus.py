@@ -14,7 +14,8 @@ import ttflow as tt
 pytestmark = pytest.mark.anyio
 
 CORPUS = Path(__file__).parent / "data" / "ttnn"
-CASES = sorted(p.stem for p in CORPUS.glob("*.ttnn"))
+# One-chip programs; a mesh program has its shardings beside it (tests/test_ttnn_mesh.py runs it).
+CASES = sorted(p.stem for p in CORPUS.glob("*.ttnn") if not p.with_suffix(".json").exists())
 
 # Largest |device - cpu| over max |cpu|, per case (docs/compiler.md, "Numerics"): float32 ops
 # agree to rounding; max pools run in bfloat16 as the compiler typecasts them (cnn, pools);

@@ -86,7 +86,8 @@ class Lowering:
     def __init__(self, file: TtnnFile, program: TtnnProgram, translators: dict[str, Translator],
                  reads: dict[str, frozenset[str]]) -> None:
         self.file, self.program, self.translators, self.reads = file, program, translators, reads
-        self.b = ProgramBuilder(program.name)
+        mesh = program.mesh_shape if program.mesh_shape not in (None, (1, 1)) else None
+        self.b = ProgramBuilder(program.name, mesh_shape=mesh)
         self.values: dict[str, Value | None] = {}
         self.functions = {p.name: p for p in file.programs}
         self.op: TtnnOp | None = None

@@ -109,6 +109,8 @@ _PLUGIN_0_1_3 = Schema(
     hash="912b70aa54f878b01d094638d22c35ee6e20c7e7f1813913242a47e7f79c9bd2",
     producer="jax-tt-plugin 0.1.3",
     ops={
+        3: _t("AllGatherOp", "ttnn.all_gather"),
+        5: _t("AllReduceOp", "ttnn.all_reduce"),
         9: _t("ArangeOp", "ttnn.arange"),
         18: _t("ConcatOp", "ttnn.concat"),
         29: _t("Conv2dOp", "ttnn.conv2d"),
@@ -134,6 +136,7 @@ _PLUGIN_0_1_3 = Schema(
         105: _t("ReductionArgMaxOp", "ttnn.argmax"),
         106: _t("ReductionOp", "ttnn.sum", "ttnn.mean", "ttnn.max", "ttnn.min"),
         107: _t("ReductionProdOp", "ttnn.prod"),
+        108: _t("ReduceScatterOp", "ttnn.reduce_scatter"),
         110: _t("RepeatOp", "ttnn.repeat"),
         114: _t("RMSNormOp", "ttnn.rms_norm"),
         116: _t("ReshapeOp", "ttnn.reshape"),

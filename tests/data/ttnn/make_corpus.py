@@ -205,12 +205,59 @@ def _cases() -> dict[str, tuple[object, list[object]]]:
     }
 
 
-def _child(out: Path, only: list[str]) -> None:
+def _mesh_cases() -> dict[str, tuple[object, list[object], list[str], str, tuple[int, int]]]:
+    """Each case: (function, global numpy inputs, input PartitionSpecs, output PartitionSpec, mesh
+    shape). A spec is written as text, one entry per dim ("-" unsharded): mesh axes "x" (rows)
+    and "y" (columns)."""
+    import jax
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+
+    def f32(*shape: int, scale: float = 1.0) -> object:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    def mlp(x, w1, w2):  # type: ignore[no-untyped-def]
+        return jax.nn.relu(x @ w1) @ w2
+
+    def scaled(x):  # type: ignore[no-untyped-def]
+        return x * 2.0 + 1.0
+
+    def matmul(x, w):  # type: ignore[no-untyped-def]
+        return x @ w
+
+    return {
+        # tensor parallel on n300: w1 column-sharded, w2 row-sharded, one all_reduce
+        "n300_tp_mlp": (mlp, [f32(32, 64), f32(64, 128, scale=0.1), f32(128, 64, scale=0.1)],
+                        ["-,-", "-,y", "y,-"], "-,-", (1, 2)),
+        # data parallel on n300: the batch sharded, weights replicated, no collective
+        "n300_dp_mlp": (mlp, [f32(64, 64), f32(64, 128, scale=0.1), f32(128, 64, scale=0.1)],
+                        ["y,-", "-,-", "-,-"], "y,-", (1, 2)),
+        # a sharded input gathered to every chip
+        "n300_gather": (scaled, [f32(32, 128)], ["-,y"], "-,-", (1, 2)),
+        # contraction over a sharded dim, the result left sharded: a reduce_scatter
+        "n300_reduce_scatter": (matmul, [f32(32, 128), f32(128, 64, scale=0.1)], ["-,y", "y,-"], "-,y", (1, 2)),
+        # 8 chips (2x4): batch over rows, tensor parallel over columns
+        "t3000_mlp": (mlp, [f32(64, 64), f32(64, 256, scale=0.1), f32(256, 64, scale=0.1)],
+                      ["x,-", "-,y", "y,-"], "x,-", (2, 4)),
+    }
+
+
+def _spec(text: str) -> object:
+    from jax.sharding import PartitionSpec
+
+    return PartitionSpec(*(None if d == "-" else d for d in text.split(",")))
+
+
+def _child(out: Path, only: list[str], mesh: bool) -> None:
     """Compile every case against the descriptor this process was started with."""
     import jax
     import numpy as np
 
     cpu = jax.devices("cpu")[0]
+    if mesh:
+        _mesh_child(out, only)
+        return
     tt = jax.devices("tt")[0]
     made = {}
     for name, (fn, inputs) in _cases().items():
@@ -230,6 +277,34 @@ def _child(out: Path, only: list[str]) -> None:
     print(json.dumps(made))
 
 
+def _mesh_child(out: Path, only: list[str]) -> None:
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+
+    cpu = jax.devices("cpu")[0]
+    devices = jax.devices("tt")
+    made = {}
+    for name, (fn, inputs, in_specs, out_spec, shape) in _mesh_cases().items():
+        if (only and name not in only) or len(devices) != shape[0] * shape[1]:
+            continue
+        mesh = Mesh(np.array(devices).reshape(shape), ("x", "y"))
+        expected = jax.jit(fn)(*(jax.device_put(a, cpu) for a in inputs))  # type: ignore[operator]
+        args = [jax.device_put(a, NamedSharding(mesh, _spec(s))) for a, s in zip(inputs, in_specs, strict=True)]
+        export = Path(tempfile.mkdtemp(prefix=f"ttnn-{name}-"))
+        jax.jit(fn, out_shardings=NamedSharding(mesh, _spec(out_spec)),  # type: ignore[arg-type]
+                compiler_options={"export_path": str(export)})(*args)
+        (binary,) = export.glob("*.ttnn")
+        shutil.copy(binary, out / f"{name}.ttnn")
+        np.savez(out / f"{name}.npz", **{f"in{i}": _storable(a) for i, a in enumerate(inputs)},
+                 out0=_storable(expected))
+        (out / f"{name}.json").write_text(json.dumps(
+            {"mesh_shape": list(shape), "in_specs": in_specs, "out_specs": [out_spec]}) + "\n")
+        shutil.rmtree(export)
+        made[name] = (out / f"{name}.ttnn").stat().st_size
+    print(json.dumps(made))
+
+
 def _storable(a: object) -> object:
     """npz keeps numpy's own dtypes only: bfloat16 is saved as the float32 of the same value."""
     import numpy as np
@@ -241,28 +316,32 @@ def _storable(a: object) -> object:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=[], help="cases to make (default: all)")
-    parser.add_argument("--system-desc", type=Path, help="descriptor to compile against")
+    parser.add_argument("--system-desc", type=Path, help="descriptor to compile against (one chip)")
+    parser.add_argument("--mesh-system-descs", type=Path, nargs="*", default=None,
+                        help="descriptors of the meshes to compile the mesh cases against")
     parser.add_argument("--out", type=Path, default=HERE)
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=["chip", "mesh"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        _child(args.out, args.only)
+        _child(args.out, args.only, args.child == "mesh")
         return
-    desc = args.system_desc
-    if desc is None:
-        from ttflow.ttnn import system_desc
-
-        desc = system_desc(_n150()).save(Path(tempfile.mkdtemp()) / "system_desc.ttsys")
-    env = {**os.environ, "TT_COMPILE_ONLY_SYSTEM_DESC": str(desc)}
-    env.pop("JAX_PLATFORMS", None)
-    command = [sys.executable, __file__, "--child", "--out", str(args.out), "--only", *args.only]
-    subprocess.run(command, env=env, check=True)
-
-
-def _n150() -> object:
     import ttflow as tt
 
-    return tt.DeviceSpec.wormhole_n150()
+    folder = Path(tempfile.mkdtemp())
+    chip = args.system_desc
+    meshes = args.mesh_system_descs
+    if chip is None or meshes is None:
+        from ttflow.ttnn import system_desc
+
+        chip = chip or system_desc(tt.DeviceSpec.wormhole_n150()).save(folder / "n150.ttsys")
+        if meshes is None:
+            meshes = [system_desc(tt.MeshSpec.n300()).save(folder / "n300.ttsys"),
+                      system_desc(tt.MeshSpec.t3000()).save(folder / "t3000.ttsys")]
+    for kind, desc in [("chip", chip), *(("mesh", m) for m in meshes)]:
+        env = {**os.environ, "TT_COMPILE_ONLY_SYSTEM_DESC": str(desc)}
+        env.pop("JAX_PLATFORMS", None)
+        command = [sys.executable, __file__, "--child", kind, "--out", str(args.out), "--only", *args.only]
+        subprocess.run(command, env=env, check=True)
 
 
 if __name__ == "__main__":
