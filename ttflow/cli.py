@@ -1,5 +1,5 @@
 """The `ttflow` command: `ttflow demo`, `ttflow memory`, `ttflow bench SUITE`, `ttflow golden FILE.ttb`,
-`ttflow --version`.
+`ttflow query [--save-artifacts DIR]`, `ttflow --version`.
 
 The parser imports nothing of ttflow's runtime: `ttflow --help`, a typo or a bad argument is
 answered before numpy, ml_dtypes or the device model load. Each command's handler imports what it
@@ -15,7 +15,7 @@ import importlib.util
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 # suite -> (module, what it measures): `ttflow bench --help` lists these words.
@@ -64,7 +64,19 @@ def _positive_int(text: str) -> int:
     return value
 
 
+# `ttflow query --device`: the emulated systems a system descriptor is written for.
+QUERY_DEVICES = {
+    "n150": "one Wormhole (tt.DeviceSpec.wormhole_n150())",
+    "p150": "one Blackhole (tt.DeviceSpec.blackhole_p150())",
+    "n300": "two Wormholes on one card, 1x2 (tt.MeshSpec.n300())",
+    "t3000": "eight Wormholes, 2x4 (tt.MeshSpec.t3000())",
+    "galaxy": "32 Wormholes, 4x8 (tt.MeshSpec.galaxy())",
+    "small": "the tiny test device (tt.DeviceSpec.small())",
+}
+
 WORKER_KINDS = ("thread", "process", "ray")
+from .ttnn import INITS as TTNN_INITS  # noqa: E402  (light: names only)
+from .ttnn import SECTIONS as TTNN_SECTIONS  # noqa: E402
 """What `ttflow bench --workers` takes (`tt.open_device(workers=...)`)."""
 
 
@@ -173,11 +185,58 @@ def _parser() -> argparse.ArgumentParser:
     golden.add_argument("--json", action="store_true", help="print the report as JSON")
     golden.add_argument("--plot", metavar="PNG", help="also draw each op's error against its bound (needs matplotlib)")
     golden.add_argument("--small", action="store_true", help="run on the tiny test device")
+    query = commands.add_parser(
+        "query",
+        help="print the system descriptor of an emulated device; save it for tt-mlir",
+        description="Prints the system descriptor tt-mlir's compiler plans against, for the "
+        "device ttflow emulates (ttrt query's counterpart); --save-artifacts writes it to "
+        "DIR/system_desc.ttsys, the file TT_COMPILE_ONLY_SYSTEM_DESC takes (docs/compiler.md).",
+        epilog="devices:\n" + "\n".join(f"  {name:<7} {about}" for name, about in QUERY_DEVICES.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    query.add_argument("--device", choices=list(QUERY_DEVICES), default="n150",
+                       help="which emulated system (default n150; below)")
+    query.add_argument("--save-artifacts", nargs="?", const="ttrt-artifacts", metavar="DIR",
+                       help="write DIR/system_desc.ttsys (DIR default ttrt-artifacts, created "
+                       "when missing)")
+    query.add_argument("--json", action="store_true", help="print every field as JSON")
+    read = commands.add_parser(
+        "read", help="print a tt-mlir binary's programs, layouts, ops and the system it was compiled for",
+        description="Reads a .ttnn flatbuffer Tenstorrent's compiler wrote (ttrt read's counterpart) "
+        "and prints its sections: version (schema hash), system_desc, mlir, programs, inputs and "
+        "outputs with the layouts the compiler chose, ops with their locations (docs/compiler.md).",
+    )
+    read.add_argument("binary", help="a .ttnn file")
+    read.add_argument("--section", action="append", choices=list(TTNN_SECTIONS), metavar="SECTION",
+                      help=f"a section to print (repeatable; default all but mlir): {', '.join(TTNN_SECTIONS)}")
+    read.add_argument("--json", action="store_true", help="print the sections as JSON")
+    run = commands.add_parser(
+        "run", help="run a tt-mlir binary's programs on the emulated device and report each",
+        description="Loads a .ttnn flatbuffer (or a .ttb), makes inputs, runs each public program "
+        "(or --program-index) --loops times on an emulated device (a mesh of the binary's shape for "
+        "a mesh program) and prints per program the time per loop, every output's shape, dtype and "
+        "checksum, and with --memory the peak L1 and DRAM the run held (ttrt run's counterpart).",
+    )
+    run.add_argument("binary", help="a .ttnn file")
+    run.add_argument("--program-index", type=int, default=None, metavar="N",
+                     help="run only program N (default: every public program)")
+    run.add_argument("--loops", type=_positive_int, default=1, metavar="N", help="runs per program (default 1)")
+    run.add_argument("--init", choices=list(TTNN_INITS), default="randn",
+                     help="how inputs are made when --inputs does not give them (default randn)")
+    run.add_argument("--seed", type=int, default=0, help="the random inputs' seed (default 0)")
+    run.add_argument("--inputs", metavar="NPZ", help="inputs as in0, in1, ... (per chip: in0_chip1)")
+    run.add_argument("--save-outputs", metavar="NPZ", help="write every output to NPZ")
+    run.add_argument("--memory", action="store_true", help="report peak L1 (per core) and DRAM")
+    run.add_argument("--trace", metavar="FILE", help="write a Perfetto timeline of the runs to FILE")
+    run.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(subparser=None)
     demo.set_defaults(subparser=demo, handler=_run_demo)
     bench.set_defaults(subparser=bench, handler=_run_bench)
     memory.set_defaults(subparser=memory, handler=_run_memory)
     golden.set_defaults(subparser=golden, handler=_run_golden)
+    query.set_defaults(subparser=query, handler=_run_query)
+    read.set_defaults(subparser=read, handler=_run_read)
+    run.set_defaults(subparser=run, handler=_run_run)
     return parser
 
 
@@ -262,6 +321,72 @@ def _run_golden(args: argparse.Namespace) -> int:
                      f"{'' if count == 1 else f' to {count - 1}'})")
     return run_file(args.file, program_index=args.program, substitute=args.substitute, seed=args.seed,
                     as_json=args.json, plot=args.plot, small=args.small)
+
+
+def _run_read(args: argparse.Namespace) -> int:
+    from ._errors import TTFlowError
+    from .ttnn import tool
+
+    sections = args.section or [s for s in TTNN_SECTIONS if s != "mlir"]
+    try:
+        data = tool.read_sections(args.binary, sections)
+    except (OSError, TTFlowError) as exc:
+        args.subparser.error(f"argument binary: {exc}")
+    print(tool.dumps(data) if args.json else tool.format_sections(data))
+    return 0
+
+
+def _run_run(args: argparse.Namespace) -> int:
+    import anyio
+
+    from ._errors import TTFlowError
+    from .ttnn import tool
+
+    for option, file in (("--save-outputs", args.save_outputs), ("--trace", args.trace)):
+        if file is not None:
+            _prepare_output(args.subparser, option, file, "out.npz" if option == "--save-outputs" else "trace.json")
+    try:
+        binary = tool.read_sections(args.binary, ["programs"])
+    except (OSError, TTFlowError) as exc:
+        args.subparser.error(f"argument binary: {exc}")
+    count = len(binary["programs"])
+    if args.program_index is not None and not 0 <= args.program_index < count:
+        args.subparser.error(f"argument --program-index: {args.program_index} is out of range: "
+                             f"{args.binary} holds {count} programs (0 to {count - 1})")
+    try:
+        report = anyio.run(lambda: tool.run_binary(
+            args.binary, program_index=args.program_index, loops=args.loops, init=args.init, seed=args.seed,
+            inputs=args.inputs, save_outputs=args.save_outputs, trace=args.trace))
+    except TTFlowError as exc:
+        print(f"ttflow run: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(tool.dumps(report) if args.json else tool.format_run(report, args.memory))
+    return 0
+
+
+def _run_query(args: argparse.Namespace) -> int:
+    folder = None if args.save_artifacts is None else Path(args.save_artifacts)
+    if folder is not None:
+        if folder.exists() and not folder.is_dir():
+            args.subparser.error(f"argument --save-artifacts: {folder} is a file; give a folder")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            args.subparser.error(f"argument --save-artifacts: cannot create the folder {folder}: "
+                                 f"{exc.strerror or exc}")
+    from ._mesh.spec import MeshSpec
+    from ._types import DeviceSpec
+    from .ttnn.system_desc import system_desc
+
+    presets: dict[str, Callable[[], DeviceSpec | MeshSpec]] = {
+        "n150": DeviceSpec.wormhole_n150, "p150": DeviceSpec.blackhole_p150, "n300": MeshSpec.n300,
+        "t3000": MeshSpec.t3000, "galaxy": MeshSpec.galaxy, "small": DeviceSpec.small}
+    spec = presets[args.device]()
+    desc = system_desc(spec)
+    print(json.dumps(desc.to_dict(), indent=2) if args.json else desc.summary())
+    if folder is not None:
+        print(f"wrote {desc.save(folder / 'system_desc.ttsys')}", file=sys.stderr if args.json else sys.stdout)
+    return 0
 
 
 def _run_demo(args: argparse.Namespace) -> int:
