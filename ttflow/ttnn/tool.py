@@ -164,6 +164,7 @@ async def run_binary(path: str, *, program_index: int | None = None, loops: int 
         arrays = _inputs(program.inputs, init, seed, given, chips)
         spec = None if chips == 1 else tt.MeshSpec(mesh_shape)
         opener = tt.open_device() if spec is None else tt.open_mesh_device(spec)
+        device: Any
         async with opener as device:
             def place(j: int, per_chip: list[np.ndarray]) -> Any:
                 layout = tt.get_layout(binary, i, j)
@@ -193,20 +194,21 @@ async def run_binary(path: str, *, program_index: int | None = None, loops: int 
                                 "sha256": digest, "sum": float(sum(np.sum(p, dtype=np.float64) for p in pieces))})
                 for c, p in enumerate(pieces):
                     saved[f"program{i}_out{k}" + (f"_chip{c}" if len(pieces) > 1 else "")] = p
-            stats = [device.stats] if spec is None else [chip.stats for chip in device.chips]
+            chip_list: list[Any] = [device] if spec is None else device.chips
+            stats = [chip.stats for chip in chip_list]
             l1 = max(s.l1_peak_bytes for s in stats)
             results.append({
                 "program_index": i, "name": program.name, "loops": loops,
                 "seconds_per_loop": sorted(times)[len(times) // 2],
                 "outputs": outputs,
                 "peak_l1_bytes": l1,
-                "peak_l1_bytes_per_core": l1 // _cores(device if spec is None else device.chips[0]),
+                "peak_l1_bytes_per_core": l1 // _cores(chip_list[0]),
                 "peak_dram_bytes": max(s.dram_peak_bytes for s in stats),
                 "const_eval": {"hits": sum(s.const_eval_hits for s in stats),
                                "misses": sum(s.const_eval_misses for s in stats)},
             })
     if save_outputs:
-        np.savez(save_outputs, **saved)
+        np.savez(save_outputs, **saved)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
     return {"binary": path, "programs": results}
 
 
