@@ -71,3 +71,12 @@ def test_run_refuses_a_program_index_out_of_range(capsys: pytest.CaptureFixture[
         main(["run", str(CORPUS / "mlp.ttnn"), "--program-index", "5"])
     assert exc.value.code == 2
     assert "holds 1 programs" in capsys.readouterr().err
+
+
+def test_bench_compiled_measures_load_and_warm_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "compiled", "--quick", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    rows = result["binaries"]
+    assert len(rows) == 4 and all(r["ops"] > 0 and r["load_seconds"] > 0 and r["run_seconds"] > 0 for r in rows)
+    if result["jax_skipped"] is None:  # with the compiler extra, JAX on the CPU is the peer
+        assert all(r["run_vs_jax_cpu"] > 0 for r in rows)

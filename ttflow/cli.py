@@ -35,6 +35,9 @@ BENCHMARKS = {
                "--models: Hugging Face and torchvision models")),
     "memory": ("ttflow._bench.memory",
                "the L1 eviction policies' bytes moved against each other and the offline optimum"),
+    "compiled": ("ttflow._bench.compiled",
+                 ("tt-mlir binaries of the corpus: load time per binary, warm run against the same "
+                  "function jitted by JAX on the CPU")),
     "mesh": ("ttflow._bench.mesh",
              ("collectives' bytes per link against their formula and modelled time, SPMD submit "
               "cost against one chip, the tensor-parallel MLP on 1, 2 and 8 chips against numpy")),
