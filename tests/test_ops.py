@@ -48,7 +48,8 @@ def test_the_op_table() -> None:
     v7 = {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "point_to_point", "all_to_all"}
     v8: set[str] = set()  # (version 8 added locations, no op)
     v9 = {"clamp"}
-    assert set(OPS) == v1 | v2 | v3 | v4 | v5 | v6 | v7 | v9
+    v10 = {"constant"}
+    assert set(OPS) == v1 | v2 | v3 | v4 | v5 | v6 | v7 | v9 | v10
     assert {n for n, op in OPS.items() if op.int_only} == v6 - {"prod"}
     assert {n for n, op in OPS.items() if op.float_only} == {
         "gelu", "exp", "sqrt", "reciprocal", "softmax", "layer_norm", "rms_norm", "conv2d", "mean",
@@ -61,10 +62,11 @@ def test_the_op_table() -> None:
         "conv2d_weight_grad", "max_pool2d_backward", "remainder", "floor_divide", "fmod", "atan2",
         "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"}
     # Each record says which format version introduced its op (what `Binary.load` accepts).
-    for version, ops in enumerate([v1, v2, v3, v4, v5, v6, v7, v8, v9], start=1):
+    for version, ops in enumerate([v1, v2, v3, v4, v5, v6, v7, v8, v9, v10], start=1):
         assert {n for n, op in OPS.items() if op.version == version} == ops, version
     assert {n for n, op in OPS.items() if op.arity == 3} == {"update_cache", "where", "layer_norm", "conv2d"}
-    assert {n: op.arity for n, op in OPS.items() if op.arity < 1} == {"concat": -1, "arange": 0, "full": 0}
+    assert {n: op.arity for n, op in OPS.items() if op.arity < 1} == {"concat": -1, "arange": 0, "full": 0,
+                                                                     "constant": 0}
 
 
 @given(pair(np.float32, st.floats(-1e3, 1e3, width=32)))

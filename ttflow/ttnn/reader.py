@@ -58,6 +58,8 @@ class TtnnOp:
     tag: int
     op: mlir.MlirOp
     loc: str
+    data: bytes | None = None  # a constant's values, as its table holds them
+    data_type: str | None = None  # their data type (schema.DATA_TYPES)
 
     @property
     def name(self) -> str:
@@ -234,7 +236,17 @@ def _program(table: Table, schema: Schema, functions: dict[str, _Function], what
                 f"({known.table if known else 'unknown to schema ' + schema.hash[:12]}), but its MLIR "
                 f"text names {parsed.name}: {text[:300]}"
             )
-        ops.append(TtnnOp(i, tag, parsed, loc))
+        data = data_type = None
+        if schema.ops[tag].table == schema.constant_table:
+            body = op.table(schema.op_table, "type")
+            if body is None:
+                raise BinaryFormatError(f"{what}: program {name!r} op {i} (a constant) has no table")
+            data = body.bytes_of(schema.constant_data, "input") or b""
+            code = int(body.scalar(schema.constant_data_type, N.Uint16Flags, 0, "input_dtype"))
+            if not 0 <= code < len(DATA_TYPES):
+                raise BinaryFormatError(f"{what}: program {name!r} op {i}: input_dtype {code} is not a data type")
+            data_type = DATA_TYPES[code]
+        ops.append(TtnnOp(i, tag, parsed, loc, data, data_type))
     mesh = table.struct(schema.program_mesh_shape, "ii", "mesh_shape")
     return TtnnProgram(
         name, bool(table.scalar(schema.program_private, N.BoolFlags, False, "private")), inputs, outputs,

@@ -38,7 +38,8 @@ def _t(table: str, *ops: str) -> OpTable:
 _BINARY = ("add", "multiply", "logical_right_shift", "subtract", "eq", "ne", "ge", "gt", "le", "lt",
            "divide", "logical_and", "logical_or", "logical_xor")
 _BINARY_COMPOSITE = ("maximum", "minimum", "remainder", "pow", "atan2", "bitwise_and", "bitwise_or",
-                     "bitwise_xor", "logical_left_shift", "bitwise_left_shift", "bitwise_right_shift")
+                     "bitwise_xor", "logical_left_shift", "bitwise_left_shift", "bitwise_right_shift",
+                     "pow_tensor")
 _UNARY = ("abs", "ceil", "cos", "floor", "gelu", "isfinite", "logical_not", "neg", "relu", "sqrt",
           "rsqrt", "sigmoid", "sin", "reciprocal", "sign", "tan", "tanh", "atan", "exp", "erf", "erfc",
           "log", "expm1", "leaky_relu", "bitwise_not", "relu6", "silu", "hardsigmoid", "mish")
@@ -93,6 +94,12 @@ class Schema:
     config_buffer_type: int = 1
     config_shard_spec: int = 2
 
+    # ConstantOp {device, input: [ubyte], input_dtype, dtype, layout, memcfg, out}: its data is not in
+    # its MLIR text (printed `dense_resource<__elided__>`), only in the table.
+    constant_table: str = "ConstantOp"
+    constant_data: int = 1
+    constant_data_type: int = 2
+
     def names(self, tag: int) -> frozenset[str]:
         entry = self.ops.get(tag)
         return entry.ops if entry else frozenset()
@@ -113,6 +120,7 @@ _PLUGIN_0_1_3 = Schema(
         5: _t("AllReduceOp", "ttnn.all_reduce"),
         9: _t("ArangeOp", "ttnn.arange"),
         18: _t("ConcatOp", "ttnn.concat"),
+        25: _t("ConstantOp", "ttnn.constant"),
         29: _t("Conv2dOp", "ttnn.conv2d"),
         35: _t("DeallocateOp", "ttnn.deallocate"),
         40: _t("EltwiseBinaryCompositeOp", *_ttnn(*_BINARY_COMPOSITE)),

@@ -173,6 +173,30 @@ def _cases() -> dict[str, tuple[object, list[object]]]:
     def strided(x):  # type: ignore[no-untyped-def]
         return x[::2, 1::3], jnp.transpose(jnp.reshape(x, (4, 8, 32)), (2, 0, 1)), jnp.prod(x[:4, :4], axis=1)
 
+    table = np.linspace(-1.0, 1.0, 64 * 32, dtype=np.float32).reshape(64, 32)
+
+    def constants(x):  # type: ignore[no-untyped-def]
+        return x @ table + jnp.array([1.0, 2.0, 3.0, 4.0] * 8, jnp.float32)
+
+    def sdpa(q, k, v):  # type: ignore[no-untyped-def]
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+
+    def conv_bias(img, k, bias):  # type: ignore[no-untyped-def]
+        y = jax.lax.conv_general_dilated(img, k, (2, 2), ((1, 1), (1, 1)),
+                                         dimension_numbers=("NHWC", "HWIO", "NHWC")) + bias
+        z = jax.lax.conv_general_dilated(img, jnp.tile(k[:, :, :1, :], (1, 1, 1, 1)), (1, 1), "SAME",
+                                         dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=4)
+        return jax.nn.relu(y), z
+
+    def shapes(x, y):  # type: ignore[no-untyped-def]
+        return (jnp.expand_dims(x, 0) * 2.0, jnp.squeeze(x[:1]), jnp.max(x, axis=(0, 1)),
+                jnp.einsum("bij,bjk->bik", jnp.reshape(x, (2, 4, 16)), jnp.reshape(y, (2, 16, 4))),
+                jax.nn.logsumexp(x, axis=-1), jnp.clip(x, y * 0.1, y * 0.1 + 1.0), jnp.power(jnp.abs(x) + 1.0, y),
+                jnp.take_along_axis(x, jnp.argsort(y, axis=1), axis=1), jax.nn.one_hot(jnp.argmax(x, 1), 8))
+
+    def scatter_add(x, idx, upd):  # type: ignore[no-untyped-def]
+        return x.at[idx].add(upd), x.at[idx].set(upd)
+
     ids = rng.integers(0, 50, (8, 16)).astype(np.int32)
     bf16 = jnp.bfloat16
     return {
@@ -202,6 +226,11 @@ def _cases() -> dict[str, tuple[object, list[object]]]:
         "decode": (decode, [f32(32, 64), f32(32, 64), f32(1, 64), *(f32(64, 64, scale=0.1) for _ in range(3)),
                             np.array([16], np.int32)]),
         "strided": (strided, [f32(32, 32)]),
+        "constants": (constants, [f32(16, 64)]),
+        "sdpa": (sdpa, [f32(1, 32, 2, 64), f32(1, 32, 2, 64), f32(1, 32, 2, 64)]),
+        "conv_bias": (conv_bias, [f32(1, 16, 16, 4), f32(3, 3, 4, 8, scale=0.3), f32(8)]),
+        "shapes": (shapes, [f32(8, 16), f32(8, 16)]),
+        "scatter_add": (scatter_add, [f32(16, 8), np.array([3, 7, 3], np.int32), f32(3, 8)]),
     }
 
 

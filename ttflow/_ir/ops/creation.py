@@ -1,4 +1,4 @@
-"""Creation: values from attributes alone (arange, full) or a seed (rand: Philox4x32-10).
+"""Creation: values from attributes alone (arange, full, constant) or a seed (rand: Philox4x32-10).
 """
 
 from __future__ import annotations
@@ -32,6 +32,11 @@ def _full(arrays: list[Array], scalar: float | None, shape: tuple[int, ...], val
     return np.full(tuple(shape), value, np.float32 if DataType(dtype).is_float else np.int64)
 
 
+def _constant(arrays: list[Array], scalar: float | None, shape: tuple[int, ...], values: tuple[float, ...],
+              dtype: str) -> Array:
+    return np.asarray(values, np.float32 if DataType(dtype).is_float else np.int64).reshape(tuple(shape))
+
+
 def _rand(arrays: list[Array], scalar: float | None, shape: tuple[int, ...]) -> Array:
     # Element i is word i % 4 of Philox4x32-10 at counter (i // 4 low word, high word, 0, 0)
     # and key (seed as uint32, 0); its top 24 bits times 2**-24 (exact in float32, below 1).
@@ -54,6 +59,16 @@ def _replay_full(b: Any, args: list[Any], scalar: float | None, attrs_: dict[str
     if args:
         raise BinaryFormatError("full reads no values")
     return b.full(dtype=DataType(attrs_.pop("dtype")), **attrs_)
+
+
+def _replay_constant(b: Any, args: list[Any], scalar: float | None, attrs_: dict[str, Any]) -> Any:
+    if args:
+        raise BinaryFormatError("constant reads no values")
+    shape, values = attrs_.pop("shape"), attrs_.pop("values")
+    if not isinstance(values, (list, tuple)):
+        raise BinaryFormatError("constant's values must be a list")
+    return b.constant(np.asarray(values, np.float64).reshape(check_shape(shape)), DataType(attrs_.pop("dtype")),
+                      **attrs_)
 
 
 def _replay_rand(b: Any, args: list[Any], scalar: float | None, attrs_: dict[str, Any]) -> Any:
@@ -127,6 +142,37 @@ class CreationOps(BuilderCore):
             if not low <= fill <= high:
                 raise LayoutError(f"full: {value!r} does not fit {dtype.name}")
         return self._emit("full", [], dims, dtype, dtype=dtype.value, shape=dims, value=fill)
+
+    @op("constant", Kind.CREATION, 0, _constant, version=10, replay=_replay_constant)
+    def constant(self, values: Any, dtype: DataType = DataType.FLOAT32, *, loc: str | None = None) -> Value:
+        """A constant of any values (tt-mlir's `ttnn.constant`, a `torch.tensor` literal): an
+        array-like of rank >= 1, held in the step (and in a saved file) as its values, rounded to
+        `dtype` when the program runs. Floats take any value, NaN and infinities included (not in
+        BFLOAT8_B); integer dtypes take integral values that fit."""
+        self._check_open()
+        if not isinstance(dtype, DataType):
+            raise LayoutError(f"constant: dtype must be a tt.DataType, got {dtype!r}")
+        try:
+            array = np.asarray(values)
+        except (ValueError, TypeError) as exc:
+            raise ProgramError(f"constant: values must be an array of numbers: {exc}") from None
+        if array.dtype.kind not in "biuf" or array.dtype.kind == "b":
+            raise ProgramError(f"constant: values must be numbers, got an array of {array.dtype}")
+        dims = check_shape(array.shape)
+        flat = array.reshape(-1)
+        if dtype.is_float:
+            items: tuple[float, ...] = tuple(float(v) for v in flat.astype(np.float64))
+            if dtype is DataType.BFLOAT8_B and not np.all(np.isfinite(flat)):
+                raise LayoutError("constant: BFLOAT8_B cannot hold NaN or infinities; use BFLOAT16 or FLOAT32")
+        else:
+            if array.dtype.kind == "f" and not np.all(np.isfinite(flat) & (flat == np.round(flat))):
+                raise LayoutError(f"constant: {dtype.name} takes integral values")
+            ints = flat.astype(np.int64)
+            low, high = (-(2**31), 2**31 - 1) if dtype is DataType.INT32 else (0, 2**32 - 1)
+            if ints.size and (int(ints.min()) < low or int(ints.max()) > high):
+                raise LayoutError(f"constant: a value does not fit {dtype.name}")
+            items = tuple(int(v) for v in ints)
+        return self._emit("constant", [], dims, dtype, dtype=dtype.value, shape=dims, values=items)
 
     @op("rand", Kind.CREATION, 1, _rand, version=3, replay=_replay_rand)
     def rand(self, shape: Sequence[int], seed: Value, *, loc: str | None = None) -> Value:

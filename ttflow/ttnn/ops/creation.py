@@ -1,9 +1,11 @@
-"""Creation ops: full, zeros, ones, arange. Each result's shape and dtype are its MLIR type's."""
+"""Creation ops: full, zeros, ones, arange, constant. Each result's shape and dtype are its MLIR type's."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+
+import numpy as np
 
 from ..._ir.builder import Value
 from ..lower import Lowering, Translator
@@ -29,12 +31,30 @@ def _arange(c: Lowering, op: TtnnOp) -> Sequence[Value]:
     return [c.b.arange(start, end, step, c.result_dtype(op))]
 
 
+_HOST = {"f32": "<f4", "si32": "<i4", "ui32": "<u4", "ui16": "<u2", "ui8": "u1", "bf16": "<u2"}
+
+
+def _constant(c: Lowering, op: TtnnOp) -> Sequence[Value]:
+    """The values its table holds (little-endian, its input_dtype), as the result's shape."""
+    shape = c.result_shape(op)
+    code = _HOST.get(op.data_type or "")
+    if op.data is None or code is None:
+        raise c.refuse(f"its data (of type {op.data_type}) cannot be read")
+    raw = np.frombuffer(op.data, np.dtype(code))
+    if raw.size != math.prod(shape):
+        raise c.refuse(f"it holds {raw.size} values for a result of {math.prod(shape)}")
+    values = (raw.astype(np.uint32) << 16).view(np.float32) if op.data_type == "bf16" else raw
+    return [c.b.constant(values.reshape(shape), c.result_dtype(op))]
+
+
 TRANSLATORS: dict[str, Translator] = {
+    "ttnn.constant": _constant,
     "ttnn.full": _filled(None), "ttnn.zeros": _filled(0.0), "ttnn.ones": _filled(1.0),
     "ttnn.arange": _arange,
 }
 
 READS: dict[str, frozenset[str]] = {
+    "ttnn.constant": frozenset({"value"}),  # printed elided; the table's bytes are read instead
     "ttnn.full": frozenset({"fill_value", "shape"}), "ttnn.zeros": frozenset({"shape"}),
     "ttnn.ones": frozenset({"shape"}), "ttnn.arange": frozenset({"start", "end", "step"}),
 }

@@ -34,6 +34,8 @@ UNARY: dict[str, Unary] = {
     "square": lambda c, x: c.b.mul(x, x),
     "logical_not": lambda c, x: c.b.eq(x, 0),
     "relu6": lambda c, x: c.b.clamp(x, 0.0, 6.0),
+    # x - x is 0 for a finite x, NaN for an infinity or NaN (and NaN == 0 is false)
+    "isfinite": lambda c, x: c.b.eq(c.b.sub(x, x), 0.0),
     # sign: 1, 0 or -1 in x's dtype (0 for NaN's comparisons, where torch and JAX give NaN)
     "sign": lambda c, x: c.b.sub(c.b.gt(x, 0), c.b.lt(x, 0)),
 }
@@ -63,6 +65,21 @@ BINARY: dict[str, Callable[[Lowering, Value, Value], Value]] = {
     "logical_or": lambda c, a, b: c.b.maximum(c.b.ne(a, 0), c.b.ne(b, 0)),
     "logical_xor": lambda c, a, b: c.b.ne(c.b.ne(a, 0), c.b.ne(b, 0)),
 }
+
+
+def _pow(c: Lowering, a: Value, b: Value) -> Value:
+    """a ** b elementwise, with pow's special cases (C99's, as XLA's): |a| ** b as exp(b log |a|),
+    negative a to an integral b signed by b's parity and to any other b NaN, x ** 0 = 1."""
+    mag = c.b.exp(c.b.mul(b, c.b.log(c.b.abs(a))))
+    integral = c.b.eq(b, c.b.floor(b))
+    odd = c.b.ne(c.b.remainder(b, 2.0), 0.0)
+    signed = c.b.where(odd, c.b.neg(mag), mag)
+    nan = c.b.exp(c.b.mul(b, c.b.log(a)))  # log of a negative number: NaN where it is wanted
+    out = c.b.where(c.b.lt(a, 0.0), c.b.where(integral, signed, nan), mag)
+    return c.b.where(c.b.eq(b, 0.0), 1.0, out)
+
+
+BINARY["pow_tensor"] = _pow
 
 
 def _chain(c: Lowering, op: TtnnOp, key: str, x: Value) -> Value:

@@ -3,7 +3,9 @@
 
 `rows_gather(input [1.., R, C], indices [1.., K])` gives [1.., K, C]: row `indices[k]` of the
 input for each k (`column = false`, windows of one row); `rows_scatter(input, indices, updates)`
-gives the input with row `indices[k]` replaced by `updates[k]` (`reduce = invalid`: replace). Only
+gives the input with row `indices[k]` replaced by `updates[k]` (`reduce = invalid`: replace; in
+order, so a repeated index keeps its last update) or with `updates[k]` added into it (`reduce =
+sum`: every update, repeated indices summed, as `x.at[i].add`). Only
 those forms are translated; others are refused by their attributes."""
 
 from __future__ import annotations
@@ -34,10 +36,30 @@ def _flat(c: Lowering, x: Value) -> Value:
     return c.b.reshape(x, (n,)) if x.shape != (n,) else x
 
 
+def _column_gather(c: Lowering, op: TtnnOp, data: Value, indices: Value) -> Value:
+    """`column = true` on [B.., 1, C] data and [B.., 1, K] indices: out[b, k] = data[b, 0, idx[b, 0, k]]
+    (take_along_axis over the last dim, a row per batch), as the compiler emits it for one."""
+    if attrs_windows(op) != [1] or len(data.shape) < 2 or data.shape[-2] != 1 or indices.shape[-2:-1] != (1,) \
+            or data.shape[:-2] != indices.shape[:-2]:
+        raise c.refuse(f"a column gather of {data.shape} by {indices.shape} (the [B.., 1, C] form is translated)")
+    batch = 1
+    for d in data.shape[:-2]:
+        batch *= d
+    rows = c.b.reshape(data, (batch, data.shape[-1]))
+    index = c.b.reshape(indices, (batch, indices.shape[-1]))
+    return c.b.reshape(c.b.gather(rows, index, 1), c.result_shape(op))
+
+
+def attrs_windows(op: TtnnOp) -> list[int]:
+    return attr_ints(op.op, "windows", default=[1])
+
+
 def _rows_gather(c: Lowering, op: TtnnOp) -> Sequence[Value]:
     if attr_bool(op.op, "fill_out_of_bounds", default=False):
         raise c.refuse("fill_out_of_bounds = true")
     data, indices = c.operands(op)
+    if attr_bool(op.op, "column", default=False):
+        return [_column_gather(c, op, data, indices)]
     rows, cols = _check_form(c, op, data)
     table = c.b.reshape(data, (rows, cols))
     return [c.b.reshape(c.b.embedding(_flat(c, indices), table), c.result_shape(op))]
@@ -45,14 +67,17 @@ def _rows_gather(c: Lowering, op: TtnnOp) -> Sequence[Value]:
 
 def _rows_scatter(c: Lowering, op: TtnnOp) -> Sequence[Value]:
     reduce = op.op.attributes.get("reduce", "#ttcore.reduce_type<invalid>")
-    if reduce != "#ttcore.reduce_type<invalid>":
-        raise c.refuse(f"reduce {reduce} (only replacement is translated)")
+    if reduce not in ("#ttcore.reduce_type<invalid>", "#ttcore.reduce_type<sum>"):
+        raise c.refuse(f"reduce {reduce} (replacement and sums are translated)")
     data, indices, updates = c.operands(op)
     rows, cols = _check_form(c, op, data)
     index = _flat(c, indices)
     k = index.shape[0]
     rows_of = c.b.reshape(updates, (k, cols))
     cache = c.b.reshape(data, (rows, cols))
+    if reduce == "#ttcore.reduce_type<sum>":  # every update added into its row: np.add.at
+        added = c.b.embedding_grad(index, rows_of, rows)
+        return [c.b.reshape(c.b.add(cache, added), c.result_shape(op))]
     for i in range(k):  # in order: a repeated index keeps the last update
         row = rows_of if k == 1 else c.b.slice(rows_of, [i], [i + 1])
         at = index if k == 1 else c.b.slice(index, [i], [i + 1])
