@@ -12,6 +12,7 @@ from .._errors import BinaryFormatError, ProgramError
 from .._ir.binary import Binary
 from .lower import lower_file
 from .ops import READS, TRANSLATORS
+from .plan import check_plan, chip_of
 from .reader import read_ttnn
 
 __all__ = ["read_binary"]
@@ -21,6 +22,9 @@ def read_binary(data: bytes, what: str = "the binary") -> Binary:
     """The programs of a TTNN flatbuffer. BinaryFormatError for a file ttflow cannot read (another
     schema hash, truncation, an offset out of range); ProgramError for an op it cannot run."""
     file = read_ttnn(data, what)
+    chip = chip_of(file)
+    for program in file.programs:  # the compiler's plan must fit the chip it was compiled for
+        check_plan(file, program, chip)
     try:
         return Binary(lower_file(file, TRANSLATORS, READS))
     except ProgramError as exc:

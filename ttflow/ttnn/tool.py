@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import BinaryFormatError
+from .plan import check_plan
 from .reader import TtnnFile, TtnnTensor, is_ttnn, read_ttnn
 __all__ = ["SECTIONS", "INITS", "read_sections", "format_sections", "run_binary", "format_run"]
 
@@ -62,8 +63,11 @@ def read_sections(path: str, sections: Sequence[str] = ()) -> dict[str, Any]:
         for i, p in enumerate(file.programs):
             entry: dict[str, Any] = {"program_index": i, "name": p.name}
             if key == "programs":
+                plan = check_plan(file, p)
                 entry.update(private=p.private, inputs=len(p.inputs), outputs=len(p.outputs), ops=len(p.ops),
-                             mesh_shape=list(p.mesh_shape) if p.mesh_shape else None)
+                             mesh_shape=list(p.mesh_shape) if p.mesh_shape else None,
+                             compiled_peak_l1_bytes_per_core=plan.peak_l1_per_core,
+                             compiled_peak_dram_bytes_per_bank=plan.peak_dram_per_bank)
             elif key in ("inputs", "outputs"):
                 entry[key] = [_tensor(t) for t in getattr(p, key)]
             else:
@@ -99,7 +103,9 @@ def format_sections(data: dict[str, Any]) -> str:
                 if key == "programs":
                     lines.append(f"{head}: {entry['inputs']} inputs, {entry['outputs']} outputs, {entry['ops']} ops"
                                  f"{' (private)' if entry['private'] else ''}"
-                                 f"{'' if not entry['mesh_shape'] else ' on a ' + 'x'.join(map(str, entry['mesh_shape'])) + ' mesh'}")
+                                 f"{'' if not entry['mesh_shape'] else ' on a ' + 'x'.join(map(str, entry['mesh_shape'])) + ' mesh'}"
+                                 f"; as compiled, peak L1 {entry['compiled_peak_l1_bytes_per_core']} B per core, "
+                                 f"DRAM {entry['compiled_peak_dram_bytes_per_bank']} B per bank")
                 elif key in ("inputs", "outputs"):
                     lines.append(head)
                     for j, t in enumerate(entry[key]):
@@ -197,8 +203,11 @@ async def run_binary(path: str, *, program_index: int | None = None, loops: int 
             chip_list: list[Any] = [device] if spec is None else device.chips
             stats = [chip.stats for chip in chip_list]
             l1 = max(s.l1_peak_bytes for s in stats)
+            plan = check_plan(file, program)
             results.append({
                 "program_index": i, "name": program.name, "loops": loops,
+                "compiled_peak_l1_bytes_per_core": plan.peak_l1_per_core,
+                "compiled_peak_dram_bytes_per_bank": plan.peak_dram_per_bank,
                 "seconds_per_loop": sorted(times)[len(times) // 2],
                 "outputs": outputs,
                 "peak_l1_bytes": l1,
@@ -227,8 +236,10 @@ def format_run(report: dict[str, Any], memory: bool) -> str:
                          f"{'' if o['chips'] == 1 else ' on ' + str(o['chips']) + ' chips'}"
                          f" sha256 {o['sha256']} sum {o['sum']:.6g}")
         if memory:
-            lines.append(f"  peak L1 {p['peak_l1_bytes']} bytes ({p['peak_l1_bytes_per_core']} per core), "
-                         f"peak DRAM {p['peak_dram_bytes']} bytes")
+            lines.append(f"  as compiled: peak L1 {p['compiled_peak_l1_bytes_per_core']} bytes per core, "
+                         f"peak DRAM {p['compiled_peak_dram_bytes_per_bank']} bytes per bank (the compiler's plan)")
+            lines.append(f"  as run: peak L1 {p['peak_l1_bytes']} bytes ({p['peak_l1_bytes_per_core']} per core), "
+                         f"peak DRAM {p['peak_dram_bytes']} bytes (ttflow's scheduler's placement)")
     return "\n".join(lines)
 
 
