@@ -80,3 +80,14 @@ def test_bench_compiled_measures_load_and_warm_runs(capsys: pytest.CaptureFixtur
     assert len(rows) == 4 and all(r["ops"] > 0 and r["load_seconds"] > 0 and r["run_seconds"] > 0 for r in rows)
     if result["jax_skipped"] is None:  # with the compiler extra, JAX on the CPU is the peer
         assert all(r["run_vs_jax_cpu"] > 0 for r in rows)
+
+
+def test_golden_compares_every_op_of_a_compiled_binary_naming_its_jax_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """`ttflow golden` (tt.compare_with_golden) on a tt-mlir binary: per op, its location is the
+    JAX source line and the compute config the compiler chose."""
+    assert main(["golden", str(CORPUS / "mlp.ttnn"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["program"] == "main" and report["first_failure"] is None
+    assert all(r["ok"] for r in report["ops"])
+    matmuls = [r["loc"] for r in report["ops"] if r["name"] == "matmul"]
+    assert len(matmuls) == 2 and all("make_corpus.py:" in loc and loc.endswith("[hifi4 fp32_acc]") for loc in matmuls)

@@ -66,14 +66,33 @@ class TtnnOp:
         return self.op.name
 
     @property
+    def compute_config(self) -> str:
+        """Its compute config as silicon runs it (`hifi4 fp32_acc`), or "" for an op without one:
+        the math fidelity and whether the destination accumulates in float32."""
+        text = self.op.attributes.get("compute_config", "")
+        if not text:
+            return ""
+        fields = mlir.struct_fields(text)
+        parts = [fields.get("math_fidelity", "")]
+        if fields.get("fp32_dest_acc_en") == "true":
+            parts.append("fp32_acc")
+        if fields.get("math_approx_mode") == "true":
+            parts.append("approx")
+        return " ".join(p for p in parts if p)
+
+    @property
     def location(self) -> str:
         """What the program records as the op's location: the name its location gives (JAX's
-        `jit(f)/add`) and the source line, `jit(f)/add @ f.py:12:5`."""
+        `jit(f)/add`), the source line and the compute config, `jit(f)/add @ f.py:12:5 [hifi4
+        fp32_acc]`, so debug hooks, golden reports and `ttflow read` show all three."""
         name = re.match(r'\s*loc\((?:callsite\()?"([^"]*)"', self.loc)
         source = self.source
         if name and name[1] != source and not source.startswith(name[1]):
-            return f"{name[1]} @ {source}" if source != self.loc else name[1]
-        return source or self.name
+            where = f"{name[1]} @ {source}" if source != self.loc else name[1]
+        else:
+            where = source or self.name
+        config = self.compute_config
+        return f"{where} [{config}]" if config else where
 
     @property
     def source(self) -> str:
