@@ -70,3 +70,26 @@ async def test_main_deallocating_its_inputs_leaves_the_callers_tensors() -> None
         second = await tt.to_host(tt.submit(device, binary, 0, inputs)[0])
         np.testing.assert_array_equal(first, second)
         np.testing.assert_allclose(first, data["out0"], rtol=1e-5, atol=1e-6)
+
+
+async def test_a_donated_cache_is_updated_in_place_step_after_step() -> None:
+    """`donate_argnums=(0,)`: the binary marks the cache `tf.aliasing_output = 0`; the output takes
+    the cache's buffer (the submit consumes it, no new buffer), and the cache fed back step after
+    step holds every row written, as numpy's."""
+    binary = tt.Binary.load(CORPUS / "kv_donated.ttnn")
+    assert binary.programs[0].donations == ((0, 0),)
+    data = np.load(CORPUS / "kv_donated.npz")
+    cache_np, x, wk = data["in0"].copy(), data["in1"], data["in2"]
+    async with tt.open_device() as device:
+        layout = [tt.get_layout(binary, 0, j) for j in range(4)]
+        cache = tt.to_device(cache_np, device, layout[0])
+        weights = tt.to_device(wk, device, layout[2])
+        for step, pos in enumerate((9, 3, 40)):
+            row = (x * (step + 1)).astype(np.float32)
+            before = device.stats.donations
+            cache, total = tt.submit(device, binary, 0, [cache, tt.to_device(row, device, layout[1]), weights,
+                                                         tt.to_device(np.array([pos], np.int32), device, layout[3])])
+            cache_np[pos] = (row @ wk)[0]
+            np.testing.assert_allclose(await tt.to_host(cache), cache_np, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(await tt.to_host(total), cache_np.sum(0), rtol=1e-5, atol=1e-5)
+            assert device.stats.donations == before + 1

@@ -89,6 +89,8 @@ class Lowering:
         mesh = program.mesh_shape if program.mesh_shape not in (None, (1, 1)) else None
         self.b = ProgramBuilder(program.name, mesh_shape=mesh)
         self.values: dict[str, Value | None] = {}
+        self.input_values: list[Value] = []
+        self.consts: set[int] = set()
         self.functions = {p.name: p for p in file.programs}
         self.op: TtnnOp | None = None
 
@@ -123,9 +125,12 @@ class Lowering:
 
     # the walk -----------------------------------------------------------------------------------
     def declare_inputs(self, const_inputs: set[int]) -> None:
+        self.consts = const_inputs
         for i, (name, t) in enumerate(zip(self.program.arguments, self.program.inputs, strict=True)):
             layout = layout_of(t, f"{self.program.name} input {i}")
-            self.values[name] = self.b.input(ttflow_shape(t.shape), layout, const=i in const_inputs)
+            value = self.b.input(ttflow_shape(t.shape), layout, const=i in const_inputs)
+            self.values[name] = value
+            self.input_values.append(value)
 
     def run_ops(self, program: TtnnProgram, arguments: Sequence[Value]) -> list[Value]:
         """Emit `program`'s ops with its arguments bound to `arguments` (a call inlines this way);
@@ -199,9 +204,18 @@ def lower_program(file: TtnnFile, program: TtnnProgram, translators: dict[str, T
     lowering = Lowering(file, program, translators, reads)
     lowering.declare_inputs(_const_inputs(file, program))
     results = lowering.run_ops(program, [])
+    donors = {t.aliases_output: j for j, t in enumerate(program.inputs) if t.aliases_output is not None}
     for i, (value, t) in enumerate(zip(results, program.outputs, strict=True)):
         if value.shape != ttflow_shape(t.shape):
             raise ProgramError(f"{program.name!r} output {i} has shape {value.shape}, its TensorRef {t.shape}")
+        donor = donors.get(i)
+        if donor is not None and donor not in lowering.consts:
+            given = lowering.input_values[donor]
+            if given.shape == value.shape and given.dtype is value.dtype and value.id != given.id:
+                # JAX's donation (`tf.aliasing_output`): the output takes the input's buffer, in the
+                # input's layout (a donated buffer keeps its layout), so a cache is updated in place.
+                lowering.b.output(value, donates=given)
+                continue
         lowering.b.output(value, layout_of(t, f"{program.name} output {i}"))
     return lowering.b.build()
 

@@ -47,6 +47,7 @@ class TtnnTensor:
     local_shape: tuple[int, ...] = ()
     argument_type: str = "input"  # the module's ttcore.argument_type: input, parameter, constant
     name: str = ""  # its location in the module ("x", "w1": the JAX argument's name)
+    aliases_output: int | None = None  # the output that may reuse its buffer (JAX's donation)
 
 
 @final
@@ -166,6 +167,7 @@ class _Function:
     argument_types: tuple[str, ...]
     argument_names: tuple[str, ...]
     results: tuple[str, ...]
+    aliases: tuple[int | None, ...] = ()
 
 
 _FUNC = re.compile(r"func\.func (?:public |private )?@([\w.$-]+)\((.*?)\)\s*(?:->|attributes|\{)", re.DOTALL)
@@ -178,9 +180,11 @@ def _functions(module: str, what: str) -> dict[str, _Function]:
     for m in _FUNC.finditer(module):
         name = m[1]
         args = mlir.split_top(m[2]) if m[2].strip() else []
-        arg_names, kinds, locs = [], [], []
+        arg_names, kinds, locs, aliases = [], [], [], []
         for arg in args:
             arg_names.append(arg.split(":", 1)[0].strip())
+            alias = re.search(r"tf\.aliasing_output = (\d+)", arg)
+            aliases.append(int(alias[1]) if alias else None)
             kind = re.search(r"ttcore\.argument_type<(\w+)>", arg)
             kinds.append(kind[1] if kind else "input")
             loc = re.search(r'loc\("([^"]*)"\)\s*$', arg)
@@ -190,11 +194,11 @@ def _functions(module: str, what: str) -> dict[str, _Function]:
         results: tuple[str, ...] = ()
         if ret:
             results = tuple(r.strip() for r in ret[1].split(",") if r.strip())
-        out[name] = _Function(tuple(arg_names), tuple(kinds), tuple(locs), results)
+        out[name] = _Function(tuple(arg_names), tuple(kinds), tuple(locs), results, tuple(aliases))
     return out
 
 
-def _tensor(ref: Table, schema: Schema, kind: str, name: str) -> TtnnTensor:
+def _tensor(ref: Table, schema: Schema, kind: str, name: str, alias: int | None = None) -> TtnnTensor:
     gid = int(ref.scalar(schema.ref_global_id, N.Uint32Flags, 0, "global_id"))
     desc = ref.table(schema.ref_desc, "desc")
     if desc is None:
@@ -219,7 +223,7 @@ def _tensor(ref: Table, schema: Schema, kind: str, name: str) -> TtnnTensor:
     if tuple(tile) not in ((1, 1), (32, 32)):
         raise BinaryFormatError(f"{ref.what}: {ref.path} has tile shape {tuple(tile)}; ttflow's tiles are 32x32")
     return TtnnTensor(gid, shape, DATA_TYPES[dtype], BUFFER_TYPES[buffer], tuple(tile) == (32, 32),
-                      MEMORY_LAYOUTS[mem_layout], storage == 0, mesh, local, kind, name)
+                      MEMORY_LAYOUTS[mem_layout], storage == 0, mesh, local, kind, name, alias)
 
 
 def _program(table: Table, schema: Schema, functions: dict[str, _Function], what: str, index: int) -> TtnnProgram:
@@ -236,7 +240,8 @@ def _program(table: Table, schema: Schema, functions: dict[str, _Function], what
             f"{what}: program {name!r} has {len(in_refs)} inputs and {len(out_refs)} outputs, its MLIR "
             f"function {len(function.arguments)} arguments and {len(function.results)} results"
         )
-    inputs = tuple(_tensor(r, schema, function.argument_types[i], function.argument_names[i])
+    inputs = tuple(_tensor(r, schema, function.argument_types[i], function.argument_names[i],
+                           function.aliases[i] if function.aliases else None)
                    for i, r in enumerate(in_refs))
     outputs = tuple(_tensor(r, schema, "output", "") for r in out_refs)
     ops = []
