@@ -475,6 +475,7 @@ def _compile(desc: SystemDesc, out: Path) -> subprocess.CompletedProcess[str]:
     path = desc.save(out.with_suffix(".ttsys"))
     rows, cols = (1, desc.num_chips) if desc.num_chips <= 2 else (2, desc.num_chips // 2)
     env = {**os.environ, "TT_COMPILE_ONLY_SYSTEM_DESC": str(path)}
+    env.pop("JAX_PLATFORMS", None)  # the plugin's platform must load
     return subprocess.run([sys.executable, "-c", COMPILE, str(out), str(rows), str(cols)], env=env,
                           capture_output=True, text=True, timeout=240, check=False)
 

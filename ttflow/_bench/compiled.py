@@ -54,8 +54,18 @@ def _jax_cases(folder: Path) -> tuple[dict[str, Any], str | None]:
     if importlib.util.find_spec("jax") is None:
         return {}, "jax is not installed (pip install '.[compiler]')"
     # JAX on the CPU only: with the plugin installed, the tt platform would try to open a chip.
+    # Set while JAX starts its backends, then put back (children, a compile, see the caller's).
+    previous = os.environ.get("JAX_PLATFORMS")
     os.environ["JAX_PLATFORMS"] = "cpu"
-    import jax
+    try:
+        import jax
+
+        jax.devices()
+    finally:
+        if previous is None:
+            del os.environ["JAX_PLATFORMS"]
+        else:
+            os.environ["JAX_PLATFORMS"] = previous
 
     cases = _corpus_module(folder)._cases()
     return {name: (jax.jit(fn), inputs) for name, (fn, inputs) in cases.items()}, None
