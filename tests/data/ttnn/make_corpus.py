@@ -194,6 +194,24 @@ def _cases() -> dict[str, tuple[object, list[object]]]:
                 jax.nn.logsumexp(x, axis=-1), jnp.clip(x, y * 0.1, y * 0.1 + 1.0), jnp.power(jnp.abs(x) + 1.0, y),
                 jnp.take_along_axis(x, jnp.argsort(y, axis=1), axis=1), jax.nn.one_hot(jnp.argmax(x, 1), 8))
 
+    def gpt2_tiny(tokens, wte, wpe, ln_g, ln_b, w_qkv, w_o, w_up, w_down, ln_f_g, ln_f_b):  # type: ignore[no-untyped-def]
+        """Two GPT-2 layers (shared weights per layer index), tied embeddings, logits."""
+        def ln(t, g, b):  # type: ignore[no-untyped-def]
+            mu = jnp.mean(t, -1, keepdims=True)
+            return (t - mu) * jax.lax.rsqrt(jnp.var(t, -1, keepdims=True) + 1e-5) * g + b
+        s = tokens.shape[0]
+        x = wte[tokens] + wpe[:s]
+        heads, d = 4, wte.shape[1] // 4
+        for layer in range(2):
+            h = ln(x, ln_g[layer], ln_b[layer]) @ w_qkv[layer]
+            q, k, v = (jnp.transpose(jnp.reshape(t, (s, heads, d)), (1, 0, 2)) for t in jnp.split(h, 3, -1))
+            att = jnp.einsum("hqd,hkd->hqk", q, k) / np.sqrt(d)
+            att = jax.nn.softmax(jnp.where(jnp.tril(jnp.ones((s, s), bool)), att, -1e9), -1)
+            y = jnp.reshape(jnp.transpose(jnp.einsum("hqk,hkd->hqd", att, v), (1, 0, 2)), (s, heads * d))
+            x = x + y @ w_o[layer]
+            x = x + jax.nn.gelu(ln(x, ln_g[layer], ln_b[layer]) @ w_up[layer]) @ w_down[layer]
+        return ln(x, ln_f_g, ln_f_b) @ wte.T
+
     def kv_donated(k_cache, x, wk, pos):  # type: ignore[no-untyped-def]
         k_cache = jax.lax.dynamic_update_slice(k_cache, x @ wk, (pos[0], 0))
         return k_cache, jnp.sum(k_cache, axis=0)
@@ -236,6 +254,10 @@ def _cases() -> dict[str, tuple[object, list[object]]]:
         "sdpa": (sdpa, [f32(1, 32, 2, 64), f32(1, 32, 2, 64), f32(1, 32, 2, 64)]),
         "conv_bias": (conv_bias, [f32(1, 16, 16, 4), f32(3, 3, 4, 8, scale=0.3), f32(8)]),
         "shapes": (shapes, [f32(8, 16), f32(8, 16)]),
+        "gpt2_tiny": (gpt2_tiny, [rng.integers(0, 96, (32,)).astype(np.int32), f32(96, 64, scale=0.2),
+                                  f32(64, 64, scale=0.1), 1.0 + f32(2, 64, scale=0.1), f32(2, 64, scale=0.1),
+                                  f32(2, 64, 192, scale=0.1), f32(2, 64, 64, scale=0.1), f32(2, 64, 256, scale=0.1),
+                                  f32(2, 256, 64, scale=0.1), 1.0 + f32(64, scale=0.1), f32(64, scale=0.1)]),
         "kv_donated": (kv_donated, [f32(64, 32), f32(1, 32), f32(32, 32, scale=0.1), np.array([9], np.int32)]),
         "scatter_add": (scatter_add, [f32(16, 8), np.array([3, 7, 3], np.int32), f32(3, 8)]),
     }
@@ -277,6 +299,26 @@ def _mesh_cases() -> dict[str, tuple[object, list[object], list[str], str, tuple
         "t3000_mlp": (mlp, [f32(64, 64), f32(64, 256, scale=0.1), f32(256, 64, scale=0.1)],
                       ["x,-", "-,y", "y,-"], "x,-", (2, 4)),
     }
+
+
+def _refused_cases() -> dict[str, tuple[object, list[object], tuple[int, int]]]:
+    """Programs ttflow refuses at load, by name (tests/test_ttnn_reader.py): the compiler's real
+    output for what ttflow cannot run yet. Written to `refused/<case>.ttnn`, without references."""
+    import jax
+    import numpy as np
+    from jax.sharding import PartitionSpec
+
+    try:
+        from jax import shard_map  # type: ignore[attr-defined]
+    except ImportError:  # older jax
+        from jax.experimental.shard_map import shard_map
+
+    def ppermute(mesh):  # type: ignore[no-untyped-def]
+        # a swap: two point_to_points whose accumulator is the other's result
+        return shard_map(lambda a: jax.lax.ppermute(a, "y", [(0, 1), (1, 0)]), mesh=mesh,
+                         in_specs=PartitionSpec(None, "y"), out_specs=PartitionSpec(None, "y"))
+
+    return {"n300_ppermute": (ppermute, [np.arange(32 * 64, dtype=np.float32).reshape(32, 64)], (1, 2))}
 
 
 def _spec(text: str) -> object:
@@ -340,6 +382,18 @@ def _mesh_child(out: Path, only: list[str]) -> None:
             {"mesh_shape": list(shape), "in_specs": in_specs, "out_specs": [out_spec]}) + "\n")
         shutil.rmtree(export)
         made[name] = (out / f"{name}.ttnn").stat().st_size
+    for name, (build, inputs, shape) in _refused_cases().items():
+        if (only and name not in only) or len(devices) != shape[0] * shape[1]:
+            continue
+        mesh = Mesh(np.array(devices).reshape(shape), ("x", "y"))
+        export = Path(tempfile.mkdtemp(prefix=f"ttnn-{name}-"))
+        args = [jax.device_put(a, NamedSharding(mesh, _spec("-,y"))) for a in inputs]
+        jax.jit(build(mesh), compiler_options={"export_path": str(export)})(*args)  # type: ignore[operator]
+        (binary,) = export.glob("*.ttnn")
+        (out / "refused").mkdir(exist_ok=True)
+        shutil.copy(binary, out / "refused" / f"{name}.ttnn")
+        shutil.rmtree(export)
+        made[name] = (out / "refused" / f"{name}.ttnn").stat().st_size
     print(json.dumps(made))
 
 

@@ -45,9 +45,15 @@ def _all_reduce(c: Lowering, op: TtnnOp) -> Sequence[Value]:
 
 
 def _point_to_point(c: Lowering, op: TtnnOp) -> Sequence[Value]:
+    """The receiver gets the sender's x; every other chip keeps the optional accumulator operand
+    (tt-mlir's rule). ttflow's point_to_point keeps each chip's own x, so the two-operand form is
+    translated when the accumulator is x itself (the compiler passes an `assign` copy of it)."""
     values = c.operands(op)
-    sender = attr_ints(op.op, "send_coord")
-    receiver = attr_ints(op.op, "receive_coord")
+    if len(values) == 2 and values[1].id != values[0].id:
+        raise c.refuse("an accumulator that is not a copy of the input (the chips that do not "
+                       "receive would keep it, not their input)")
+    sender = attr_ints(op.op, "sender_coord")
+    receiver = attr_ints(op.op, "receiver_coord")
     return [c.b.point_to_point(values[0], (sender[0], sender[1]), (receiver[0], receiver[1]))]
 
 
@@ -60,5 +66,5 @@ READS: dict[str, frozenset[str]] = {
     "ttnn.all_gather": frozenset({"all_gather_dim", "dim", "cluster_axis"}),
     "ttnn.reduce_scatter": frozenset({"scatter_dim", "dim", "cluster_axis", "reduce_type"}),
     "ttnn.all_reduce": frozenset({"cluster_axis", "reduce_type"}),
-    "ttnn.point_to_point": frozenset({"send_coord", "receive_coord"}),
+    "ttnn.point_to_point": frozenset({"sender_coord", "receiver_coord"}),
 }

@@ -26,7 +26,7 @@ def _nothing(c: Lowering, op: TtnnOp) -> Sequence[Value | None]:
 
 
 TRANSLATORS: dict[str, Translator] = {
-    "ttnn.to_layout": _same, "ttnn.typecast": _same, "ttnn.to_memory_config": _same,
+    "ttnn.to_layout": _same, "ttnn.assign": _same, "ttnn.typecast": _same, "ttnn.to_memory_config": _same,
     "ttnn.to_device": _same, "ttnn.from_device": _same, "ttnn.to_dtype": _same,
     "ttnn.deallocate": _nothing, "ttnn.get_device": _nothing,
 }
