@@ -64,6 +64,6 @@ async def test_mesh_binary_matches_jax_cpu_on_every_chip(name: str) -> None:
             np.testing.assert_allclose(piece, want, rtol=1e-5, atol=1e-5, err_msg=f"{name} chip {c}")
         crossed = sum(mesh.stats.link_bytes.values()) - before
         collectives = [op.name for op in read_ttnn((CORPUS / f"{name}.ttnn").read_bytes()).programs[0].ops
-                       if op.name in ("ttnn.all_gather", "ttnn.all_reduce", "ttnn.reduce_scatter")]
+                       if op.name in ("ttnn.all_gather", "ttnn.all_reduce", "ttnn.reduce_scatter", "ttnn.point_to_point")]
         # a collective's bytes cross the emulated links; a program without one sends none
         assert (crossed > 0) == bool(collectives), (name, collectives, crossed)

@@ -175,7 +175,6 @@ def test_mutated_binaries_are_typed_errors_or_programs(name: str, data: st.DataO
 
 
 def test_what_the_compiler_emits_and_ttflow_cannot_run_is_refused_by_name() -> None:
-    """A `jax.lax.ppermute` swap: two point_to_points, the second's accumulator the first's result
-    (its non-receiving chip keeps that, not its input, which ttflow's point_to_point cannot say)."""
-    with pytest.raises(tt.ProgramError, match=r"cannot run ttnn\.point_to_point .*accumulator"):
-        tt.Binary.load(CORPUS / "refused" / "n300_ppermute.ttnn")
+    """A `jax.lax.pmax` over a mesh: an all_reduce taking the maximum (ttflow's collectives sum)."""
+    with pytest.raises(tt.ProgramError, match=r"cannot run ttnn\.all_reduce .*reduce_type #ttcore\.reduce_type<max>"):
+        tt.Binary.load(CORPUS / "refused" / "n300_pmax.ttnn")

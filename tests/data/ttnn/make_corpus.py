@@ -284,6 +284,21 @@ def _mesh_cases() -> dict[str, tuple[object, list[object], list[str], str, tuple
     def matmul(x, w):  # type: ignore[no-untyped-def]
         return x @ w
 
+    from jax.sharding import PartitionSpec
+
+    try:
+        from jax import shard_map  # type: ignore[attr-defined]
+    except ImportError:  # older jax
+        from jax.experimental.shard_map import shard_map
+
+    def on_mesh(body):  # type: ignore[no-untyped-def]
+        """A shard_map over the columns, built for whichever mesh (tt's, or the CPU's for the
+        reference): `fn.build(mesh)`."""
+        def build(mesh):  # type: ignore[no-untyped-def]
+            return shard_map(body, mesh=mesh, in_specs=PartitionSpec(None, "y"), out_specs=PartitionSpec(None, "y"))
+        build.build = build  # type: ignore[attr-defined]
+        return build
+
     return {
         # tensor parallel on n300: w1 column-sharded, w2 row-sharded, one all_reduce
         "n300_tp_mlp": (mlp, [f32(32, 64), f32(64, 128, scale=0.1), f32(128, 64, scale=0.1)],
@@ -295,6 +310,12 @@ def _mesh_cases() -> dict[str, tuple[object, list[object], list[str], str, tuple
         "n300_gather": (scaled, [f32(32, 128)], ["-,y"], "-,-", (1, 2)),
         # contraction over a sharded dim, the result left sharded: a reduce_scatter
         "n300_reduce_scatter": (matmul, [f32(32, 128), f32(128, 64, scale=0.1)], ["-,y", "y,-"], "-,y", (1, 2)),
+        # a swap between the two chips: point_to_points whose accumulator is the other's result
+        "n300_ppermute": (on_mesh(lambda a: jax.lax.ppermute(a, "y", [(0, 1), (1, 0)])), [f32(32, 64)],
+                          ["-,y"], "-,y", (1, 2)),
+        # all_to_all over the columns (split and concat the rows): slices, point_to_points, a concat
+        "n300_all_to_all": (on_mesh(lambda a: jax.lax.all_to_all(a, "y", 0, 0, tiled=True)), [f32(32, 64)],
+                            ["-,y"], "-,y", (1, 2)),
         # 8 chips (2x4): batch over rows, tensor parallel over columns
         "t3000_mlp": (mlp, [f32(64, 64), f32(64, 256, scale=0.1), f32(256, 64, scale=0.1)],
                       ["x,-", "-,y", "y,-"], "x,-", (2, 4)),
@@ -313,12 +334,12 @@ def _refused_cases() -> dict[str, tuple[object, list[object], tuple[int, int]]]:
     except ImportError:  # older jax
         from jax.experimental.shard_map import shard_map
 
-    def ppermute(mesh):  # type: ignore[no-untyped-def]
-        # a swap: two point_to_points whose accumulator is the other's result
-        return shard_map(lambda a: jax.lax.ppermute(a, "y", [(0, 1), (1, 0)]), mesh=mesh,
+    def pmax(mesh):  # type: ignore[no-untyped-def]
+        # an all_reduce that takes the maximum: ttflow's collectives sum
+        return shard_map(lambda a: jax.lax.pmax(a, "y"), mesh=mesh,
                          in_specs=PartitionSpec(None, "y"), out_specs=PartitionSpec(None, "y"))
 
-    return {"n300_ppermute": (ppermute, [np.arange(32 * 64, dtype=np.float32).reshape(32, 64)], (1, 2))}
+    return {"n300_pmax": (pmax, [np.arange(32 * 64, dtype=np.float32).reshape(32, 64)], (1, 2))}
 
 
 def _spec(text: str) -> object:
@@ -369,7 +390,13 @@ def _mesh_child(out: Path, only: list[str]) -> None:
         if (only and name not in only) or len(devices) != shape[0] * shape[1]:
             continue
         mesh = Mesh(np.array(devices).reshape(shape), ("x", "y"))
-        expected = jax.jit(fn)(*(jax.device_put(a, cpu) for a in inputs))  # type: ignore[operator]
+        if hasattr(fn, "build"):  # a shard_map: the reference on a CPU mesh of the same shape
+            cpu_mesh = Mesh(np.array(jax.devices("cpu")[: shape[0] * shape[1]]).reshape(shape), ("x", "y"))
+            cpu_args = [jax.device_put(a, NamedSharding(cpu_mesh, _spec(s))) for a, s in zip(inputs, in_specs, strict=True)]
+            expected = np.asarray(jax.jit(fn.build(cpu_mesh))(*cpu_args))
+            fn = fn.build(mesh)
+        else:
+            expected = jax.jit(fn)(*(jax.device_put(a, cpu) for a in inputs))  # type: ignore[operator]
         args = [jax.device_put(a, NamedSharding(mesh, _spec(s))) for a, s in zip(inputs, in_specs, strict=True)]
         export = Path(tempfile.mkdtemp(prefix=f"ttnn-{name}-"))
         jax.jit(fn, out_shardings=NamedSharding(mesh, _spec(out_spec)),  # type: ignore[arg-type]
@@ -430,7 +457,9 @@ def main() -> None:
             meshes = [system_desc(tt.MeshSpec.n300()).save(folder / "n300.ttsys"),
                       system_desc(tt.MeshSpec.t3000()).save(folder / "t3000.ttsys")]
     for kind, desc in [("chip", chip), *(("mesh", m) for m in meshes)]:
-        env = {**os.environ, "TT_COMPILE_ONLY_SYSTEM_DESC": str(desc)}
+        env = {**os.environ, "TT_COMPILE_ONLY_SYSTEM_DESC": str(desc),
+               # eight CPU devices: the shard_map cases' reference runs on a CPU mesh
+               "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()}
         env.pop("JAX_PLATFORMS", None)
         command = [sys.executable, __file__, "--child", kind, "--out", str(args.out), "--only", *args.only]
         subprocess.run(command, env=env, check=True)

@@ -3,13 +3,16 @@
 On a mesh every shape in the binary is the per-chip shard, as in ttflow's own mesh programs: a
 collective's `cluster_axis` groups the chips that differ only in that mesh coordinate (None: the
 whole mesh), and its bytes cross the emulated Ethernet links. Only sum reductions are
-translated (ttflow's collectives sum)."""
+translated (ttflow's collectives sum). A point_to_point with an accumulator (a ppermute, an
+all_to_all written as point_to_points) also exchanges each chip's coordinate, a few bytes more
+over the links than silicon sends."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from ..._ir.builder import Value
+from ..._types import DataType
 from ..lower import Lowering, Translator
 from ..mlir import attr_int, attr_ints
 from ..reader import TtnnOp
@@ -44,17 +47,31 @@ def _all_reduce(c: Lowering, op: TtnnOp) -> Sequence[Value]:
     return [c.b.all_reduce(x, _axis(op))]
 
 
+def _coordinate(c: Lowering, axis: int) -> Value:
+    """This chip's coordinate along mesh axis `axis`, shape (1,): a reduce_scatter of the ramp
+    0..n-1 over that axis gives chip k the k-th element of n times the ramp (its bytes cross the
+    links, as every collective's do)."""
+    mesh = c.program.mesh_shape or (1, 1)
+    n = mesh[axis]
+    if n == 1:
+        return c.b.full((1,), 0.0)
+    ramp = c.b.arange(0, n, 1, DataType.FLOAT32)
+    return c.b.div(c.b.reduce_scatter(ramp, 0, axis), float(n))
+
+
 def _point_to_point(c: Lowering, op: TtnnOp) -> Sequence[Value]:
-    """The receiver gets the sender's x; every other chip keeps the optional accumulator operand
-    (tt-mlir's rule). ttflow's point_to_point keeps each chip's own x, so the two-operand form is
-    translated when the accumulator is x itself (the compiler passes an `assign` copy of it)."""
+    """The receiver gets the sender's x; every other chip keeps the accumulator operand (tt-mlir's
+    rule; without one, its own x). ttflow's point_to_point keeps each chip's own x, so with an
+    accumulator that is not x the result is chosen per chip: the receiver's mask made from the
+    chips' coordinates (`_coordinate`), the sender's x where it is set, the accumulator elsewhere."""
     values = c.operands(op)
-    if len(values) == 2 and values[1].id != values[0].id:
-        raise c.refuse("an accumulator that is not a copy of the input (the chips that do not "
-                       "receive would keep it, not their input)")
     sender = attr_ints(op.op, "sender_coord")
     receiver = attr_ints(op.op, "receiver_coord")
-    return [c.b.point_to_point(values[0], (sender[0], sender[1]), (receiver[0], receiver[1]))]
+    moved = c.b.point_to_point(values[0], (sender[0], sender[1]), (receiver[0], receiver[1]))
+    if len(values) == 1 or values[1].id == values[0].id:
+        return [moved]
+    here = c.b.mul(c.b.eq(_coordinate(c, 0), float(receiver[0])), c.b.eq(_coordinate(c, 1), float(receiver[1])))
+    return [c.b.where(here, moved, values[1])]
 
 
 TRANSLATORS: dict[str, Translator] = {
