@@ -85,3 +85,13 @@ def test_the_torch_front_ends_surface_is_pinned() -> None:
     assert set(ttt.__all__) == TORCH_PUBLIC
     exported = {n for n in vars(ttt) if not n.startswith("_") and not isinstance(vars(ttt)[n], ModuleType)}
     assert exported - {"annotations"} == TORCH_PUBLIC, exported ^ TORCH_PUBLIC
+
+
+def test_the_ttnn_front_ends_names() -> None:
+    """tt-mlir's binaries: `tt.Binary.load` reads them; `ttflow.ttnn` adds the descriptor writer
+    (lazily: the command line names `SECTIONS` and `INITS` without importing numpy)."""
+    import ttflow.ttnn as ttnn
+
+    assert ttnn.__all__ == ["INITS", "SECTIONS", "SystemDesc", "system_desc"]
+    assert callable(ttnn.system_desc) and isinstance(ttnn.SystemDesc, type)
+    assert ttnn.SECTIONS == ("version", "system_desc", "mlir", "programs", "inputs", "outputs", "ops")

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 import ttflow as tt
 from ttflow.cli import main
 from ttflow.testing import device_specs
-from ttflow.ttnn.system_desc import (
+from ttflow.ttnn.descriptor import (
     SCHEMA_HASH,
     ChipChannel,
     ChipCoord,

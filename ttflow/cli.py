@@ -379,7 +379,7 @@ def _run_query(args: argparse.Namespace) -> int:
                                  f"{exc.strerror or exc}")
     from ._mesh.spec import MeshSpec
     from ._types import DeviceSpec
-    from .ttnn.system_desc import system_desc
+    from .ttnn import system_desc
 
     presets: dict[str, Callable[[], DeviceSpec | MeshSpec]] = {
         "n150": DeviceSpec.wormhole_n150, "p150": DeviceSpec.blackhole_p150, "n300": MeshSpec.n300,

@@ -10,7 +10,24 @@ nothing below them (an import-linter contract says so).
 SECTIONS = ("version", "system_desc", "mlir", "programs", "inputs", "outputs", "ops")
 INITS = ("randn", "arange", "zeros", "ones")
 
-from .system_desc import SystemDesc as SystemDesc  # noqa: E402
-from .system_desc import system_desc as system_desc  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
+
+if TYPE_CHECKING:
+    from .descriptor import SystemDesc as SystemDesc
+    from .descriptor import system_desc as system_desc
+
+
+def __getattr__(name: str) -> Any:
+    """`system_desc` and `SystemDesc` imported when first read, so the command line's parser can
+    name SECTIONS and INITS without importing numpy (tests/test_lazy_import.py)."""
+    if name in ("SystemDesc", "system_desc"):
+        import importlib
+
+        module = importlib.import_module(".descriptor", __name__)
+        value = getattr(module, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'ttflow.ttnn' has no attribute {name!r}")
+
 
 __all__ = ["INITS", "SECTIONS", "SystemDesc", "system_desc"]
