@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Iterator
 from typing import Any, final
 
 import attrs
@@ -102,18 +103,26 @@ def _match(text: str, start: int) -> int:
     raise BinaryFormatError(f"unclosed {text[start]!r} at {start} in MLIR text {text[:200]!r}")
 
 
-def split_top(text: str, sep: str = ",") -> list[str]:
-    """`text` split at `sep` outside brackets and strings, each part stripped, empty ones dropped."""
-    parts, depth, start = [], 0, 0
+def _top_level(text: str) -> Iterator[re.Match[str]]:
+    """The separators, arrows and comparisons of `text` outside every bracket and string."""
+    depth = 0
     for m in _SPECIAL.finditer(text):
         token = m.group()
-        if token[0] == '"' or len(token) == 2:
+        if token[0] == '"':
             continue
         if token in _OPEN:
             depth += 1
         elif token in _CLOSE:
             depth -= 1
-        elif token == sep and depth == 0:
+        elif depth == 0:
+            yield m
+
+
+def split_top(text: str, sep: str = ",") -> list[str]:
+    """`text` split at `sep` outside brackets and strings, each part stripped, empty ones dropped."""
+    parts, start = [], 0
+    for m in _top_level(text):
+        if m.group() == sep:
             parts.append(text[start:m.start()].strip())
             start = m.end()
     parts.append(text[start:].strip())
@@ -164,18 +173,7 @@ def parse_type(text: str) -> TensorType:
 
 def _top_arrow(signature: str) -> int | None:
     """Where the signature's own `->` is (not one inside a layout's affine map)."""
-    depth = 0
-    for m in _SPECIAL.finditer(signature):
-        token = m.group()
-        if token == "->" and depth == 0:
-            return m.start()
-        if token[0] == '"' or len(token) == 2:
-            continue
-        if token in _OPEN:
-            depth += 1
-        elif token in _CLOSE:
-            depth -= 1
-    return None
+    return next((m.start() for m in _top_level(signature) if m.group() == "->"), None)
 
 
 @functools.lru_cache(maxsize=4096)  # signatures repeat: the same shapes and layouts
