@@ -42,7 +42,7 @@ _BINARY_COMPOSITE = ("maximum", "minimum", "remainder", "pow", "atan2", "bitwise
                      "pow_tensor")
 _UNARY = ("abs", "ceil", "cos", "floor", "gelu", "isfinite", "logical_not", "neg", "relu", "sqrt",
           "rsqrt", "sigmoid", "sin", "reciprocal", "sign", "tan", "tanh", "atan", "exp", "erf", "erfc",
-          "log", "expm1", "leaky_relu", "bitwise_not", "relu6", "silu", "hardsigmoid", "mish")
+          "log", "expm1", "leaky_relu", "bitwise_not", "relu6", "silu", "hardsigmoid", "mish", "round")
 _UNARY_COMPOSITE = ("cbrt", "clamp_scalar", "clamp_tensor", "log1p")
 
 
@@ -125,6 +125,8 @@ _PLUGIN_0_1_3 = Schema(
         29: _t("Conv2dOp", "ttnn.conv2d"),
         35: _t("DeallocateOp", "ttnn.deallocate"),
         40: _t("EltwiseBinaryCompositeOp", *_ttnn(*_BINARY_COMPOSITE)),
+        # a member the corpus shows carrying atan and atan2 (its table's name is not published)
+        41: _t("tag 41 (atan, atan2)", "ttnn.atan", "ttnn.atan2"),
         43: _t("EltwiseBinaryOp", *_ttnn(*_BINARY)),
         45: _t("EltwiseTernaryWhereOp", "ttnn.where"),
         46: _t("EltwiseUnaryCompositeOp", *_ttnn(*_UNARY_COMPOSITE)),
@@ -150,7 +152,7 @@ _PLUGIN_0_1_3 = Schema(
         110: _t("RepeatOp", "ttnn.repeat"),
         114: _t("RMSNormOp", "ttnn.rms_norm"),
         116: _t("ReshapeOp", "ttnn.reshape"),
-        125: _t("SliceOp", "ttnn.slice_static"),
+        125: _t("SliceOp", "ttnn.slice_static", "ttnn.slice_dynamic"),
         126: _t("SoftmaxOp", "ttnn.softmax"),
         128: _t("SortOp", "ttnn.sort"),
         132: _t("ToLayoutOp", "ttnn.to_layout"),

@@ -194,6 +194,14 @@ def _cases() -> dict[str, tuple[object, list[object]]]:
                 jax.nn.logsumexp(x, axis=-1), jnp.clip(x, y * 0.1, y * 0.1 + 1.0), jnp.power(jnp.abs(x) + 1.0, y),
                 jnp.take_along_axis(x, jnp.argsort(y, axis=1), axis=1), jax.nn.one_hot(jnp.argmax(x, 1), 8))
 
+    def unary2(x, y):  # type: ignore[no-untyped-def]
+        return (jnp.tan(x), jnp.arctan(x), jnp.arctan2(x, y), jnp.expm1(x * 1e-4), jnp.log1p(jnp.abs(x) * 1e-4),
+                jnp.cbrt(x), jnp.round(x * 3), jnp.sinh(x), jnp.arcsinh(x), jax.nn.softplus(x), jax.nn.elu(x))
+
+    def remainders(a, b, x, y):  # type: ignore[no-untyped-def]
+        # every sign of dividend and divisor: fmod truncates, % (jnp.mod) floors
+        return jnp.fmod(a, b), a % b, jnp.fmod(x, y), x % y
+
     def gpt2_tiny(tokens, wte, wpe, ln_g, ln_b, w_qkv, w_o, w_up, w_down, ln_f_g, ln_f_b):  # type: ignore[no-untyped-def]
         """Two GPT-2 layers (shared weights per layer index), tied embeddings, logits."""
         def ln(t, g, b):  # type: ignore[no-untyped-def]
@@ -254,6 +262,10 @@ def _cases() -> dict[str, tuple[object, list[object]]]:
         "sdpa": (sdpa, [f32(1, 32, 2, 64), f32(1, 32, 2, 64), f32(1, 32, 2, 64)]),
         "conv_bias": (conv_bias, [f32(1, 16, 16, 4), f32(3, 3, 4, 8, scale=0.3), f32(8)]),
         "shapes": (shapes, [f32(8, 16), f32(8, 16)]),
+        "unary2": (unary2, [f32(32, 32), f32(32, 32)]),
+        "remainders": (remainders, [rng.integers(-100, 100, (32, 32)).astype(np.int32),
+                                    rng.choice([-7, -3, 2, 5], (32, 32)).astype(np.int32), f32(32, 32, scale=5.0),
+                                    np.where(rng.random((32, 32)) < 0.5, -1.0, 1.0).astype(np.float32) * 1.5]),
         "gpt2_tiny": (gpt2_tiny, [rng.integers(0, 96, (32,)).astype(np.int32), f32(96, 64, scale=0.2),
                                   f32(64, 64, scale=0.1), 1.0 + f32(2, 64, scale=0.1), f32(2, 64, scale=0.1),
                                   f32(2, 64, 192, scale=0.1), f32(2, 64, 64, scale=0.1), f32(2, 64, 256, scale=0.1),

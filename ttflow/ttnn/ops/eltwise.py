@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 
 from ..._ir.builder import Value
 from ..lower import Lowering, Translator
-from ..mlir import activations, attr_float
+from ..mlir import activations, attr_float, attr_int
 from ..reader import TtnnOp
 
 Unary = Callable[[Lowering, Value], Value]
@@ -34,6 +34,12 @@ UNARY: dict[str, Unary] = {
     "square": lambda c, x: c.b.mul(x, x),
     "logical_not": lambda c, x: c.b.eq(x, 0),
     "relu6": lambda c, x: c.b.clamp(x, 0.0, 6.0),
+    "tan": lambda c, x: c.b.div(c.b.sin(x), c.b.cos(x)),
+    "atan": lambda c, x: c.b.atan2(x, 1.0),
+    "round": lambda c, x: c.b.round(x),
+    "expm1": lambda c, x: _expm1(c, x),
+    "log1p": lambda c, x: _log1p(c, x),
+    "cbrt": lambda c, x: c.b.mul(c.b.sub(c.b.gt(x, 0.0), c.b.lt(x, 0.0)), c.b.pow(c.b.abs(x), 1.0 / 3.0)),
     # x - x is 0 for a finite x, NaN for an infinity or NaN (and NaN == 0 is false)
     "isfinite": lambda c, x: c.b.eq(c.b.sub(x, x), 0.0),
     # sign: 1, 0 or -1 in x's dtype (0 for NaN's comparisons, where torch and JAX give NaN)
@@ -56,8 +62,10 @@ BINARY: dict[str, Callable[[Lowering, Value, Value], Value]] = {
     "bitwise_and": lambda c, a, b: c.b.bitwise_and(a, b),
     "bitwise_or": lambda c, a, b: c.b.bitwise_or(a, b),
     "bitwise_xor": lambda c, a, b: c.b.bitwise_xor(a, b),
-    # ttnn.remainder is torch.remainder's (the divisor's sign), as tt-metal documents it
-    "remainder": lambda c, a, b: c.b.remainder(a, b),
+    # ttnn.remainder truncates, the dividend's sign (tt-mlir's definition: -17 rem 3 = -2), as
+    # stablehlo.remainder and C's fmod: ttflow's fmod (jnp's floored % is rem plus a fix-up)
+    "remainder": lambda c, a, b: c.b.fmod(a, b),
+    "atan2": lambda c, a, b: c.b.atan2(a, b),
     "bitwise_left_shift": lambda c, a, b: c.b.left_shift(a, b),
     "bitwise_right_shift": lambda c, a, b: c.b.right_shift(a, b),
     "logical_left_shift": lambda c, a, b: c.b.left_shift(a, b),
@@ -65,6 +73,23 @@ BINARY: dict[str, Callable[[Lowering, Value, Value], Value]] = {
     "logical_or": lambda c, a, b: c.b.maximum(c.b.ne(a, 0), c.b.ne(b, 0)),
     "logical_xor": lambda c, a, b: c.b.ne(c.b.ne(a, 0), c.b.ne(b, 0)),
 }
+
+
+def _expm1(c: Lowering, x: Value) -> Value:
+    """exp(x) - 1 without the cancellation near 0: Kahan's (u - 1) * x / log(u), u = exp(x), with
+    x itself where u rounds to 1 and -1 where u - 1 is -1."""
+    u = c.b.exp(x)
+    um1 = c.b.sub(u, 1.0)
+    body = c.b.mul(um1, c.b.div(x, c.b.log(u)))
+    return c.b.where(c.b.eq(u, 1.0), x, c.b.where(c.b.eq(um1, -1.0), -1.0, body))
+
+
+def _log1p(c: Lowering, x: Value) -> Value:
+    """log(1 + x) without the cancellation near 0: Kahan's log(u) * x / (u - 1), u = 1 + x, with x
+    itself where u rounds to 1."""
+    u = c.b.add(x, 1.0)
+    body = c.b.mul(c.b.log(u), c.b.div(x, c.b.sub(u, 1.0)))
+    return c.b.where(c.b.eq(u, 1.0), x, body)
 
 
 def _pow(c: Lowering, a: Value, b: Value) -> Value:
@@ -85,6 +110,8 @@ BINARY["pow_tensor"] = _pow
 def _chain(c: Lowering, op: TtnnOp, key: str, x: Value) -> Value:
     """Apply the fused activations listed under `key`, in order (tt-mlir's unary_with_param)."""
     for name, params in activations(op.op, key):
+        if name == "round" and params == [0.0]:  # round to 0 decimals: round
+            params = []
         if params or name not in UNARY:
             raise c.refuse(f"fused activation {name}{params or ''} under {key} has no translation")
         x = UNARY[name](c, x)
@@ -94,6 +121,8 @@ def _chain(c: Lowering, op: TtnnOp, key: str, x: Value) -> Value:
 def _unary(name: str) -> Translator:
     def translate(c: Lowering, op: TtnnOp) -> Sequence[Value]:
         (x,) = c.operands(op)
+        if "decimals" in op.op.attributes and attr_int(op.op, "decimals") != 0:
+            raise c.refuse("rounding to decimals other than 0")
         return [UNARY[name](c, x)]
     return translate
 
@@ -127,6 +156,7 @@ TRANSLATORS: dict[str, Translator] = {
 _ACTIVATIONS = frozenset({"activations", "input_tensor_a_activations", "input_tensor_b_activations"})
 READS: dict[str, frozenset[str]] = {
     **{f"ttnn.{n}": frozenset() for n in UNARY if n not in ("recip", "square")},
+    "ttnn.round": frozenset({"decimals"}),
     **{f"ttnn.{n}": _ACTIVATIONS for n in BINARY},
     "ttnn.where": frozenset(),
     "ttnn.clamp_scalar": frozenset({"min", "max"}),
