@@ -88,7 +88,7 @@ def test_truncated_and_stray_bytes_are_refused() -> None:
 def test_an_op_ttflow_cannot_run_is_refused_at_load_by_name() -> None:
     """`ttnn.mish` is a member of the unary table (so the file is well formed) with no translation."""
     data = _replace(corpus("mlp"), b'"ttnn.relu"', b'"ttnn.mish"')
-    with pytest.raises(tt.ProgramError, match=r"cannot run ttnn\.atan.*make_corpus\.py:\d+.*\n.*ttnn\.atan"):
+    with pytest.raises(tt.ProgramError, match=r"cannot run ttnn\.mish.*make_corpus\.py:\d+.*\n.*ttnn\.mish"):
         tt.Binary.from_bytes(data)
 
 
