@@ -123,6 +123,7 @@ _PLUGIN_0_1_3 = Schema(
         18: _t("ConcatOp", "ttnn.concat"),
         25: _t("ConstantOp", "ttnn.constant"),
         29: _t("Conv2dOp", "ttnn.conv2d"),
+        30: _t("ConvTranspose2dOp", "ttnn.conv_transpose2d"),
         35: _t("DeallocateOp", "ttnn.deallocate"),
         40: _t("EltwiseBinaryCompositeOp", *_ttnn(*_BINARY_COMPOSITE)),
         # a member the corpus shows carrying atan and atan2 (its table's name is not published)
@@ -140,6 +141,7 @@ _PLUGIN_0_1_3 = Schema(
         76: _t("LoadCachedOp", "ttcore.load_cached"),
         77: _t("MatmulOp", "ttnn.matmul"),
         86: _t("CumSumOp", "ttnn.cumsum"),
+        87: _t("CumProdOp", "ttnn.cumprod"),
         88: _t("NamedFullOp", "ttnn.zeros", "ttnn.ones"),
         90: _t("PadOp", "ttnn.pad"),
         95: _t("PermuteOp", "ttnn.permute"),
@@ -149,6 +151,7 @@ _PLUGIN_0_1_3 = Schema(
         106: _t("ReductionOp", "ttnn.sum", "ttnn.mean", "ttnn.max", "ttnn.min"),
         107: _t("ReductionProdOp", "ttnn.prod"),
         108: _t("ReduceScatterOp", "ttnn.reduce_scatter"),
+        109: _t("RepeatInterleaveOp", "ttnn.repeat_interleave"),
         110: _t("RepeatOp", "ttnn.repeat"),
         114: _t("RMSNormOp", "ttnn.rms_norm"),
         116: _t("ReshapeOp", "ttnn.reshape"),

@@ -202,6 +202,15 @@ def _cases() -> dict[str, tuple[object, list[object]]]:
         # every sign of dividend and divisor: fmod truncates, % (jnp.mod) floors
         return jnp.fmod(a, b), a % b, jnp.fmod(x, y), x % y
 
+    def mixed(x, y, img, k):  # type: ignore[no-untyped-def]
+        return (jnp.pad(x, ((2, 2), (1, 1)), mode="edge"),  # repeat_interleave
+                (((x > 0) & (y < 0)) | ~(x > y)).astype(jnp.float32),  # logical ops, fused not
+                jnp.dot(x.astype(jnp.bfloat16), y.astype(jnp.bfloat16), preferred_element_type=jnp.float32),
+                jax.lax.conv_general_dilated(img, k, (1, 1), "SAME", rhs_dilation=(2, 2),
+                                             dimension_numbers=("NHWC", "HWIO", "NHWC")),
+                jax.lax.reduce_window(img, 0.0, jax.lax.add, (1, 3, 3, 1), (1, 1, 1, 1), "SAME") / 9.0,
+                (img - img.mean((0, 1, 2))) / jnp.sqrt(img.var((0, 1, 2)) + 1e-5))
+
     def gpt2_tiny(tokens, wte, wpe, ln_g, ln_b, w_qkv, w_o, w_up, w_down, ln_f_g, ln_f_b):  # type: ignore[no-untyped-def]
         """Two GPT-2 layers (shared weights per layer index), tied embeddings, logits."""
         def ln(t, g, b):  # type: ignore[no-untyped-def]
@@ -262,6 +271,7 @@ def _cases() -> dict[str, tuple[object, list[object]]]:
         "sdpa": (sdpa, [f32(1, 32, 2, 64), f32(1, 32, 2, 64), f32(1, 32, 2, 64)]),
         "conv_bias": (conv_bias, [f32(1, 16, 16, 4), f32(3, 3, 4, 8, scale=0.3), f32(8)]),
         "shapes": (shapes, [f32(8, 16), f32(8, 16)]),
+        "mixed": (mixed, [f32(32, 32), f32(32, 32), f32(1, 8, 8, 4), f32(3, 3, 4, 4, scale=0.3)]),
         "unary2": (unary2, [f32(32, 32), f32(32, 32)]),
         "remainders": (remainders, [rng.integers(-100, 100, (32, 32)).astype(np.int32),
                                     rng.choice([-7, -3, 2, 5], (32, 32)).astype(np.int32), f32(32, 32, scale=5.0),

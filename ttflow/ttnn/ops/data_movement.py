@@ -77,12 +77,27 @@ def _pad(c: Lowering, op: TtnnOp) -> Sequence[Value]:
     return [x]
 
 
+def _repeat_interleave(c: Lowering, op: TtnnOp) -> Sequence[Value]:
+    """Each element along `dim` repeated `repeats` times in place (torch.repeat_interleave): a new
+    axis after `dim`, `repeats` copies along it, folded back."""
+    (x,) = c.operands(op)
+    dim = attr_int(op.op, "dim") % len(x.shape)
+    r = attr_int(op.op, "repeats")
+    if r < 1:
+        raise c.refuse(f"repeats {r}")
+    spread = c.b.reshape(x, (*x.shape[:dim + 1], 1, *x.shape[dim + 1:]))
+    copies = c.b.concat([spread] * r, dim + 1) if r > 1 else spread
+    return [c.b.reshape(copies, c.result_shape(op))]
+
+
 TRANSLATORS: dict[str, Translator] = {
+    "ttnn.repeat_interleave": _repeat_interleave,
     "ttnn.reshape": _reshape, "ttnn.permute": _permute, "ttnn.transpose": _transpose,
     "ttnn.slice_static": _slice, "ttnn.concat": _concat, "ttnn.repeat": _repeat, "ttnn.pad": _pad,
 }
 
 READS: dict[str, frozenset[str]] = {
+    "ttnn.repeat_interleave": frozenset({"dim", "repeats"}),
     "ttnn.reshape": frozenset({"shape"}), "ttnn.permute": frozenset({"permutation", "pad_value"}),
     "ttnn.transpose": frozenset({"dim0", "dim1"}), "ttnn.slice_static": frozenset({"begins", "ends", "step"}),
     "ttnn.concat": frozenset({"dim"}), "ttnn.repeat": frozenset({"repeat_dims"}),

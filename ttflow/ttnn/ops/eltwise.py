@@ -33,6 +33,7 @@ UNARY: dict[str, Unary] = {
     "silu": lambda c, x: c.b.silu(x),
     "square": lambda c, x: c.b.mul(x, x),
     "logical_not": lambda c, x: c.b.eq(x, 0),
+    "logical_not_unary": lambda c, x: c.b.eq(x, 0),  # the fused activation's name for it
     "relu6": lambda c, x: c.b.clamp(x, 0.0, 6.0),
     "tan": lambda c, x: c.b.div(c.b.sin(x), c.b.cos(x)),
     "atan": lambda c, x: c.b.atan2(x, 1.0),
@@ -147,7 +148,7 @@ def _clamp_scalar(c: Lowering, op: TtnnOp) -> Sequence[Value]:
 
 
 TRANSLATORS: dict[str, Translator] = {
-    **{f"ttnn.{n}": _unary(n) for n in UNARY if n not in ("recip", "square")},
+    **{f"ttnn.{n}": _unary(n) for n in UNARY if n not in ("recip", "square", "logical_not_unary")},
     **{f"ttnn.{n}": _binary(n) for n in BINARY},
     "ttnn.where": _where,
     "ttnn.clamp_scalar": _clamp_scalar,
@@ -155,7 +156,7 @@ TRANSLATORS: dict[str, Translator] = {
 
 _ACTIVATIONS = frozenset({"activations", "input_tensor_a_activations", "input_tensor_b_activations"})
 READS: dict[str, frozenset[str]] = {
-    **{f"ttnn.{n}": frozenset() for n in UNARY if n not in ("recip", "square")},
+    **{f"ttnn.{n}": frozenset() for n in UNARY if n not in ("recip", "square", "logical_not_unary")},
     "ttnn.round": frozenset({"decimals"}),
     **{f"ttnn.{n}": _ACTIVATIONS for n in BINARY},
     "ttnn.where": frozenset(),

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..._ir.builder import Value
+from ..._types import DataType
 from ..lower import Lowering, Translator
 from ..mlir import attr_bool
 from ..reader import TtnnOp
@@ -20,6 +21,9 @@ def _t(c: Lowering, x: Value) -> Value:
 
 
 def _product(c: Lowering, op: TtnnOp, a: Value, b: Value) -> Value:
+    if c.result_dtype(op) is DataType.FLOAT32:  # bf16 operands, a float32 result: the product is
+        a, b = (v if v.dtype is DataType.FLOAT32 else c.b.typecast(v, DataType.FLOAT32) for v in (a, b))
+        # accumulated and stored in float32 (fp32_dest_acc_en), never rounded to the operands' dtype
     if attr_bool(op.op, "transpose_a", default=False):
         a = _t(c, a)
     if attr_bool(op.op, "transpose_b", default=False):
