@@ -191,7 +191,11 @@ def parse_op(text: str) -> MlirOp:
     m = _HEAD.match(text)
     if not m:
         raise BinaryFormatError(f"not an MLIR operation: {text[:200]!r}")
-    results = tuple(r.split(":")[0].strip() for r in m["results"].split(",")) if m["results"] else ()
+    results: tuple[str, ...] = ()
+    for r in (m["results"].split(",") if m["results"] else ()):
+        name_, _, count = r.strip().partition(":")
+        # `%0:2 = ...` names two results, used as %0#0 and %0#1
+        results += tuple(f"{name_}#{k}" for k in range(int(count))) if count else (name_,)
     name = m["quoted"] or m["bare"]
     open_paren = m.end() - 1
     close = _match(text, open_paren)

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
@@ -211,6 +212,21 @@ def _cases() -> dict[str, tuple[object, list[object]]]:
                 jax.lax.reduce_window(img, 0.0, jax.lax.add, (1, 3, 3, 1), (1, 1, 1, 1), "SAME") / 9.0,
                 (img - img.mean((0, 1, 2))) / jnp.sqrt(img.var((0, 1, 2)) + 1e-5))
 
+    def edge_values(x, y, i, j):  # type: ignore[no-untyped-def]
+        """NaN, infinities, -0.0, values past int32 and float32's range, integer wrap-around."""
+        return (x.astype(jnp.int32), x.astype(jnp.uint32), i.astype(jnp.float32), i + i, i * j, x / y,
+                jnp.maximum(x, y), jnp.max(x, axis=1), jnp.argmax(x, axis=1), jnp.sort(x, axis=1),
+                jax.nn.softmax(jnp.where(jnp.isfinite(x), x * 1e-3, -jnp.inf), axis=1), jnp.exp(x * 0.1),
+                jnp.log(x), jnp.sqrt(x), jnp.sign(x), jnp.floor(x) + jnp.ceil(x), jnp.clip(x, -1, 1),
+                (x == x).astype(jnp.float32) + (x != y).astype(jnp.float32),
+                x.astype(jnp.bfloat16).astype(jnp.float32),
+                (x.astype(jnp.bfloat16) + y.astype(jnp.bfloat16)).astype(jnp.float32))
+
+    def int_floor_div(a, b):  # type: ignore[no-untyped-def]
+        # the compiler divides int32 in float32 (exact below 2**24 only): tests compare with numpy's
+        # run of the same float32 sequence as well as JAX's exact quotient on small values
+        return a // b
+
     def gpt2_tiny(tokens, wte, wpe, ln_g, ln_b, w_qkv, w_o, w_up, w_down, ln_f_g, ln_f_b):  # type: ignore[no-untyped-def]
         """Two GPT-2 layers (shared weights per layer index), tied embeddings, logits."""
         def ln(t, g, b):  # type: ignore[no-untyped-def]
@@ -271,6 +287,11 @@ def _cases() -> dict[str, tuple[object, list[object]]]:
         "sdpa": (sdpa, [f32(1, 32, 2, 64), f32(1, 32, 2, 64), f32(1, 32, 2, 64)]),
         "conv_bias": (conv_bias, [f32(1, 16, 16, 4), f32(3, 3, 4, 8, scale=0.3), f32(8)]),
         "shapes": (shapes, [f32(8, 16), f32(8, 16)]),
+        "edge_values": (edge_values, [_edges(f32(32, 32, scale=1e3)), _zeros_in(f32(32, 32)),
+                                      rng.integers(-2**31, 2**31 - 1, (32, 32), dtype=np.int64).astype(np.int32),
+                                      rng.integers(-5, 5, (32, 32)).astype(np.int32)]),
+        "int_floor_div": (int_floor_div, [rng.integers(-2**31, 2**31 - 1, (32, 32), dtype=np.int64).astype(np.int32),
+                                          rng.choice([-7, -3, -1, 1, 2, 5], (32, 32)).astype(np.int32)]),
         "mixed": (mixed, [f32(32, 32), f32(32, 32), f32(1, 8, 8, 4), f32(3, 3, 4, 4, scale=0.3)]),
         "unary2": (unary2, [f32(32, 32), f32(32, 32)]),
         "remainders": (remainders, [rng.integers(-100, 100, (32, 32)).astype(np.int32),
@@ -368,6 +389,18 @@ def _spec(text: str) -> object:
     from jax.sharding import PartitionSpec
 
     return PartitionSpec(*(None if d == "-" else d for d in text.split(",")))
+
+
+def _edges(x: Any) -> Any:
+    x = x.copy()
+    x[0, :8] = [float("nan"), float("inf"), -float("inf"), -0.0, 3e9, -3e9, 0.5, -0.5]
+    return x
+
+
+def _zeros_in(y: Any) -> Any:
+    y = y.copy()
+    y[1, :4] = 0.0
+    return y
 
 
 def _child(out: Path, only: list[str], mesh: bool) -> None:

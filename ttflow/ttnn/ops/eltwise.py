@@ -43,8 +43,8 @@ UNARY: dict[str, Unary] = {
     "cbrt": lambda c, x: c.b.mul(c.b.sub(c.b.gt(x, 0.0), c.b.lt(x, 0.0)), c.b.pow(c.b.abs(x), 1.0 / 3.0)),
     # x - x is 0 for a finite x, NaN for an infinity or NaN (and NaN == 0 is false)
     "isfinite": lambda c, x: c.b.eq(c.b.sub(x, x), 0.0),
-    # sign: 1, 0 or -1 in x's dtype (0 for NaN's comparisons, where torch and JAX give NaN)
-    "sign": lambda c, x: c.b.sub(c.b.gt(x, 0), c.b.lt(x, 0)),
+    # sign: 1, 0 or -1 in x's dtype, NaN for NaN (as JAX's and torch's): x != x only there
+    "sign": lambda c, x: _sign(c, x),
 }
 
 BINARY: dict[str, Callable[[Lowering, Value, Value], Value]] = {
@@ -74,6 +74,11 @@ BINARY: dict[str, Callable[[Lowering, Value, Value], Value]] = {
     "logical_or": lambda c, a, b: c.b.maximum(c.b.ne(a, 0), c.b.ne(b, 0)),
     "logical_xor": lambda c, a, b: c.b.ne(c.b.ne(a, 0), c.b.ne(b, 0)),
 }
+
+
+def _sign(c: Lowering, x: Value) -> Value:
+    step = c.b.sub(c.b.gt(x, 0), c.b.lt(x, 0))
+    return c.b.where(c.b.ne(x, x), x, step) if x.dtype.is_float else step
 
 
 def _expm1(c: Lowering, x: Value) -> Value:
