@@ -122,6 +122,9 @@ _PLUGIN_0_1_3 = Schema(
         10: _t("AssignOp", "ttnn.assign"),
         18: _t("ConcatOp", "ttnn.concat"),
         25: _t("ConstantOp", "ttnn.constant"),
+        # control flow: members whose table names are not published (learnt from binaries)
+        26: _t("tag 26 (case)", "ttcore.case"),
+        27: _t("tag 27 (while_loop)", "ttcore.while_loop"),
         29: _t("Conv2dOp", "ttnn.conv2d"),
         30: _t("ConvTranspose2dOp", "ttnn.conv_transpose2d"),
         35: _t("DeallocateOp", "ttnn.deallocate"),
@@ -140,6 +143,7 @@ _PLUGIN_0_1_3 = Schema(
         75: _t("LinearOp", "ttnn.linear"),
         76: _t("LoadCachedOp", "ttcore.load_cached"),
         77: _t("MatmulOp", "ttnn.matmul"),
+        79: _t("MaxPool2dWithIndicesOp", "ttnn.max_pool2d_with_indices"),
         86: _t("CumSumOp", "ttnn.cumsum"),
         87: _t("CumProdOp", "ttnn.cumprod"),
         88: _t("NamedFullOp", "ttnn.zeros", "ttnn.ones"),

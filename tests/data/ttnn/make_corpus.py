@@ -227,6 +227,25 @@ def _cases() -> dict[str, tuple[object, list[object]]]:
         # run of the same float32 sequence as well as JAX's exact quotient on small values
         return a // b
 
+    def control_flow(x, w):  # type: ignore[no-untyped-def]
+        # a cond (ttcore.case: both branches, the taken one kept) and a scan (ttcore.while_loop:
+        # unrolled), its per-step outputs written by column scatters
+        y = jax.lax.cond(jnp.sum(x) > 0, lambda a: a * 2.0, lambda a: -a, x)
+
+        def step(h, _):  # type: ignore[no-untyped-def]
+            h = jnp.tanh(h @ w)
+            return h, jnp.sum(h)
+
+        h, sums = jax.lax.scan(step, x, None, length=4)
+        return y, h, sums
+
+    def xent_step(w, x, labels):  # type: ignore[no-untyped-def]
+        def loss(w):  # type: ignore[no-untyped-def]
+            logp = jax.nn.log_softmax(x @ w)
+            return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1))
+        value, grad = jax.value_and_grad(loss)(w)
+        return value, w - 0.5 * grad
+
     def gpt2_tiny(tokens, wte, wpe, ln_g, ln_b, w_qkv, w_o, w_up, w_down, ln_f_g, ln_f_b):  # type: ignore[no-untyped-def]
         """Two GPT-2 layers (shared weights per layer index), tied embeddings, logits."""
         def ln(t, g, b):  # type: ignore[no-untyped-def]
@@ -292,6 +311,8 @@ def _cases() -> dict[str, tuple[object, list[object]]]:
                                       rng.integers(-5, 5, (32, 32)).astype(np.int32)]),
         "int_floor_div": (int_floor_div, [rng.integers(-2**31, 2**31 - 1, (32, 32), dtype=np.int64).astype(np.int32),
                                           rng.choice([-7, -3, -1, 1, 2, 5], (32, 32)).astype(np.int32)]),
+        "control_flow": (control_flow, [f32(8, 32), f32(32, 32, scale=0.2)]),
+        "xent_step": (xent_step, [f32(32, 10, scale=0.1), f32(16, 32), rng.integers(0, 10, (16,)).astype(np.int32)]),
         "mixed": (mixed, [f32(32, 32), f32(32, 32), f32(1, 8, 8, 4), f32(3, 3, 4, 4, scale=0.3)]),
         "unary2": (unary2, [f32(32, 32), f32(32, 32)]),
         "remainders": (remainders, [rng.integers(-100, 100, (32, 32)).astype(np.int32),

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import math
+
 from ..._ir.builder import Value
+from ..._types import DataType
 from ..lower import Lowering, Translator
 from ..mlir import attr_bool, attr_ints
 from ..reader import TtnnOp
@@ -65,11 +68,38 @@ def _rows_gather(c: Lowering, op: TtnnOp) -> Sequence[Value]:
     return [c.b.reshape(c.b.embedding(_flat(c, indices), table), c.result_shape(op))]
 
 
+def _column_scatter(c: Lowering, op: TtnnOp, data: Value, indices: Value, updates: Value, add: bool) -> Value:
+    """`column = true` on [B.., 1, C] data, [B.., 1, K] indices and B.. x K updates: in each row,
+    column `idx[b, k]` replaced by (or, summing, added) `upd[b, k]`, k in order; an index out of
+    range matches no column, so its update is dropped (JAX's scatter rule)."""
+    if attrs_windows(op) != [1] or len(data.shape) < 2 or data.shape[-2] != 1 or indices.shape[-2:-1] != (1,):
+        raise c.refuse(f"a column scatter into {data.shape} by {indices.shape} (the [B.., 1, C] form is translated)")
+    batch = 1
+    for d in data.shape[:-2]:
+        batch *= d
+    cols, k = data.shape[-1], indices.shape[-1]
+    if indices.shape[:-2] != data.shape[:-2] or math.prod(updates.shape) != batch * k:
+        raise c.refuse(f"updates {updates.shape} and indices {indices.shape} do not fit {data.shape}")
+    rows = c.b.reshape(data, (batch, cols))
+    index = c.b.reshape(indices, (batch, k))
+    if index.dtype is not DataType.INT32:
+        index = c.b.typecast(index, DataType.INT32)
+    values = c.b.reshape(updates, (batch, k))
+    columns = c.b.reshape(c.b.arange(0, cols, 1, DataType.INT32), (1, cols))
+    for j in range(k):
+        hit = c.b.eq(columns, c.b.slice(index, [0, j], [None, j + 1]))
+        value = c.b.slice(values, [0, j], [None, j + 1])
+        rows = c.b.where(hit, c.b.add(rows, value) if add else value, rows)
+    return c.b.reshape(rows, c.result_shape(op))
+
+
 def _rows_scatter(c: Lowering, op: TtnnOp) -> Sequence[Value]:
     reduce = op.op.attributes.get("reduce", "#ttcore.reduce_type<invalid>")
     if reduce not in ("#ttcore.reduce_type<invalid>", "#ttcore.reduce_type<sum>"):
         raise c.refuse(f"reduce {reduce} (replacement and sums are translated)")
     data, indices, updates = c.operands(op)
+    if attr_bool(op.op, "column", default=False):
+        return [_column_scatter(c, op, data, indices, updates, reduce == "#ttcore.reduce_type<sum>")]
     rows, cols = _check_form(c, op, data)
     index = _flat(c, indices)
     k = index.shape[0]
