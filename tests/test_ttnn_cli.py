@@ -77,7 +77,7 @@ def test_bench_compiled_measures_load_and_warm_runs(capsys: pytest.CaptureFixtur
     assert main(["bench", "compiled", "--quick", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     rows = result["binaries"]
-    assert len(rows) == 4 and all(r["ops"] > 0 and r["load_seconds"] > 0 and r["run_seconds"] > 0 for r in rows)
+    assert len(rows) == 4 and "kv_donated" in [r["binary"] for r in rows] and all(r["ops"] > 0 and r["load_seconds"] > 0 and r["run_seconds"] > 0 for r in rows)
     if result["jax_skipped"] is None:  # with the compiler extra, JAX on the CPU is the peer
         assert all(r["run_vs_jax_cpu"] > 0 for r in rows)
 
