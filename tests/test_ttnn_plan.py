@@ -82,3 +82,41 @@ def test_a_binary_whose_plan_cannot_fit_is_refused_at_load(tmp_path: Path) -> No
     plan = check_plan(file, file.programs[0])
     assert plan.peak_l1_per_core > 0
     tt.Binary.from_bytes(moved)  # fits: a few small tensors per core
+
+
+@pytest.mark.anyio
+async def test_a_compiled_program_runs_where_the_compiler_placed_it(tmp_path: Path) -> None:
+    """Every op's values are placed where its result type says (all DRAM at optimisation level 0):
+    the run holds no L1 (ttflow alone would put the intermediates in L1 first), and a saved
+    ttflow file keeps the placements."""
+    binary = tt.Binary.load(CORPUS / "gpt2_block.ttnn")
+    program = binary.programs[0]
+    placed = dict(program.placements)
+    assert {s.output for s in program.steps} <= set(placed) and set(placed.values()) == {tt.MemorySpace.DRAM}
+    path = tmp_path / "gpt2.ttb"
+    tt.Binary([program]).save(path)
+    assert tt.Binary.load(path).programs[0].placements == program.placements
+    data = __import__("numpy").load(CORPUS / "gpt2_block.npz")
+    async with tt.open_device() as device:
+        ins = [tt.to_device(data[f"in{j}"], device, tt.get_layout(binary, 0, j)) for j in range(len(program.inputs))]
+        (out,) = tt.submit(device, binary, 0, ins)
+        await tt.to_host(out)
+        assert device.stats.l1_peak_bytes == 0 < device.stats.dram_peak_bytes
+
+
+@pytest.mark.anyio
+async def test_an_unplaced_program_uses_l1_and_a_dram_placement_keeps_it_out() -> None:
+    import numpy as np
+
+    async def l1_peak(place: bool) -> int:
+        b = tt.ProgramBuilder("p")
+        x = b.input((256, 256))
+        with b.placing(tt.MemorySpace.DRAM) if place else __import__("contextlib").nullcontext():
+            y = b.exp(b.relu(x))
+        b.output(b.add(y, 1.0))
+        async with tt.open_device() as device:
+            (out,) = tt.submit(device, tt.Binary([b.build()]), 0, [tt.to_device(np.ones((256, 256), np.float32), device)])
+            np.testing.assert_allclose(await tt.to_host(out), np.exp(1.0) + 1, rtol=1e-6)
+            return device.stats.l1_peak_bytes
+
+    assert await l1_peak(False) > 0 and await l1_peak(True) == 0

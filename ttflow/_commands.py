@@ -168,9 +168,13 @@ class Plan:
         # least padded 2-D split (`least_padded_shape`; same elements, same order); a pagewise
         # program's values keep their shape (its pages must line up), and BFLOAT8_B ones too
         # (a block's shared exponent depends on which values share a tile row).
+        # A value its program places in DRAM (`ProgramBuilder.placing`: a compiler's plan) is
+        # tried in DRAM only; one placed in L1, or not placed, in L1 first.
+        in_dram = {v for v, memory in program.placements if memory is MemorySpace.DRAM}
         self.scratch = [
             (step.output, _scratch_shape(program.values[step.output], self.pagewise),
-             Layout(MemorySpace.L1, TensorLayout.TILE, program.values[step.output].dtype),
+             Layout(MemorySpace.DRAM if step.output in in_dram else MemorySpace.L1, TensorLayout.TILE,
+                    program.values[step.output].dtype),
              Layout(MemorySpace.DRAM, TensorLayout.TILE, program.values[step.output].dtype))
             for step in program.steps
             if step.output not in self.store_in_output

@@ -30,11 +30,13 @@ mesh its collectives' shapes were resolved for, `ProgramBuilder(mesh_shape=)`); 
 6 still load (with no mesh shape), and a version-6 file that names a collective is malformed.
 Version 8 adds each program's `"locations"` ([value id, location] pairs, see
 `ProgramBuilder.location`), with no other change; versions 1 to 7 still load, with none.
-A version after 8 adds ops only: each op's record names the version that introduced it
+Version 11 adds each program's `"placements"` ([value id, "dram" | "l1"] pairs, see
+`ProgramBuilder.placing`), with no other change; versions 1 to 10 still load, with none.
+Apart from 11, a version after 8 adds ops only: each op's record names the version that introduced it
 (`OpRecord.version`; docs/ops.md has a table per version), and an older file that names it is
 malformed.
 `save` always writes the newest version, whatever ops the programs use: the newest of the
-fields' (8) and of the ops' records (`OpRecord.version`).
+fields' (11) and of the ops' records (`OpRecord.version`).
 
 `for_mesh` resolves a program's collectives for the mesh a submit runs it on: it replays the
 program through a builder of that mesh shape (the loader's replay), so every later step's
@@ -74,7 +76,7 @@ from .._types import DataType, Layout, MemorySpace, TensorLayout, check_shape
 __all__ = ["Binary", "for_mesh", "get_layout"]
 
 _MAGIC = b"TTFLOWB\0"
-_FIELDS_VERSION = 8  # the newest version that changed the file's fields (locations)
+_FIELDS_VERSION = 11  # the newest version that changed the file's fields (placements)
 _VERSION = max(_FIELDS_VERSION, *(record.version for record in OPS.values()))
 """The version `save` writes: the newest of the fields and of the ops' records (an op added to
 ttflow names the version that introduced it; its record is the only place that says so)."""
@@ -257,6 +259,7 @@ def _program_to_json(p: Program) -> dict[str, Any]:
         "range_checks": [list(pair) for pair in p.range_checks],
         "mesh_shape": None if p.mesh_shape is None else list(p.mesh_shape),
         "locations": [list(pair) for pair in p.locations],
+        "placements": [[value, memory.value] for value, memory in p.placements],
     }
 
 
@@ -297,6 +300,14 @@ def _program_from_json(j: Any, version: int = _VERSION) -> Program:
         for pair in _expect(j.get("locations", []), list, "locations"):
             value_id, loc = _expect(pair, list, "a location")
             locations[_expect(value_id, int, "a location's value")] = _expect(loc, str, "a location")
+    placements: dict[int, MemorySpace] = {}
+    if version >= 11:
+        for pair in _expect(j.get("placements", []), list, "placements"):
+            value_id, memory = _expect(pair, list, "a placement")
+            try:
+                placements[_expect(value_id, int, "a placement's value")] = MemorySpace(memory)
+            except ValueError:
+                raise BinaryFormatError(f"a placement names memory {memory!r:.20}, not dram or l1") from None
     mesh_shape = None
     if version >= 7 and j.get("mesh_shape") is not None:
         mesh_shape = [_expect(d, int, "mesh_shape") for d in _expect(j["mesh_shape"], list, "mesh_shape")]
@@ -320,7 +331,9 @@ def _program_from_json(j: Any, version: int = _VERSION) -> Program:
         kwargs = {_expect(k, str, "an attr name"): tuple(v) if isinstance(v, list) else v for k, v in pairs}
         note = checks.pop(len(built), None)
         loc = locations.pop(len(built), None)
-        with b.location(loc) if loc else contextlib.nullcontext():
+        place = placements.pop(len(built), None)
+        with (b.location(loc) if loc else contextlib.nullcontext(),
+              b.placing(place) if place is not None else contextlib.nullcontext()):
             if note is None:
                 value = _replay(b, op, [built[i] for i in ids], scalar, kwargs)
             else:
@@ -339,6 +352,8 @@ def _program_from_json(j: Any, version: int = _VERSION) -> Program:
         raise BinaryFormatError(f"a range check names value {next(iter(checks))!r:.20}, which no step defines")
     if locations:
         raise BinaryFormatError(f"a location names value {next(iter(locations))!r:.20}, which no step defines")
+    if placements:
+        raise BinaryFormatError(f"a placement names value {next(iter(placements))!r:.20}, which no step defines")
     outputs = [_expect(i, int, "an output id") for i in _expect(j["outputs"], list, "outputs")]
     specs = [_spec_from_json(s, f"output spec {k}") for k, s in enumerate(_expect(j["output_specs"], list, "output specs"))]
     if len(specs) != len(outputs) or not all(0 <= i < len(built) for i in outputs):
@@ -391,9 +406,10 @@ def _rebuild(program: Program, mesh_shape: tuple[int, int]) -> Program:
     built = [b.input(spec.shape, spec.layout, const=i in program.consts) for i, spec in enumerate(program.inputs)]
     checks = dict(program.range_checks)
     locations = dict(program.locations)
+    placements = dict(program.placements)
     host_values: list[Value] = []  # the current host op's outputs, made by its first step
     for step in program.steps:
-        note, loc = checks.get(step.output), locations.get(step.output)
+        note, loc, place = checks.get(step.output), locations.get(step.output), placements.get(step.output)
         if step.op == HOST_OP:  # one builder call makes every output step of the op
             attrs_ = dict(step.attrs)
             host = attrs_["host"]
@@ -403,7 +419,8 @@ def _rebuild(program: Program, mesh_shape: tuple[int, int]) -> Program:
             built.append(host_values[attrs_["index"]])
             continue
         with (b.checking_range(note) if note is not None else contextlib.nullcontext(),
-              b.location(loc) if loc is not None else contextlib.nullcontext()):
+              b.location(loc) if loc is not None else contextlib.nullcontext(),
+              b.placing(place) if place is not None else contextlib.nullcontext()):
             built.append(_replay(b, step.op, [built[i] for i in step.inputs], step.scalar, dict(step.attrs)))
     donated = dict(program.donations)
     for k, (value, spec) in enumerate(zip(program.outputs, program.output_specs)):

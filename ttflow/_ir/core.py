@@ -148,6 +148,8 @@ class BuilderCore:
         self._consts: list[int] = []  # the inputs declared constant
         self._location: str | None = None  # set inside `location`
         self._locations: list[tuple[int, str]] = []
+        self._placement: MemorySpace | None = None  # set inside `placing`
+        self._placements: list[tuple[int, MemorySpace]] = []
 
 
     def _check_open(self) -> None:
@@ -192,6 +194,22 @@ class BuilderCore:
     def _locate(self, out: Value) -> None:
         if self._location is not None:
             self._locations.append((out.id, self._location))
+        if self._placement is not None:
+            self._placements.append((out.id, self._placement))
+
+    @contextlib.contextmanager
+    def placing(self, memory: MemorySpace) -> Iterator[None]:
+        """The values of the steps emitted inside are stored in `memory`, as a compiler's plan
+        puts them: DRAM only, or L1 while it fits (DRAM when it is full). The scheduler places
+        the others. Nested blocks replace the outer placement."""
+        self._check_open()
+        if not isinstance(memory, MemorySpace):
+            raise ProgramError(f"placing needs a tt.MemorySpace, got {memory!r:.40}")
+        outer, self._placement = self._placement, memory
+        try:
+            yield
+        finally:
+            self._placement = outer
 
     @contextlib.contextmanager
     def location(self, loc: str) -> Iterator[None]:
@@ -320,6 +338,7 @@ class BuilderCore:
             donations=tuple((k, i) for k, i in enumerate(self._donated) if i >= 0),
             range_checks=tuple(self._range_checks),
             locations=tuple(self._locations),
+            placements=tuple(self._placements),
             mesh_shape=self.mesh_shape if any(step.op in REGISTRY and REGISTRY[step.op].kind is Kind.COLLECTIVE
                                             for step in self._steps) else None,
             consts=tuple(self._consts),

@@ -11,7 +11,7 @@ import attrs
 
 from .footprint import program_footprint
 from .record import HOST_OP, REGISTRY, Kind
-from .._types import DataType, DeviceSpec, Layout
+from .._types import DataType, DeviceSpec, Layout, MemorySpace
 
 __all__ = ["TensorSpec", "Step", "Program"]
 
@@ -69,6 +69,11 @@ class Program:
     """(value id, location) pairs: where the step that makes the value came from, as MLIR
     locations say (`ProgramBuilder.location`: a source line, an FX node); debug hooks and
     golden reports name ops by it."""
+    placements: tuple[tuple[int, MemorySpace], ...] = ()
+    """(value id, memory) pairs: where the program's author (a compiler's plan) put a step's
+    value (`ProgramBuilder.placing`). DRAM: it is stored in DRAM only; L1: in L1 while it fits,
+    DRAM when L1 is full (a program's scratch is held for the whole program). Values without one
+    are placed by the scheduler (L1 first)."""
 
     inputs: tuple[TensorSpec, ...] = attrs.field(init=False, eq=False)
     host_ops: tuple[tuple[int, str], ...] = attrs.field(init=False, eq=False)

@@ -314,6 +314,7 @@ def _renumbered(program: Program, specs: list[TensorSpec], steps: list[Step],
     was stored (wrapped, or checked) before, so the alias could never fail it."""
     number = {v: v for v in range(program.num_inputs)}
     locations = dict(program.locations)  # a location stays with its step, as a check does
+    placements = dict(program.placements)  # and so does a placement
     values = list(program.values[: program.num_inputs])
     for step in steps:
         number[step.output] = len(values)
@@ -330,5 +331,7 @@ def _renumbered(program: Program, specs: list[TensorSpec], steps: list[Step],
                                   for step in steps if step.output in checks)),
         locations=tuple((number[step.output], locations[step.output])
                         for step in steps if step.output in locations),
+        placements=tuple((number[step.output], placements[step.output])
+                         for step in steps if step.output in placements),
         mesh_shape=program.mesh_shape if any(s.op in COLLECTIVES for s in steps) else None,
     )

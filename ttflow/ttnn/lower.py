@@ -13,10 +13,12 @@ What runs where:
   file's names; a const-eval function called through `ttcore.load_cached` is inlined at its call,
   and its inputs are declared const when the module marks them parameters or constants, so the
   runtime's const-eval cache runs it once per parameter set (tt-mlir's `load_cached`).
+- every step an op emits is placed where the compiler put its result (`ProgramBuilder.placing`:
+  DRAM only, or L1 while it fits), the addresses left to ttflow's allocator;
 - `ttnn.deallocate`, `get_device` and memory moves (`to_memory_config`, `to_device`,
   `from_device`) emit nothing: ttflow frees a value after its last use, which is where the
-  compiler deallocates it, and keeps every intermediate where its scheduler places it (not yet at
-  the compiler's addresses: docs/compiler.md).
+  compiler deallocates it (a program's scratch is held until it ends: the compiler's own plan is
+  checked at load, `plan.py`).
 - a rank-0 tensor is held as shape (1,) (ttflow's tensors have rank >= 1).
 """
 
@@ -123,6 +125,9 @@ class Lowering:
             raise self.refuse(f"result {i} is not a tensor", op)
         return ttflow_shape(shape)
 
+    def _memory(self, op: TtnnOp) -> MemorySpace:
+        return _memory_of(op)
+
     # the walk -----------------------------------------------------------------------------------
     def declare_inputs(self, const_inputs: set[int]) -> None:
         self.consts = const_inputs
@@ -159,7 +164,7 @@ class Lowering:
                               "change its value", op)
         outer, self.op = self.op, op
         try:
-            with self.b.location(op.location):
+            with self.b.location(op.location), self.b.placing(self._memory(op)):
                 try:
                     results = list(translator(self, op))
                 except ProgramError as exc:
@@ -187,6 +192,15 @@ class Lowering:
                     self.values[name] = value
         finally:
             self.op = outer
+
+
+def _memory_of(op: TtnnOp) -> MemorySpace:
+    """Where the compiler put the op's result: L1 for an L1 buffer, DRAM for DRAM (and for a
+    system-memory one: ttflow keeps no host tensors inside a program)."""
+    for t in op.op.result_types:
+        if t.shape is not None:
+            return MemorySpace.L1 if t.buffer in ("l1", "l1_small") else MemorySpace.DRAM
+    return MemorySpace.DRAM
 
 
 def _const_inputs(file: TtnnFile, program: TtnnProgram) -> set[int]:
