@@ -145,3 +145,20 @@ async def test_int32_floor_division_is_the_compilers_float32_sequence() -> None:
     small = np.abs(a) < 2**24
     np.testing.assert_array_equal(got[small], data["out0"][small])
     assert (got != data["out0"]).any()  # past 2**24 the compiled program is not exact
+
+
+async def test_load_cached_runs_once_and_is_counted_as_const_eval() -> None:
+    """The const-eval functions `main` calls through `ttcore.load_cached` (here: the constants of
+    jnp's arithmetic) run on the first submit only; later submits hit the device's cache, as
+    tt-mlir's runtime caches them, and give the same values."""
+    binary = tt.Binary.load(CORPUS / "eltwise.ttnn")
+    assert binary.programs[0].cache_constants
+    data = np.load(CORPUS / "eltwise.npz")
+    async with tt.open_device() as device:
+        inputs = [tt.to_device(data[f"in{j}"], device, tt.get_layout(binary, 0, j)) for j in range(2)]
+        first = [await tt.to_host(o) for o in tt.submit(device, binary, 0, inputs)]
+        assert (device.stats.const_eval_misses, device.stats.const_eval_hits) == (1, 0)
+        second = [await tt.to_host(o) for o in tt.submit(device, binary, 0, inputs)]
+        assert (device.stats.const_eval_misses, device.stats.const_eval_hits) == (1, 1)
+        for a, b in zip(first, second, strict=True):
+            np.testing.assert_array_equal(a, b)

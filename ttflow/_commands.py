@@ -202,7 +202,7 @@ class Plan:
         # `submit_spmd`): a donation (inputs consumed), collectives (resolved for the mesh's
         # groups, a rendezvous to join) or constant inputs (the const-eval cut) take the
         # checked path.
-        self.checked_submit = bool(self.donated or self.collectives or self.consts)
+        self.checked_submit = bool(self.donated or self.collectives or self.consts or program.cache_constants)
         self.schedule = _Schedule(self)
         self._built = True  # from here on, fields are read-only
 

@@ -248,6 +248,8 @@ def _program_to_json(p: Program) -> dict[str, Any]:
             "binary file cannot hold; keep the Binary in memory, or lower the op to device ops", label)
     if p.consts:  # an optional key, in any version (a reader without it runs them as plain inputs)
         return {**_program_to_json(attrs.evolve(p, consts=())), "consts": list(p.consts)}
+    if p.cache_constants:  # optional too: a reader without it computes them on every submit
+        return {**_program_to_json(attrs.evolve(p, cache_constants=False)), "cache_constants": True}
     return {
         "name": p.name,
         "num_inputs": p.num_inputs,
@@ -316,6 +318,11 @@ def _program_from_json(j: Any, version: int = _VERSION) -> Program:
     if not consts <= set(range(num_inputs)):
         raise BinaryFormatError(f"consts {sorted(consts)!r:.40} name inputs the program does not have")
     built = [b.input(spec.shape, spec.layout, const=i in consts) for i, spec in enumerate(values[:num_inputs])]
+    cache = j.get("cache_constants", False)
+    if not isinstance(cache, bool):
+        raise BinaryFormatError(f"cache_constants must be true or false, got {cache!r:.20}")
+    if cache:
+        b.cache_constants()
     for index, raw in enumerate(_expect(j["steps"], list, "steps")):
         op, inputs, scalar, step_attrs, output = _expect(raw, list, f"step {index}")
         if not isinstance(op, str) or op not in OPS:
@@ -404,6 +411,8 @@ def _rebuild(program: Program, mesh_shape: tuple[int, int]) -> Program:
     """`program` replayed step by step through a builder of `mesh_shape` (as `load` replays)."""
     b = ProgramBuilder(program.name, mesh_shape)
     built = [b.input(spec.shape, spec.layout, const=i in program.consts) for i, spec in enumerate(program.inputs)]
+    if program.cache_constants:
+        b.cache_constants()
     checks = dict(program.range_checks)
     locations = dict(program.locations)
     placements = dict(program.placements)

@@ -148,6 +148,7 @@ class BuilderCore:
         self._consts: list[int] = []  # the inputs declared constant
         self._location: str | None = None  # set inside `location`
         self._locations: list[tuple[int, str]] = []
+        self._cache_constants = False  # set by `cache_constants`
         self._placement: MemorySpace | None = None  # set inside `placing`
         self._placements: list[tuple[int, MemorySpace]] = []
 
@@ -196,6 +197,14 @@ class BuilderCore:
             self._locations.append((out.id, self._location))
         if self._placement is not None:
             self._placements.append((out.id, self._placement))
+
+    def cache_constants(self) -> None:
+        """The program's steps that read no input (full, arange, constant and what reads only
+        them), with those of its constant inputs, run once per device and their results are kept
+        for later submits (tt-mlir's `load_cached` of a const-eval function without arguments),
+        counted in `stats.const_eval_hits` / `const_eval_misses`."""
+        self._check_open()
+        self._cache_constants = True
 
     @contextlib.contextmanager
     def placing(self, memory: MemorySpace) -> Iterator[None]:
@@ -339,6 +348,7 @@ class BuilderCore:
             range_checks=tuple(self._range_checks),
             locations=tuple(self._locations),
             placements=tuple(self._placements),
+            cache_constants=self._cache_constants,
             mesh_shape=self.mesh_shape if any(step.op in REGISTRY and REGISTRY[step.op].kind is Kind.COLLECTIVE
                                             for step in self._steps) else None,
             consts=tuple(self._consts),

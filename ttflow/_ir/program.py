@@ -69,6 +69,11 @@ class Program:
     """(value id, location) pairs: where the step that makes the value came from, as MLIR
     locations say (`ProgramBuilder.location`: a source line, an FX node); debug hooks and
     golden reports name ops by it."""
+    cache_constants: bool = False
+    """Whether the steps that read no input (values made from attributes alone: full, arange,
+    constant) are cut out and run once per device like the steps of constant inputs, their
+    results kept (`ProgramBuilder.cache_constants`: tt-mlir's `load_cached` of an argument-less
+    const-eval function)."""
     placements: tuple[tuple[int, MemorySpace], ...] = ()
     """(value id, memory) pairs: where the program's author (a compiler's plan) put a step's
     value (`ProgramBuilder.placing`). DRAM: it is stored in DRAM only; L1: in L1 while it fits,

@@ -333,5 +333,6 @@ def _renumbered(program: Program, specs: list[TensorSpec], steps: list[Step],
                         for step in steps if step.output in locations),
         placements=tuple((number[step.output], placements[step.output])
                          for step in steps if step.output in placements),
+        cache_constants=program.cache_constants,
         mesh_shape=program.mesh_shape if any(s.op in COLLECTIVES for s in steps) else None,
     )

@@ -346,7 +346,7 @@ def _submit_checked(device: Device, binary: Binary, program_index: int,
     def run(program: Program, states: tuple[TensorState, ...]) -> tuple[TensorState, ...]:
         return scheduler.submit(program, states, peers=peers if program.has_collectives else None)
     states = None
-    if program.consts:  # through its constant cut, cached on the device (`_const_eval`)
+    if program.consts or program.cache_constants:  # its constant cut, cached on the device (`_const_eval`)
         states = _const_eval.submit(device, program, inputs, run)
     if states is None:
         states = run(program, tuple(tensor._state for tensor in inputs))

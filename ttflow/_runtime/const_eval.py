@@ -77,7 +77,7 @@ def content_key(program: Program) -> Any:
     """What a program computes, as a hashable value (programs hash by identity)."""
     return (program.name, program.values, program.steps, program.outputs, program.output_specs,
             program.num_inputs, program.donations, program.range_checks, program.consts,
-            program.mesh_shape)
+            program.mesh_shape, program.cache_constants)
 
 
 def split_of(program: Program) -> Split | None:
@@ -85,7 +85,7 @@ def split_of(program: Program) -> Split | None:
     try:
         return _SPLITS[program]
     except KeyError:
-        split = _SPLITS[program] = _split(program) if program.consts else None
+        split = _SPLITS[program] = _split(program) if program.consts or program.cache_constants else None
         return split
 
 

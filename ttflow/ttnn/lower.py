@@ -11,8 +11,9 @@ compiler's, as the device would hold it.
 What runs where:
 - `main` and every public program become one ttflow program each, in the file's order, with the
   file's names; a const-eval function called through `ttcore.load_cached` is inlined at its call,
-  and its inputs are declared const when the module marks them parameters or constants, so the
-  runtime's const-eval cache runs it once per parameter set (tt-mlir's `load_cached`).
+  its inputs declared const when the module marks them parameters or constants, and the program
+  caches its constants (`ProgramBuilder.cache_constants`), so the runtime's const-eval cache runs
+  it once per device and parameter set (tt-mlir's `load_cached`).
 - every step an op emits is placed where the compiler put its result (`ProgramBuilder.placing`:
   DRAM only, or L1 while it fits), the addresses left to ttflow's allocator;
 - `ttnn.deallocate`, `get_device` and memory moves (`to_memory_config`, `to_device`,
@@ -217,6 +218,11 @@ def lower_program(file: TtnnFile, program: TtnnProgram, translators: dict[str, T
                   reads: dict[str, frozenset[str]]) -> Program:
     lowering = Lowering(file, program, translators, reads)
     lowering.declare_inputs(_const_inputs(file, program))
+    if any(op.op.callee is not None for op in program.ops):
+        # tt-mlir's load_cached: what a const-eval function computes runs once per device, its
+        # results kept, counted as ttflow's const-eval cache counts (the functions this compiler
+        # writes take no argument or the program's parameters)
+        lowering.b.cache_constants()
     results = lowering.run_ops(program, [])
     donors = {t.aliases_output: j for j, t in enumerate(program.inputs) if t.aliases_output is not None}
     for i, (value, t) in enumerate(zip(results, program.outputs, strict=True)):
