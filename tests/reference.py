@@ -77,3 +77,13 @@ def bfp8_unpack_reference(tile: bytes) -> np.ndarray[Any, Any]:
             m = tile[64 + k * 16 + c]
             out[k * 16 + c] = (-1.0 if m & 0x80 else 1.0) * (m & 0x7F) * 2.0 ** (tile[k] - 133)
     return out.astype(np.float32)
+
+
+def as_format_version(raw: bytes, version: int) -> bytes:
+    """A saved ttflow binary's bytes with its header claiming `version` (the payload as it is,
+    its checksum made again): what an older ttflow would have written, for the refusal tests."""
+    import struct
+    import zlib
+
+    payload = raw[24:]
+    return struct.pack("<8sIQI", b"TTFLOWB\0", version, len(payload), zlib.crc32(payload)) + payload

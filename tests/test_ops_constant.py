@@ -5,7 +5,6 @@ a version-9 file and for values its dtype cannot hold."""
 from __future__ import annotations
 
 import struct
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import ttflow as tt
+from reference import as_format_version
 from ttflow._ir.interpreter import run_on_host
 
 F32, BF16, I32, U32 = tt.DataType.FLOAT32, tt.DataType.BFLOAT16, tt.DataType.INT32, tt.DataType.UINT32
@@ -63,8 +63,7 @@ def test_a_version_9_file_cannot_name_constant(tmp_path: Path) -> None:
     tt.Binary([_program(np.ones((2, 2), np.float32), F32)]).save(path)
     raw = path.read_bytes()
     assert struct.unpack_from("<I", raw, 8)[0] >= 10  # save writes the newest version, at least constant's
-    payload = raw[24:]
-    path.write_bytes(struct.pack("<8sIQI", b"TTFLOWB\0", 9, len(payload), zlib.crc32(payload)) + payload)
+    path.write_bytes(as_format_version(raw, 9))
     with pytest.raises(tt.BinaryFormatError, match="constant is not an op of format version 9"):
         tt.Binary.load(path)
 
