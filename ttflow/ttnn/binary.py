@@ -8,6 +8,8 @@ identifier is `TTNN`. Every program of the file becomes a ttflow program in the 
 
 from __future__ import annotations
 
+import ttflow as tt
+
 from .._errors import BinaryFormatError, ProgramError
 from .._ir.binary import Binary
 from .lower import lower_file
@@ -26,7 +28,11 @@ def read_binary(data: bytes, what: str = "the binary") -> Binary:
     for program in file.programs:  # the compiler's plan must fit the chip it was compiled for
         check_plan(file, program, chip)
     try:
-        return Binary(lower_file(file, TRANSLATORS, READS))
+        programs = lower_file(file, TRANSLATORS, READS)
+        # tt.simplify drops what the translation leaves redundant (reshapes to the same shape,
+        # casts to the same dtype, steps nothing reads: 11% of the corpus's steps); a program
+        # with constant inputs is kept as it is (simplify does not carry them).
+        return Binary([p if p.consts else tt.simplify(p) for p in programs])
     except ProgramError as exc:
         raise ProgramError(f"{what}: {exc}") from None
     except (ValueError, TypeError, KeyError, IndexError, ArithmeticError, RecursionError) as exc:
