@@ -117,6 +117,23 @@ def _const_programs(shape: tuple[int, int]) -> list[ModelProgram]:
     return [ModelProgram(binary, lambda x, w: [x.map(np.add, w.map(lambda a: a * np.float32(2)))], 0)]
 
 
+def _placed_programs(shape: tuple[int, int]) -> list[ModelProgram]:
+    """A compiler's program as ttflow.ttnn builds one: an intermediate placed in DRAM
+    (`placing`: its scratch is never L1), so the DRAM-only scratch meets room-making, writes,
+    traces and evictions. (`cache_constants` is left out: its cached results live until the
+    device closes, which the machine's every-tensor-freed check rightly flags; see the closing
+    note of issue 38.)"""
+    tile = tt.Layout(DRAM, TILE, F32)
+    b = tt.ProgramBuilder("placed_cached")
+    x = b.input(shape, tile)
+    c = b.mul(b.full(shape, 0.5), 3.0)
+    with b.placing(tt.MemorySpace.DRAM):
+        h = b.mul(x, 3.0)
+    b.output(b.add(h, c), tile)
+    binary = tt.Binary([b.build()])
+    return [ModelProgram(binary, lambda x: [x.map(lambda a: a * np.float32(3) + np.float32(1.5))], 0)]
+
+
 def _fast_programs(shape: tuple[int, int]) -> list[ModelProgram]:
     """Pagewise programs on DRAM tiles alike, without intermediates: the C fast path's."""
     tile = tt.Layout(DRAM, TILE, F32)
@@ -160,13 +177,14 @@ class TrioRuntimeMachine(RuntimeMachine):
 
 class ConstEvalRuntimeMachine(RuntimeMachine):
     """The programs and a constant-input one, so const-eval's cache meets writes, deallocates,
-    traces (whose captures hoist the constant part out) and evictions; on trio with "eager"
+    traces (whose captures hoist the constant part out) and evictions, and a program with a
+    DRAM-placed intermediate and cached constants (`_placed_programs`); on trio with "eager"
     eviction, DRAM fragmented: the configuration that found an unrecorded eviction by a
     hoisted constant part (docs/testing.md, "A finding and its fix")."""
 
     backend = "trio"
     eviction = "eager"
-    programs = PROGRAMS + _const_programs(SMALL) + _const_programs(BIG)
+    programs = PROGRAMS + _const_programs(SMALL) + _const_programs(BIG) + _placed_programs(SMALL)
 
 
 class OneQueueRuntimeMachine(RuntimeMachine):
