@@ -358,6 +358,45 @@ async def test_a_failed_constant_run_is_computed_again(submit_path: str) -> None
         assert (device.stats.const_eval_misses, device.stats.const_eval_hits) == (2, 2)
 
 
+async def test_cached_constants_live_as_long_as_their_binary(submit_path: str) -> None:
+    """`cache_constants` (a compiled program's `load_cached` of constants it makes itself): the
+    part without inputs runs once, and its cached result, which no constant can end, is freed
+    when the binary goes (as tt-mlir's runtime keeps the cache in the binary); a binary of the
+    same content loaded afterwards computes it again."""
+
+    def build() -> tt.Binary:
+        b = tt.ProgramBuilder("made_constants")
+        x = b.input((64, 64))
+        b.output(b.add(x, b.mul(b.full((64, 64), 0.25), 8.0)))
+        b.cache_constants()
+        return tt.Binary([b.build()])
+
+    ones = np.ones((64, 64), np.float32)
+    async with tt.open_device(SMALL) as device:
+        x = tt.to_device(ones, device)
+
+        def held() -> int:  # x's storages (its tile conversion is made by the first run)
+            return sum(buffer.num_pages * buffer.aligned_page_size for _, buffer in x.storages)
+
+        binary = build()
+        for _ in range(3):
+            (out,) = tt.submit(device, binary, 0, [x])
+            np.testing.assert_array_equal(await tt.to_host(out), ones + 2)
+            tt.deallocate(out)
+        assert (device.stats.const_eval_misses, device.stats.const_eval_hits) == (1, 2)
+        await tt.to_host(x)
+        assert device.memory_used(DRAM) == held() + 64 * 64 * 4  # the cached result
+        del binary
+        gc.collect()
+        (out,) = tt.submit(device, build(), 0, [x])  # the same content: computed again
+        np.testing.assert_array_equal(await tt.to_host(out), ones + 2)
+        assert (device.stats.const_eval_misses, device.stats.const_eval_hits) == (2, 2)
+        tt.deallocate(out)
+        gc.collect()
+        await tt.to_host(x)
+        assert device.memory_used(DRAM) == held()
+
+
 def test_builder() -> None:
     b = tt.ProgramBuilder("p")
     x, w = b.input((32, 32)), b.input((32, 32), const=True)

@@ -19,7 +19,13 @@ share entries, as tt-mlir's `global_cache_across_binaries`.
 An entry is dropped, and its tensors freed, as soon as a constant's value may change or go: any
 command queued to write one (`tt.write`, a trace replay into it: `Scheduler.enqueue` calls
 `written`), its `tt.deallocate`, a donation that consumes it, a failed constant run (computed
-again next time), and the constant's handle being dropped (a finalizer).
+again next time), and the constant's handle being dropped (a finalizer). It lives no longer
+than the program that made it either (a finalizer on its `Split`, which lives as long as the
+program and any trace that hoisted it): as tt-mlir's runtime keeps a binary's const-eval cache
+in the binary, dropping a `Binary` frees what its programs cached. That is the only end of an
+entry without constants (`ProgramBuilder.cache_constants`: a compiled program's `load_cached`
+of constants it makes itself); an entry another `Binary` of the same content shares goes with
+the first (the second computes it again: a miss, never a stale value).
 
 Inside a trace capture, as tt-mlir's runtime hoists const-eval out of its traces, the constant
 program is looked up (or run: a miss) once, not replayed, and only the main program is
@@ -154,7 +160,7 @@ def _split(program: Program) -> Split | None:
 
 @final
 class _Entry:
-    __slots__ = ("constants", "results", "finalizers")
+    __slots__ = ("constants", "results", "finalizers", "__weakref__")
 
     def __init__(self, constants: tuple[TensorState, ...], results: list[Tensor]) -> None:
         self.constants = constants  # the constant tensors' states, compared by identity
@@ -199,22 +205,27 @@ class ConstEvalCache:
             if not state.deallocated:
                 self.scheduler.deallocate(state)
 
-    def store(self, key: Any, constants: tuple[TensorState, ...], results: list[Tensor],
+    def store(self, key: Any, split: Split, constants: tuple[TensorState, ...], results: list[Tensor],
               handles: Sequence[Tensor]) -> _Entry:
         entry = self.entries[key] = _Entry(constants, results)
         for state in constants:
             self.watched.setdefault(id(state), set()).add(key)
+        # The program going (its split with it) frees the entry as a dropped constant does.
+        entry.finalizers.append(weakref.finalize(split, _dropped, weakref.ref(self), key, weakref.ref(entry)))
         for handle in {id(h): h for h in handles}.values():
             # A dropped constant handle frees the entry (on whatever thread collects it: the
             # entry's handles are then dropped as any handle is, not deallocated here).
-            entry.finalizers.append(weakref.finalize(handle, _dropped, weakref.ref(self), key))
+            entry.finalizers.append(weakref.finalize(handle, _dropped, weakref.ref(self), key, weakref.ref(entry)))
         return entry
 
 
-def _dropped(cache_ref: weakref.ref[ConstEvalCache], key: Any) -> None:
-    cache = cache_ref()
-    if cache is not None:
-        cache.entries.pop(key, None)
+def _dropped(cache_ref: weakref.ref[ConstEvalCache], key: Any, entry_ref: weakref.ref[_Entry]) -> None:
+    """A finalizer's end of an entry: only that entry (a later one under its key stays)."""
+    cache, entry = cache_ref(), entry_ref()
+    if cache is not None and entry is not None and cache.entries.get(key) is entry:
+        del cache.entries[key]
+        for finalizer in entry.finalizers:
+            finalizer.detach()
 
 
 @final
@@ -244,7 +255,7 @@ def _lookup(device: Device, split: Split, constants: tuple[TensorState, ...], ha
         entry = None
     if entry is None:
         results = run(split.const_program, constants)
-        entry = cache.store(key, constants, [Tensor._wrap(device, state) for state in results], handles)
+        entry = cache.store(key, split, constants, [Tensor._wrap(device, state) for state in results], handles)
         scheduler.count("const_eval_misses", 1)
     else:
         scheduler.count("const_eval_hits", 1)

@@ -423,4 +423,7 @@ def release(capture: Capture) -> None:
     """The trace is released: its storages are unpinned once no replay of it is queued."""
     if not capture.released:
         capture.released = True
+        # Nothing replays it again: the constant parts it hoisted (`_const_eval.ConstUse`) no
+        # longer keep their programs' cut, so a dropped binary frees what it cached.
+        capture.const_uses.clear()
         capture.unpin_if_idle()

@@ -127,6 +127,7 @@ class TraceRules(FlightRules):
             if trace.handle is not None:
                 self.call(release_trace, trace.handle)
             trace.released = True
+        self.traces.clear()  # their steps hold programs, whose cached constants teardown counts
 
     # -- rules ----------------------------------------------------------------------------------
 
