@@ -119,6 +119,15 @@ def test_erf_is_accurate_everywhere() -> None:
     np.testing.assert_allclose(erf(xs), [math.erf(v) for v in xs], rtol=1e-13, atol=1e-15)
 
 
+@given(hnp.arrays(np.float64, st.integers(0, 40), elements=st.floats(allow_nan=True, allow_infinity=True)))
+def test_erf_kernel_matches_math_erf(x: Array) -> None:
+    """The C kernel (`_kernels._special`) on any float64: math.erf's value, sign of zero, NaN."""
+    got = erf(x)
+    want = np.array([math.erf(v) for v in x])
+    np.testing.assert_allclose(got, want, rtol=1e-13, atol=0.0)
+    assert np.array_equal(np.signbit(got), np.signbit(want))
+
+
 @given(floats, st.integers(-3, 2))
 def test_reductions_and_softmax_with_negative_axes(x: Array, axis: int) -> None:
     if not -x.ndim <= axis < x.ndim:

@@ -12,6 +12,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from .._kernels import _special
 from .._types import DataType
 
 __all__ = ["compute_dtype", "store_as", "to_host_dtype", "erf", "philox4x32_10", "arange_length"]
@@ -19,66 +20,15 @@ __all__ = ["compute_dtype", "store_as", "to_host_dtype", "erf", "philox4x32_10",
 Array = np.ndarray[Any, Any]
 
 
-# Cody's erf coefficients (|x| <= 0.5, 0.5 < |x| <= 4, |x| > 4).
-_A = (3.16112374387056560e00, 1.13864154151050156e02, 3.77485237685302021e02,
-      3.20937758913846947e03, 1.85777706184603153e-1)
-
-_B = (2.36012909523441209e01, 2.44024637934444173e02, 1.28261652607737228e03,
-      2.84423683343917062e03)
-
-_C = (5.64188496988670089e-1, 8.88314979438837594e00, 6.61191906371416295e01,
-      2.98635138197400131e02, 8.81952221241769090e02, 1.71204761263407058e03,
-      2.05107837782607147e03, 1.23033935479799725e03, 2.15311535474403846e-8)
-
-_D = (1.57449261107098347e01, 1.17693950891312499e02, 5.37181101862009858e02,
-      1.62138957456669019e03, 3.29079923573345963e03, 4.36261909014324716e03,
-      3.43936767414372164e03, 1.23033935480374942e03)
-
-_P = (3.05326634961232344e-1, 3.60344899949804439e-1, 1.25781726111229246e-1,
-      1.60837851487422766e-2, 6.58749161529837803e-4, 1.63153871373020978e-2)
-
-_Q = (2.56852019228982242e00, 1.87295284992346725e00, 5.27905102951428412e-1,
-      6.05183413124413191e-2, 2.33520497626869185e-3)
-
-_SQRT_PI_INV = 5.6418958354775628695e-1
-
 def erf(x: Array) -> Array:
-    """erf in float64 by Cody's rational approximations (vectorised)."""
+    """erf in float64 by Cody's rational approximations, elementwise in C
+    (`ttflow._kernels._special`: the formulas, their source, NaN and signed zeros), so every op
+    that needs it (gelu, erf, what front-ends build of them) evaluates the same function."""
     x = np.asarray(x, np.float64)
-    y = np.abs(x)
-    out = np.full_like(y, np.nan)  # NaN is in none of the three ranges: it stays NaN
-    small = y <= 0.5
-    mid = (y > 0.5) & (y <= 4.0)
-    big = y > 4.0
-    if small.any():
-        z = y[small] ** 2
-        num = _A[4] * z
-        den = z
-        for i in range(3):
-            num = (num + _A[i]) * z
-            den = (den + _B[i]) * z
-        out[small] = y[small] * (num + _A[3]) / (den + _B[3])
-    if mid.any():
-        v = y[mid]
-        num = _C[8] * v
-        den = v
-        for i in range(7):
-            num = (num + _C[i]) * v
-            den = (den + _D[i]) * v
-        erfc = (num + _C[7]) / (den + _D[7]) * np.exp(-v * v)
-        out[mid] = 1.0 - erfc
-    if big.any():
-        v = y[big]
-        z = 1.0 / (v * v)
-        num = _P[5] * z
-        den = z
-        for i in range(4):
-            num = (num + _P[i]) * z
-            den = (den + _Q[i]) * z
-        r = z * (num + _P[4]) / (den + _Q[4])
-        erfc = (_SQRT_PI_INV - r) / v * np.exp(-v * v)
-        out[big] = 1.0 - erfc
-    return np.copysign(out, x)
+    out = np.empty_like(x)
+    _special.erf(np.ascontiguousarray(x).reshape(-1), out.reshape(-1))
+    return out
+
 
 _INT_RANGE = {DataType.INT32: (-(2**31), 2**31 - 1), DataType.UINT32: (0, 2**32 - 1)}
 
