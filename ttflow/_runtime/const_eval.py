@@ -67,7 +67,7 @@ class Split:
 
     __slots__ = ("key", "const_program", "main_program", "const_inputs", "main_inputs", "__weakref__")
 
-    def __init__(self, key: Any, const_program: Program, main_program: Program,
+    def __init__(self, key: ContentKey, const_program: Program, main_program: Program,
                  const_inputs: tuple[int, ...], main_inputs: tuple[int, ...]) -> None:
         self.key = key  # the program's content
         self.const_program = const_program
@@ -79,11 +79,31 @@ class Split:
 _SPLITS: weakref.WeakKeyDictionary[Program, Split | None] = weakref.WeakKeyDictionary()
 
 
-def content_key(program: Program) -> Any:
-    """What a program computes, as a hashable value (programs hash by identity)."""
-    return (program.name, program.values, program.steps, program.outputs, program.output_specs,
-            program.num_inputs, program.donations, program.range_checks, program.consts,
-            program.mesh_shape, program.cache_constants)
+@final
+class ContentKey:
+    """What a program computes, as a hashable value (programs hash by identity), its hash taken
+    once: a submit looks its entry up by it, and hashing a compiled program's hundreds of steps
+    on every submit cost more than many of their runs."""
+
+    __slots__ = ("fields", "_hash")
+
+    def __init__(self, fields: tuple[Any, ...]) -> None:
+        self.fields = fields
+        self._hash = hash(fields)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, ContentKey) and self._hash == other._hash
+                                 and self.fields == other.fields)
+
+
+def content_key(program: Program) -> ContentKey:
+    """What a program computes (see `ContentKey`)."""
+    return ContentKey((program.name, program.values, program.steps, program.outputs, program.output_specs,
+                       program.num_inputs, program.donations, program.range_checks, program.consts,
+                       program.mesh_shape, program.cache_constants))
 
 
 def split_of(program: Program) -> Split | None:
