@@ -33,6 +33,8 @@ ATOMS = st.one_of(
     st.lists(st.integers(-99, 99), max_size=5).map(lambda v: f"array<i64: {', '.join(map(str, v))}>"),
     st.lists(st.integers(-99, 99), max_size=5).map(lambda v: "[" + ", ".join(f"{x} : i32" for x in v) + "]"),
     st.text(st.sampled_from("ab(){}<>[],= "), max_size=12).map(lambda t: '"' + t + '"'),
+    # strings holding where an attribute block most often ends (the parser's shortcut)
+    st.sampled_from(['"x}> : y"', '"q\\" }> : (a) -> b"']),
 )
 VALUES = st.recursive(ATOMS, lambda inner: st.lists(inner, max_size=3).map(
     lambda v: "#ttnn.cfg<" + ", ".join(f"k{i} = {x}" for i, x in enumerate(v)) + ">"), max_leaves=6)

@@ -39,6 +39,7 @@ __all__ = [
 ]
 
 _NAME = r"%[A-Za-z0-9_$.#-]+"
+_SSA_NAME = re.compile(_NAME)
 _HEAD = re.compile(
     rf"^\s*(?:(?P<results>{_NAME}(?::\d+)?(?:\s*,\s*{_NAME})*)\s*=\s*)?"
     r'(?:"(?P<quoted>[\w.]+)"|(?P<bare>[a-z_]+\.[\w.]+))\s*\('
@@ -81,6 +82,7 @@ class MlirOp:
 
 # The characters the bracket walk stops at: quotes, brackets, separators, and the arrows and
 # comparisons whose '>' closes nothing. A regex finds them; the text between is skipped at C speed.
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 _SPECIAL = re.compile(r'"(?:[^"\\]|\\.)*"|->|>=|[-=]<|[()\[\]{}<>,]')
 
 
@@ -127,6 +129,19 @@ def split_top(text: str, sep: str = ",") -> list[str]:
             start = m.end()
     parts.append(text[start:].strip())
     return [p for p in parts if p]
+
+
+@functools.lru_cache(maxsize=4096)  # ops of one kind and shape repeat their attributes
+def _attribute_block(block: str) -> dict[str, str] | None:
+    """`<{...}>`'s attributes (the caller copies the dict), or None when the text is not one
+    whole bracket group."""
+    if '"' in _STRING.sub("", block):
+        return None  # cut inside a string
+    try:
+        whole = _match(block, 0) == len(block)
+    except BinaryFormatError:  # cut inside a bracket group: the walk decides
+        whole = False
+    return _attributes(block[2:-2]) if whole else None
 
 
 def _attributes(text: str) -> dict[str, str]:
@@ -176,6 +191,15 @@ def _top_arrow(signature: str) -> int | None:
     return next((m.start() for m in _top_level(signature) if m.group() == "->"), None)
 
 
+@functools.lru_cache(maxsize=4096)  # whole signatures repeat too: a program's ops share a few
+def _signature(signature: str) -> tuple[tuple[TensorType, ...], tuple[TensorType, ...]] | None:
+    """An op's `(operand types) -> result types`, read; None without a top-level arrow."""
+    arrow = _top_arrow(signature)
+    if arrow is None:
+        return None
+    return _types(signature[:arrow]), _types(signature[arrow + 2:])
+
+
 @functools.lru_cache(maxsize=4096)  # signatures repeat: the same shapes and layouts
 def _types(text: str) -> tuple[TensorType, ...]:
     text = text.strip()
@@ -198,7 +222,9 @@ def parse_op(text: str) -> MlirOp:
         results += tuple(f"{name_}#{k}" for k in range(int(count))) if count else (name_,)
     name = m["quoted"] or m["bare"]
     open_paren = m.end() - 1
-    close = _match(text, open_paren)
+    close = text.find(")", open_paren) + 1  # plain operands: `(%a, %b)`, nothing nested
+    if close == 0 or any(c in text[open_paren + 1:close] for c in '(["<{'):
+        close = _match(text, open_paren)
     inside = text[open_paren + 1:close - 1]
     callee = None
     if m["bare"]:  # custom syntax: load_cached(@fn, [%a, %b])
@@ -212,26 +238,31 @@ def parse_op(text: str) -> MlirOp:
     rest = text[close:].lstrip()
     attributes: dict[str, str] = {}
     if rest.startswith("<{"):
-        end = _match(rest, 0)
-        attributes = _attributes(rest[2:end - 2])
+        # The block most often ends where the signature starts; a block that is not whole
+        # there (a string holding "}> : ") is walked bracket by bracket.
+        end = rest.find("}> : ") + 2
+        block = _attribute_block(rest[:end]) if end >= 2 else None
+        if block is None:
+            end = _match(rest, 0)
+            block = _attributes(rest[2:end - 2])
+        attributes = dict(block)
         rest = rest[end:].lstrip()
     if not rest.startswith(":"):
         raise BinaryFormatError(f"{name}: no type signature in {text[:200]!r}")
     rest = rest[1:]
     loc = rest.find(" loc(")
     signature = rest[:loc] if loc >= 0 else rest
-    arrow = _top_arrow(signature)
-    if arrow is None:
+    typed = _signature(signature)
+    if typed is None:
         raise BinaryFormatError(f"{name}: no '->' in its type signature {signature[:200]!r}")
-    operand_types = _types(signature[:arrow])
-    result_types = _types(signature[arrow + 2:])
+    operand_types, result_types = typed
     if len(operand_types) != len(operands) or len(result_types) != len(results):
         raise BinaryFormatError(
             f"{name}: {len(operands)} operands and {len(results)} results, but its signature types "
             f"{len(operand_types)} and {len(result_types)}"
         )
     for o in operands:
-        if not re.fullmatch(_NAME, o):
+        if not _SSA_NAME.fullmatch(o):
             raise BinaryFormatError(f"{name}: operand {o!r} is not an SSA value")
     return MlirOp(name, results, operands, attributes, operand_types, result_types, callee, text)
 
@@ -240,6 +271,8 @@ def clear_caches() -> None:
     """Empty the type parser's caches (a benchmark's cold load)."""
     parse_type.cache_clear()
     _types.cache_clear()
+    _signature.cache_clear()
+    _attribute_block.cache_clear()
 
 
 # Attribute values -----------------------------------------------------------------------------
