@@ -61,7 +61,9 @@ async def test_submit_checks_before_queuing() -> None:
         with pytest.raises(tt.DeallocatedTensorError):
             tt.submit(device, binary, 0, [gone])
         with pytest.raises(TypeError):
-            tt.submit(device, binary, 0, [np.ones((3, 50), np.float32)])
+            tt.submit(device, binary, 0, [[1.0] * 50])
+        with pytest.raises(tt.ShapeError, match="host array of shape"):  # checked before it is copied
+            tt.submit(device, binary, 0, [np.ones((3, 51), np.float32)])
         with pytest.raises(tt.ProgramError, match="Binary"):
             tt.submit(device, binary.programs[0], 0, [good])  # type: ignore[arg-type]
         assert used(device) == before[0] and device.stats == before[1]

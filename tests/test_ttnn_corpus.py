@@ -78,6 +78,31 @@ async def test_main_deallocating_its_inputs_leaves_the_callers_tensors() -> None
         np.testing.assert_allclose(first, data["out0"], rtol=1e-5, atol=1e-6)
 
 
+async def test_host_arrays_stand_in_for_inputs_as_tt_mlir_host_tensors() -> None:
+    """numpy arrays in the inputs' places are copied in the layouts the binary declares: the
+    outputs are the device tensors' bit for bit, the copies go with the run, and a host array of
+    the wrong shape is a ShapeError naming the input before anything is copied."""
+    async with tt.open_device() as device:
+        binary = tt.Binary.load(CORPUS / "mlp.ttnn")
+        data = np.load(CORPUS / "mlp.npz")
+        arrays = [data[f"in{j}"] for j in range(5)]
+        tensors = [tt.to_device(a, device, tt.get_layout(binary, 0, j)) for j, a in enumerate(arrays)]
+        want = await tt.to_host(tt.submit(device, binary, 0, tensors)[0])
+        del tensors
+        before = device.memory_used(tt.MemorySpace.DRAM)
+        mixed = [arrays[0], *[tt.to_device(a, device, tt.get_layout(binary, 0, j + 1)) for j, a in enumerate(arrays[1:])]]
+        for inputs in (arrays, mixed):
+            (out,) = tt.submit(device, binary, 0, inputs)
+            np.testing.assert_array_equal(await tt.to_host(out), want)
+        del mixed, inputs, out
+        await tt.to_host(tt.to_device(arrays[0], device))  # a later command frees what was dropped
+        assert device.memory_used(tt.MemorySpace.DRAM) == before
+        with pytest.raises(tt.ShapeError, match=r"input 2 of 'main' is a host array of shape \(3,"):
+            tt.submit(device, binary, 0, [*arrays[:2], arrays[2][:3], *arrays[3:]])
+        await tt.to_host(tt.to_device(arrays[0], device))
+        assert device.memory_used(tt.MemorySpace.DRAM) == before
+
+
 async def test_a_donated_cache_is_updated_in_place_step_after_step() -> None:
     """`donate_argnums=(0,)`: the binary marks the cache `tf.aliasing_output = 0`; the output takes
     the cache's buffer (the submit consumes it, no new buffer), and the cache fed back step after

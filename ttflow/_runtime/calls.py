@@ -297,6 +297,20 @@ def _check_donation(program: Program, program_index: int, inputs: Sequence[Tenso
         )
 
 
+def _host_inputs(device: Device, program: Program, inputs: Sequence[Any]) -> list[Tensor]:
+    """Host arrays given in tensors' places (tt-mlir's host tensors, which its runtime moves to
+    the device for the program): each copied to the device in the layout the program declares
+    for that input (`to_device`, on CQ1 ahead of the run), a tensor of its own that goes when
+    the run no longer needs it. Every array is checked before any is copied."""
+    specs = program.inputs
+    for index, (value, spec) in enumerate(zip(inputs, specs)):
+        if isinstance(value, np.ndarray) and value.shape != spec.shape:
+            raise ShapeError(f"input {index} of {program.name!r} is a host array of shape {value.shape}, "
+                             f"the program declares {spec.shape}")
+    return [to_device(value, device, spec.layout) if isinstance(value, np.ndarray) else value
+            for value, spec in zip(inputs, specs)]
+
+
 def _submit_checked(device: Device, binary: Binary, program_index: int,
                     inputs: Sequence[Tensor], mesh_shape: tuple[int, int] = (1, 1),
                     peers: Any = None) -> list[Tensor]:
@@ -318,6 +332,8 @@ def _submit_checked(device: Device, binary: Binary, program_index: int,
         raise ProgramError(
             f"program {program.name!r} takes {len(specs)} inputs, {len(inputs)} were given"
         )
+    if any(isinstance(tensor, np.ndarray) for tensor in inputs):
+        inputs = _host_inputs(device, program, inputs)
     for index, (tensor, spec) in enumerate(zip(inputs, specs)):
         _check_tensor(tensor, device)
         if tensor.shape != spec.shape:

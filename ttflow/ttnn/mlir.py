@@ -205,7 +205,25 @@ def _types(text: str) -> tuple[TensorType, ...]:
     text = text.strip()
     if text.startswith("(") and _match(text, 0) == len(text):
         text = text[1:-1]
-    return tuple(parse_type(t) for t in split_top(text))
+    # Most lists are tensor types only: split where the next one starts (no layout holds
+    # "tensor<"), each part checked to be one whole `tensor<...>` (once per type text); any
+    # other list (a `!ttnn.device` among them) is walked.
+    parts = _NEXT_TENSOR.split(text)
+    if not all(_one_tensor(p) for p in parts):
+        parts = split_top(text)
+    return tuple(parse_type(t) for t in parts)
+
+
+_NEXT_TENSOR = re.compile(r",\s*(?=tensor<)")
+
+
+@functools.lru_cache(maxsize=4096)
+def _one_tensor(text: str) -> bool:
+    """Whether `text` is one `tensor<...>` bracket group, whole."""
+    try:
+        return text.startswith("tensor<") and _match(text, 6) == len(text)
+    except BinaryFormatError:
+        return False
 
 
 def parse_op(text: str) -> MlirOp:
@@ -273,6 +291,7 @@ def clear_caches() -> None:
     _types.cache_clear()
     _signature.cache_clear()
     _attribute_block.cache_clear()
+    _one_tensor.cache_clear()
 
 
 # Attribute values -----------------------------------------------------------------------------
