@@ -103,6 +103,26 @@ async def test_host_arrays_stand_in_for_inputs_as_tt_mlir_host_tensors() -> None
         assert device.memory_used(tt.MemorySpace.DRAM) == before
 
 
+async def test_the_timeline_shows_each_compiled_op_with_its_location_and_compute_config() -> None:
+    """A slice per op inside its program's, in the program's order, each with the location the
+    binary records and, for a matmul (a `linear` here), the compute config it names."""
+    async with tt.open_device() as device:
+        binary = tt.Binary.load(CORPUS / "mlp.ttnn")
+        data = np.load(CORPUS / "mlp.npz")
+        with tt.record_timeline(device) as recorder:
+            await tt.to_host(tt.submit(device, binary, 0, [data[f"in{j}"] for j in range(5)])[0])
+        (program,) = [e for e in recorder.events if e.get("cat") == "ProgramCommand" and e["name"] == "main"]
+        ops = [e for e in recorder.events if e.get("cat") == "op"]
+        steps = binary.programs[0].steps
+        assert [e["name"] for e in ops] == [step.op for step in steps]
+        assert [e["args"]["step"] for e in ops] == list(range(len(steps)))
+        for e in ops:
+            assert program["ts"] <= e["ts"] and e["ts"] + e["dur"] <= program["ts"] + program["dur"] + 1e-3
+            assert "make_corpus.py:4" in e["args"]["loc"]
+        matmuls = [e for e in ops if e["name"] == "matmul"]
+        assert matmuls and all(e["args"]["loc"].endswith("[hifi4 fp32_acc]") for e in matmuls)
+
+
 async def test_a_donated_cache_is_updated_in_place_step_after_step() -> None:
     """`donate_argnums=(0,)`: the binary marks the cache `tf.aliasing_output = 0`; the output takes
     the cache's buffer (the submit consumes it, no new buffer), and the cache fed back step after

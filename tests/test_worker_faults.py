@@ -490,11 +490,14 @@ async def test_a_lone_device_timeline_names_its_worker() -> None:
         assert _process_names(trace)[pid] == f"ttflow {SMALL.name} worker {pid}"
         hosts = _slices(trace, 1)
         worker = _slices(trace, pid)
-        # every record travelled but the write and the read, which run in the host
+        # every record travelled but the write and the read, which run in the host (its ops'
+        # slices, inside the program's, came back with its result)
         assert sorted(e["name"] for e in worker) == sorted(e["name"] for e in hosts
-                                                          if e["name"] not in ("write", "read"))
+                                                          if e["name"] not in ("write", "read") and e["cat"] != "op")
+        assert sorted(e["name"] for e in hosts if e["cat"] == "op") == ["gelu", "matmul"]
         assert sorted(e["name"] for e in worker) == ["mm_gelu"]
         assert all(_inside(e, hosts) for e in worker)
-        assert recorder.queue_summary()["CQ0"]["commands"] == len([e for e in hosts if e["tid"] == 0])
+        assert recorder.queue_summary()["CQ0"]["commands"] == len([e for e in hosts if e["tid"] == 0
+                                                                    and e["cat"] != "op"])
         workers = [device._cq0._worker, device._cq1._worker]
     assert all(w.spans is None for w in workers)  # detached

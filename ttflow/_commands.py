@@ -22,7 +22,10 @@ A record is a tuple of steps:
 from __future__ import annotations
 
 import math
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple, Union, cast, final
 
 import numpy as np
@@ -412,13 +415,31 @@ def pagewise_storages(plan: Plan, storages: tuple[Storage, ...]) -> bool:
 Step = Union[Store, Load, Copy, Slide, Compute]
 
 
+OpSpan = tuple[int, float, float]  # a step's index in its program, and its perf_counter span
+_op_timing = threading.local()
+
+
+@contextmanager
+def timing_steps() -> Iterator[list[OpSpan]]:
+    """Notes the span of every step a program runs on this thread inside the block (a timed
+    record's run: the timeline draws each op as a slice inside its program's, named by its
+    location). Pagewise programs and the C kernel run whole and note none."""
+    spans: list[OpSpan] = []
+    outer = getattr(_op_timing, "spans", None)
+    _op_timing.spans = spans
+    try:
+        yield spans
+    finally:
+        _op_timing.spans = outer
+
+
 class Record(NamedTuple):
     """A decided command: its steps, and what they move and compute (for the run estimate)."""
 
     steps: tuple[Step, ...]
     nbytes: int = 0
     macs: int = 0
-    timed: bool = False  # run returns each Compute step's (start, end, host op spans), for the timeline
+    timed: bool = False  # run returns each Compute step's (start, end, host op spans, op spans), for the timeline
     kernel_bytes: int = 0  # the part of nbytes that the C pointwise kernel moves
 
     @property
@@ -447,7 +468,7 @@ def is_transfer(record: Record) -> bool:
 def run(record: Record, banks: Banks) -> Any:
     """Runs a record's steps in order; returns what its `Load` step read, if it has one (or,
     for a timed record, the perf_counter span of each Compute step, with the spans of the host
-    ops it called: `(start, end, [HostSpan, ...])`)."""
+    ops it called and of each op it ran: `(start, end, [HostSpan, ...], [OpSpan, ...])`)."""
     steps = record.steps
     if len(steps) == 1 and not record.timed:
         step = steps[0]
@@ -474,11 +495,11 @@ def _run(record: Record, banks: Banks) -> Any:
             if kernel is not None:  # a replay's tiny programs: straight to the C kernel
                 kernel_run(banks[kernel[0]], kernel[1], kernel[2], kernel[3], kernel[4])
                 if timed:
-                    result.append((start, perf_counter(), ()))
+                    result.append((start, perf_counter(), (), ()))
             elif timed:
-                with timing_host_ops() as host_spans:
+                with timing_host_ops() as host_spans, timing_steps() as op_spans:
                     _compute(cast(Compute, step), banks)
-                result.append((start, perf_counter(), host_spans))
+                result.append((start, perf_counter(), host_spans, op_spans))
             else:
                 _compute(cast(Compute, step), banks)
         elif kind is Copy:
@@ -573,6 +594,8 @@ def _run_schedule(schedule: _Schedule, n_values: int, sources: tuple[Storage, ..
     after each step, and may replace values in their storages (`values` is read again)."""
     values: list[np.ndarray[Any, Any] | None] = [None] * n_values
     read, write, write_tiles, tile = io.read_array, io.write_array, io.write_tiles, TensorLayout.TILE
+    op_spans: list[OpSpan] | None = getattr(_op_timing, "spans", None)  # a timeline listens
+    perf_counter = time.perf_counter
     for index, shape, dtype in schedule.reads:
         storage = sources[index]
         values[index] = read(banks[storage.layout.memory], storage, shape).astype(dtype, copy=False)
@@ -582,6 +605,8 @@ def _run_schedule(schedule: _Schedule, n_values: int, sources: tuple[Storage, ..
                      collective) in enumerate(schedule.steps):
         if hooked is not None:
             hooked.before(step_index, values)
+        if op_spans is not None:
+            op_start = perf_counter()
         storage = outputs[k] if k >= 0 else scratch[value]
         layout = storage.layout
         bank = banks[layout.memory]
@@ -610,6 +635,8 @@ def _run_schedule(schedule: _Schedule, n_values: int, sources: tuple[Storage, ..
             if stored is None:
                 stored = read(bank, storage, shape)
             values[value] = stored.reshape(shape).astype(dtype, copy=False)
+        if op_spans is not None:
+            op_spans.append((step_index, op_start, perf_counter()))
         if hooked is not None:
             hooked.after(step_index, values)
         for v in dies:

@@ -12,8 +12,10 @@ all start at once) show as consecutive slices sharing the batch's time, never as
 in one another; such a slice has `args["ran_with_previous"]`. Only a command's own parts (a
 replay's programs) nest inside it. Recording costs
 nothing when no recorder is attached: the device calls its listeners only if there are any.
-A program's host ops (`ProgramBuilder.host_op`) are slices of their own inside the program's
-slice (category "host op", named `host_op:<name>`), timed as they ran, in a replay too.
+A program's ops are slices inside the program's slice (category "op", named by the op, with
+its step index and location in `args`: a compiled op's location names its compute config),
+and so are its host ops (`ProgramBuilder.host_op`: category "host op", named
+`host_op:<name>`), timed as they ran (a replay's host ops too).
 
 A device whose records run in a worker process (`open_device(workers="process")`) gets one more
 process in the trace, pid = the worker's pid, named "chip (r, c) worker <pid>" ("ttflow <spec>
@@ -94,7 +96,7 @@ class TimelineRecorder:
             }
         )
         # Its parts, inside it: a replay's programs, a program's host ops (and a replay's).
-        for name, (child_start, child_end), category in children:
+        for name, (child_start, child_end), category, *extra in children:
             child_start, child_end = min(max(child_start, start), end), min(max(child_end, start), end)
             self.events.append(
                 {
@@ -105,7 +107,7 @@ class TimelineRecorder:
                     "dur": max(self._us(child_end) - self._us(child_start), 0.0),
                     "pid": 1,
                     "tid": track,
-                    "args": {},
+                    "args": extra[0] if extra else {},
                 }
             )
         spans = self.worker_spans

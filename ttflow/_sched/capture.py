@@ -259,8 +259,8 @@ class ReplayCommand(_Scheduled):
         super().__init__(scheduler, inputs, outputs)
         self.target = capture
         self.refilled: list[tuple[TensorState, Storage, Storage]] = []  # (state, source, refilled)
-        # Each program's run and its host ops' calls, for the timeline (`_commands.run`).
-        self.spans: list[tuple[float, float, Any]] = []
+        # Each program's run, its host ops' calls and its ops, for the timeline (`_commands.run`).
+        self.spans: list[tuple[float, float, Any, Any]] = []
 
     def decide(self) -> Record:
         capture = self.target
@@ -341,7 +341,7 @@ class ReplayCommand(_Scheduled):
         info = super().describe()
         info["programs"] = list(self.target.programs)
         children: list[tuple[str, tuple[float, float], str]] = []
-        for program, (start, end, host_spans) in zip(self.target.programs, self.spans):
+        for program, (start, end, host_spans, _) in zip(self.target.programs, self.spans):
             children.append((program, (start, end), "replayed program"))
             children += [(label, (t0, t1), "host op") for label, t0, t1 in host_spans]
         info["children"] = children

@@ -213,16 +213,17 @@ class ProgramCommand(_Scheduled):
     """One program run: evict, convert inputs, allocate, compute the steps, free scratch."""
 
     name = "program"
-    __slots__ = ("host_spans",)
+    __slots__ = ("host_spans", "op_spans")
 
     # Made only by `_core._dispatch.submit_program`, which sets its fields (scheduler, reads,
     # writes, program, plan; `converted`, the inputs each conversion step is kept on, is the
-    # shared empty list until `_decide` converts). `host_spans`: the host ops' calls of its
-    # run, set by `commit` when the run was timed (a timeline listens), else unset.
+    # shared empty list until `_decide` converts). `host_spans`, `op_spans`: the host ops'
+    # calls and the ops of its run, set by `commit` when the run was timed (a timeline
+    # listens), else unset.
 
     def _timed(self) -> bool:
-        """Whether the run notes its host ops' spans: it has some, and a timeline listens."""
-        return bool(self.plan.host_ops) and bool(self.scheduler.listeners)
+        """Whether the run notes its ops' and host ops' spans: a timeline listens."""
+        return bool(self.scheduler.listeners)
 
     def preamble(self) -> Command | None:
         s = self.scheduler
@@ -437,7 +438,7 @@ class ProgramCommand(_Scheduled):
         if self.footprint:
             s.release_footprint(self)
         if record.timed:
-            self.host_spans = result[-1][2]
+            self.host_spans, self.op_spans = result[-1][2], result[-1][3]
         steps = record.steps
         if len(steps) == 1 and not self.plan.donated:  # no conversion, no donation, no cache update
             compute = steps[0]
@@ -501,10 +502,20 @@ class ProgramCommand(_Scheduled):
         info = {"name": self.program.name, "bytes": record.nbytes if record is not None else 0,
                 "macs": self.plan.macs, "estimated_us": round(seconds * 1e6, 1),
                 "conversions": len(self.converted)}
+        children: list[tuple[str, tuple[float, float], str, dict[str, Any]]] = []
+        op_spans = getattr(self, "op_spans", ())
+        if op_spans:  # each op a slice: its name, and its location (a compiled op's compute config)
+            steps, locations = self.program.steps, dict(self.program.locations)
+            for index, start, end in op_spans:
+                step = steps[index]
+                loc = locations.get(step.output)
+                children.append((step.op, (start, end), "op", {"step": index, "loc": loc} if loc else {"step": index}))
         if self.plan.host_ops:  # steps run on the host (`ProgramBuilder.host_op`), by name
             info["host_ops"] = [label for _, label in self.plan.host_ops]
-            info["children"] = [(label, (start, end), "host op")
-                                for label, start, end in getattr(self, "host_spans", ())]
+            children += [(label, (start, end), "host op", {})
+                         for label, start, end in getattr(self, "host_spans", ())]
+        if children:
+            info["children"] = children
         return info
 
 
