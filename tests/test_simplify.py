@@ -277,6 +277,28 @@ def test_range_checks_stay_with_their_steps() -> None:
 
 
 @pytest.mark.anyio
+async def test_constant_inputs_stay_constant() -> None:
+    """A program with constant inputs keeps them through simplify (inputs are never
+    renumbered): its constant part is still cut and cached, and its values are the original's."""
+    b = tt.ProgramBuilder("scaled_weights")
+    x, w = b.input((32, 32)), b.input((32, 32), const=True)
+    scaled = b.reshape(b.reshape(b.mul(w, 2.0), (1024,)), (32, 32))  # a reshape pair that goes
+    b.output(b.add(x, scaled))
+    program = b.build()
+    simplified = tt.simplify(program)
+    assert len(simplified.steps) < len(program.steps) and simplified.consts == program.consts == (1,)
+    rng = np.random.default_rng(3)
+    xs, ws = rng.standard_normal((32, 32), np.float32), rng.standard_normal((32, 32), np.float32)
+    async with tt.open_device(tt.DeviceSpec.small()) as device:
+        x_t, w_t = tt.to_device(xs, device), tt.to_device(ws, device)
+        binary = tt.Binary([simplified])
+        for _ in range(2):
+            (out,) = tt.submit(device, binary, 0, [x_t, w_t])
+            assert _bits([await tt.to_host(out)]) == _bits(run_on_host(program, [xs, ws]))
+        assert (device.stats.const_eval_misses, device.stats.const_eval_hits) == (1, 1)
+
+
+@pytest.mark.anyio
 async def test_pointwise_ops_move_inside_the_same_permute() -> None:
     """A convolution's NHWC result seen as NCHW for a ReLU and a bias, then permuted back for
     the pool: the ops run on the NHWC value and the two permutes cancel. Operands permuted by

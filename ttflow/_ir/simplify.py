@@ -28,7 +28,8 @@ with `run_on_host` of the original). BFLOAT8_B is the exception: its blocks of 1
 exponent in tile order, so reshaping or permuting a BFLOAT8_B value rounds its elements anew;
 its chains are kept as they are, and ops on it are not lifted.
 A program with donations or an in-place op (`update_cache`) is returned as it is: their buffers
-are part of the contract, not just the values.
+are part of the contract, not just the values. Inputs keep their numbers, so constant inputs
+(const-eval), locations, placements and range checks carry over.
 """
 
 from __future__ import annotations
@@ -333,6 +334,7 @@ def _renumbered(program: Program, specs: list[TensorSpec], steps: list[Step],
                         for step in steps if step.output in locations),
         placements=tuple((number[step.output], placements[step.output])
                          for step in steps if step.output in placements),
+        consts=program.consts,  # inputs keep their numbers
         cache_constants=program.cache_constants,
         mesh_shape=program.mesh_shape if any(s.op in COLLECTIVES for s in steps) else None,
     )

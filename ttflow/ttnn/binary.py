@@ -30,9 +30,8 @@ def read_binary(data: bytes, what: str = "the binary") -> Binary:
     try:
         programs = lower_file(file, TRANSLATORS, READS)
         # tt.simplify drops what the translation leaves redundant (reshapes to the same shape,
-        # casts to the same dtype, steps nothing reads: 11% of the corpus's steps); a program
-        # with constant inputs is kept as it is (simplify does not carry them).
-        return Binary([p if p.consts else tt.simplify(p) for p in programs])
+        # casts to the same dtype, steps nothing reads: 11% of the corpus's steps).
+        return Binary([tt.simplify(p) for p in programs])
     except ProgramError as exc:
         raise ProgramError(f"{what}: {exc}") from None
     except (ValueError, TypeError, KeyError, IndexError, ArithmeticError, RecursionError) as exc:
