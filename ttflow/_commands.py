@@ -124,7 +124,7 @@ class Plan:
                  "store_in_output", "copied_out", "compute", "value_dtypes", "scratch", "macs",
                  "page_code", "input_layouts", "output_layouts", "output_shapes", "input_checks",
                  "bound", "donated", "in_place", "output_states", "footprint", "schedule", "range_checks",
-                 "collectives", "host_ops", "consts", "checked_submit", "page_ops", "_built")
+                 "collectives", "host_ops", "consts", "checked_submit", "page_ops", "scratch_slot", "_built")
 
     def __init__(self, program: Program) -> None:
         # The parts of the program a run reads (not the program: a plan cached under its program
@@ -174,14 +174,38 @@ class Plan:
         # A value its program places in DRAM (`ProgramBuilder.placing`: a compiler's plan) is
         # tried in DRAM only; one placed in L1, or not placed, in L1 first.
         in_dram = {v for v, memory in program.placements if memory is MemorySpace.DRAM}
-        self.scratch = [
-            (step.output, _scratch_shape(program.values[step.output], self.pagewise),
+        needs = [
+            (index, step.output, _scratch_shape(program.values[step.output], self.pagewise),
              Layout(MemorySpace.DRAM if step.output in in_dram else MemorySpace.L1, TensorLayout.TILE,
                     program.values[step.output].dtype),
              Layout(MemorySpace.DRAM, TensorLayout.TILE, program.values[step.output].dtype))
-            for step in program.steps
+            for index, step in enumerate(program.steps)
             if step.output not in self.store_in_output
         ]
+        # A value's scratch is free once its last reader has run, as `ttnn.deallocate` frees a
+        # compiled op's result at its point: a later value of the same storage shape and layouts
+        # takes it (from the step after: never an operand of the step that writes it). Each
+        # value's slot is named by the first value stored there; `scratch` lists the slots. A
+        # pagewise program keeps a storage per value (its C kernel's operands are its pages).
+        self.scratch_slot: dict[int, int] = {}
+        free: dict[Any, list[int]] = {}
+        released: list[tuple[int, Any, int]] = []  # (the step after which it is free, its key, slot)
+        self.scratch = []
+        for index, value, shape, l1, dram in needs:
+            key = (shape, l1, dram)
+            while released and released[0][0] < index:
+                _, done_key, slot = released.pop(0)
+                free.setdefault(done_key, []).append(slot)
+            pool = free.get(key)
+            if pool and not self.pagewise:
+                slot = pool.pop()
+            else:
+                slot = value
+                self.scratch.append((value, shape, l1, dram))
+            self.scratch_slot[value] = slot
+            if not self.copied_out[value]:
+                released.append((max(self.last_read[value], index), key, slot))
+                released.sort(key=lambda item: item[0])
         # The pagewise program as C kernel code (see `_page_code`), or None.
         self.page_code = _page_code(program, self.store_in_output, self.scratch) if self.pagewise else None
         self.input_layouts = tuple(spec.layout for spec in program.inputs)
@@ -274,7 +298,7 @@ class _Schedule:
             collective = (index, op.op, spec.dtype) if op.op in COLLECTIVES else None
             steps.append((plan.compute[index], op.inputs, op.scalar, plan.step_attrs[index], value, k,
                           kept, spec.shape, plan.value_dtypes[value], dies, host_dtype, cache, check,
-                          collective))
+                          collective, plan.scratch_slot.get(value, value)))
         self.steps = tuple(steps)
         self.copies = tuple((k, value) for k, value in enumerate(plan.outputs)
                             if plan.store_in_output.get(value) != k)
@@ -602,12 +626,12 @@ def _run_schedule(schedule: _Schedule, n_values: int, sources: tuple[Storage, ..
     if hooked is not None:
         hooked.begin(values)
     for step_index, (fn, inputs, scalar, attrs, value, k, kept, shape, dtype, dies, host_dtype, cache, check,
-                     collective) in enumerate(schedule.steps):
+                     collective, slot) in enumerate(schedule.steps):
         if hooked is not None:
             hooked.before(step_index, values)
         if op_spans is not None:
             op_start = perf_counter()
-        storage = outputs[k] if k >= 0 else scratch[value]
+        storage = outputs[k] if k >= 0 else scratch[slot]
         layout = storage.layout
         bank = banks[layout.memory]
         stored: np.ndarray[Any, Any] | None

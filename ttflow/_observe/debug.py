@@ -191,7 +191,7 @@ class _HookedRun:
         self.storage_of: dict[int, Storage] = dict(enumerate(sources))
         for step in program.steps:
             k = plan.store_in_output.get(step.output)
-            self.storage_of[step.output] = outputs[k] if k is not None else scratch[step.output]
+            self.storage_of[step.output] = outputs[k] if k is not None else scratch[plan.scratch_slot[step.output]]
         self.output_storages = outputs
         self.locations = dict(program.locations)
         # A host op's steps are named "host_op:<its name>" (`ProgramBuilder.host_op`).
