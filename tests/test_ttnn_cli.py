@@ -80,6 +80,11 @@ def test_bench_compiled_measures_load_and_warm_runs(capsys: pytest.CaptureFixtur
     assert len(rows) == 4 and "kv_donated" in [r["binary"] for r in rows] and all(r["ops"] > 0 and r["load_seconds"] > 0 and r["run_seconds"] > 0 for r in rows)
     if result["jax_skipped"] is None:  # with the compiler extra, JAX on the CPU is the peer
         assert all(r["run_vs_jax_cpu"] > 0 for r in rows)
+    # the 200-op estimate is the corpus's least-squares line, recomputed here
+    ops = np.array([r["ops"] for r in rows], float)
+    fixed, each = np.polyfit(ops, [r["load_seconds"] for r in rows], 1)[::-1]
+    assert result["load_seconds_at_200_ops"] == pytest.approx(fixed + 200 * each, rel=1e-6, abs=1e-9)
+    assert result["load_seconds_fixed"] == pytest.approx(fixed, rel=1e-6, abs=1e-9)
 
 
 def test_golden_compares_every_op_of_a_compiled_binary_naming_its_jax_line(capsys: pytest.CaptureFixture[str]) -> None:
