@@ -22,10 +22,8 @@ A record is a tuple of steps:
 from __future__ import annotations
 
 import math
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, NamedTuple, Union, cast, final
 
 import numpy as np
@@ -37,6 +35,7 @@ from ._memory.banks import Storage
 from ._ir.ops import COLLECTIVES, OPS
 from ._ir.numerics import compute_dtype
 from ._ir.record import Kind, PageOp, check_range
+from ._ir.spans import ThreadSpans
 from ._types import DataType, Layout, MemorySpace, TensorLayout, least_padded_shape
 
 if TYPE_CHECKING:
@@ -440,21 +439,14 @@ Step = Union[Store, Load, Copy, Slide, Compute]
 
 
 OpSpan = tuple[int, float, float]  # a step's index in its program, and its perf_counter span
-_op_timing = threading.local()
+_op_timing: ThreadSpans[OpSpan] = ThreadSpans()
 
 
-@contextmanager
-def timing_steps() -> Iterator[list[OpSpan]]:
+def timing_steps() -> AbstractContextManager[list[OpSpan]]:
     """Notes the span of every step a program runs on this thread inside the block (a timed
     record's run: the timeline draws each op as a slice inside its program's, named by its
     location). Pagewise programs and the C kernel run whole and note none."""
-    spans: list[OpSpan] = []
-    outer = getattr(_op_timing, "spans", None)
-    _op_timing.spans = spans
-    try:
-        yield spans
-    finally:
-        _op_timing.spans = outer
+    return _op_timing.collecting()
 
 
 class Record(NamedTuple):
@@ -618,7 +610,7 @@ def _run_schedule(schedule: _Schedule, n_values: int, sources: tuple[Storage, ..
     after each step, and may replace values in their storages (`values` is read again)."""
     values: list[np.ndarray[Any, Any] | None] = [None] * n_values
     read, write, write_tiles, tile = io.read_array, io.write_array, io.write_tiles, TensorLayout.TILE
-    op_spans: list[OpSpan] | None = getattr(_op_timing, "spans", None)  # a timeline listens
+    op_spans = _op_timing.current()  # a timeline listens
     perf_counter = time.perf_counter
     for index, shape, dtype in schedule.reads:
         storage = sources[index]

@@ -26,8 +26,8 @@ from __future__ import annotations
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, final
 
 import numpy as np
@@ -37,6 +37,7 @@ from ..._types import DataType, Layout, MemorySpace, TensorLayout, check_shape
 from ..core import BuilderCore, Value
 from ..program import Step
 from ..record import HOST_OP, located
+from ..spans import ThreadSpans
 
 __all__ = ["HOST_OP", "HostOps", "HostFunction", "HostSpan", "host_step", "timing_host_ops"]
 
@@ -45,22 +46,13 @@ __all__ = ["HOST_OP", "HostOps", "HostFunction", "HostSpan", "host_step", "timin
 HostSpan = tuple[str, float, float]
 """A host op's call: its label (`host_op:<name>`) and its perf_counter start and end."""
 
-_timing = threading.local()  # `spans`: where this thread's host op calls are noted, if anywhere
+_timing: ThreadSpans[HostSpan] = ThreadSpans()  # where this thread's host op calls are noted
 
 
-@contextmanager
-
-
-def timing_host_ops() -> Iterator[list[HostSpan]]:
+def timing_host_ops() -> AbstractContextManager[list[HostSpan]]:
     """Notes the span of every host op called on this thread inside the block (a timed
     record's run: the timeline draws each as a slice inside its program's)."""
-    spans: list[HostSpan] = []
-    outer = getattr(_timing, "spans", None)
-    _timing.spans = spans
-    try:
-        yield spans
-    finally:
-        _timing.spans = outer
+    return _timing.collecting()
 
 Array = np.ndarray[Any, Any]
 
@@ -107,7 +99,7 @@ class HostFunction:
             error.add_note("".join(traceback.format_exception(exc)).rstrip())
             raise error from exc
         finally:
-            spans = getattr(_timing, "spans", None)
+            spans = _timing.current()
             if spans is not None:
                 spans.append((self.label, start, time.perf_counter()))
         return self._check(results)
