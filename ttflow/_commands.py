@@ -21,6 +21,7 @@ A record is a tuple of steps:
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from contextlib import AbstractContextManager
@@ -188,12 +189,13 @@ class Plan:
         # pagewise program keeps a storage per value (its C kernel's operands are its pages).
         self.scratch_slot: dict[int, int] = {}
         free: dict[Any, list[int]] = {}
-        released: list[tuple[int, Any, int]] = []  # (the step after which it is free, its key, slot)
+        # A heap of (the step after which it is free, the value, its key, its slot).
+        released: list[tuple[int, int, Any, int]] = []
         self.scratch = []
         for index, value, shape, l1, dram in needs:
             key = (shape, l1, dram)
             while released and released[0][0] < index:
-                _, done_key, slot = released.pop(0)
+                _, _, done_key, slot = heapq.heappop(released)
                 free.setdefault(done_key, []).append(slot)
             pool = free.get(key)
             if pool and not self.pagewise:
@@ -203,8 +205,7 @@ class Plan:
                 self.scratch.append((value, shape, l1, dram))
             self.scratch_slot[value] = slot
             if not self.copied_out[value]:
-                released.append((max(self.last_read[value], index), key, slot))
-                released.sort(key=lambda item: item[0])
+                heapq.heappush(released, (max(self.last_read[value], index), value, key, slot))
         # The pagewise program as C kernel code (see `_page_code`), or None.
         self.page_code = _page_code(program, self.store_in_output, self.scratch) if self.pagewise else None
         self.input_layouts = tuple(spec.layout for spec in program.inputs)
