@@ -74,7 +74,9 @@ def test_demo_runs_and_its_trace_accounts_for_every_command(tmp_path: Path, caps
         assert label in out
     data = json.loads(trace.read_text())
     events = data["traceEvents"]
-    spans = [e for e in events if e["ph"] == "X"]
+    ops = [e for e in events if e["ph"] == "X" and e["cat"] == "op"]  # the programs' ops, inside them
+    assert ops and all(e["tid"] == 0 and isinstance(e["args"]["step"], int) for e in ops)
+    spans = [e for e in events if e["ph"] == "X" and e["cat"] != "op"]
     # 2 weight pushes + 2 zero fills + 6 writes on CQ1; 12 programs, evictions, 4 reads on CQ0.
     by_name: dict[str, int] = {}
     for e in spans:
