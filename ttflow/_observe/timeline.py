@@ -209,7 +209,7 @@ def record_timeline(device: Device) -> Iterator[TimelineRecorder]:
         for worker in workers:
             worker.spans = recorder.worker_spans
     try:
-        with device._scheduler.listening(recorder.on_command):
+        with device._scheduler.listening(recorder.on_command, timed=True):
             yield recorder
     finally:
         for worker in workers:

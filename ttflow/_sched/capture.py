@@ -301,7 +301,7 @@ class ReplayCommand(_Scheduled):
                                    if storage.layout.memory is MemorySpace.L1)
                 s.hold_footprint(self, capture.footprint, pinned)
         # Each program's span is for the timeline: timed only while a recorder listens.
-        timed = bool(self.scheduler.listeners)
+        timed = self.scheduler.timing > 0
         return Record(tuple(steps), nbytes=nbytes, macs=capture.macs, timed=timed,
                       kernel_bytes=capture.kernel_bytes)
 

@@ -223,7 +223,7 @@ class ProgramCommand(_Scheduled):
 
     def _timed(self) -> bool:
         """Whether the run notes its ops' and host ops' spans: a timeline listens."""
-        return bool(self.scheduler.listeners)
+        return self.scheduler.timing > 0
 
     def preamble(self) -> Command | None:
         s = self.scheduler

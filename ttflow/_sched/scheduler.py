@@ -58,6 +58,9 @@ class Scheduler(SchedulerState):
         # (one per shape, say) must not find every one it ever built kept alive here.
         self._plans: weakref.WeakKeyDictionary[Program, Plan] = weakref.WeakKeyDictionary()
         self.listeners: list[Callable[[Command, BaseException | None], None]] = []
+        # How many listeners want the runs timed (a timeline: spans of programs, ops, host ops);
+        # a record is timed only then, so a memory log or hooks cost a run no clock reads.
+        self.timing = 0
         # The const-eval cache (`_runtime.const_eval.ConstEvalCache`), attached by the first
         # submit of a program with constant inputs (`attach_const_cache`, its only writer); told
         # of every queued write (`enqueue`).
@@ -66,12 +69,16 @@ class Scheduler(SchedulerState):
         self._last_plan: tuple[weakref.ref[Program], Plan] | None = None
 
     @contextlib.contextmanager
-    def listening(self, listener: Callable[[Command, BaseException | None], None]) -> Iterator[None]:
-        """Calls `listener` with every command completed inside the block (a recorder's hook)."""
+    def listening(self, listener: Callable[[Command, BaseException | None], None],
+                  timed: bool = False) -> Iterator[None]:
+        """Calls `listener` with every command completed inside the block (a recorder's hook);
+        `timed`: it wants the spans of each run's parts (`Record.timed`)."""
         self.listeners.append(listener)
+        self.timing += timed
         try:
             yield
         finally:
+            self.timing -= timed
             self.listeners.remove(listener)
 
     # -- plans ------------------------------------------------------------------------------
