@@ -157,6 +157,7 @@ def _split(program: Program) -> Split | None:
         num_inputs=len(const_inputs),
         range_checks=tuple((ids[v], note) for v, note in program.range_checks if v in ids and v >= n),
         placements=tuple((ids[v], memory) for v, memory in program.placements if v in ids and v >= n),
+        locations=tuple((ids[v], loc) for v, loc in program.locations if v in ids and v >= n),
     )
     # The main program: the inputs it still reads, the boundary as inputs, the other steps.
     main_inputs = tuple(i for i in range(n) if not const[i] or i in read_by_main)
@@ -173,6 +174,7 @@ def _split(program: Program) -> Split | None:
         num_inputs=num_inputs, donations=tuple((k, ids[i]) for k, i in program.donations),
         range_checks=tuple((ids[v], note) for v, note in program.range_checks if v >= n and not const[v]),
         placements=tuple((ids[v], memory) for v, memory in program.placements if v >= n and not const[v]),
+        locations=tuple((ids[v], loc) for v, loc in program.locations if v >= n and not const[v]),
         mesh_shape=program.mesh_shape,
     )
     return Split(content_key(program), const_program, main_program, const_inputs, main_inputs)
