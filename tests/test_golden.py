@@ -157,3 +157,29 @@ async def test_integer_ops_are_exact_and_bad_calls_are_typed() -> None:
         with pytest.raises(tt.ProgramError, match="takes 1 inputs"):
             await tt.compare_with_golden(device, binary, 0, [t, t])
         assert device.memory_used(L1) == 0
+
+
+async def test_a_program_with_a_constant_part_is_compared_on_its_own_ops_with_their_locations() -> None:
+    """A program whose constant inputs feed steps of their own runs those apart first (const-eval,
+    `main.const_eval`): the report has a row per op of the rest, each with its location, and the
+    figures are numpy's float64 from the constant part's device values. (Before, the constant part's hooks were taken as the program's
+    ops, and the cut dropped every location.)"""
+    b = tt.ProgramBuilder("scaled")
+    x, w = b.input((32, 64)), b.input((64, 32), const=True)
+    with b.location("scaled.py:2 (scale)"):
+        w2 = b.mul(w, w)  # depends on the constant alone: runs in the constant part
+    with b.location("scaled.py:3 (fc)"):
+        h = b.matmul(x, w2)
+    with b.location("scaled.py:4 (act)"):
+        b.output(b.tanh(h))
+    binary = tt.Binary([b.build()])
+    rng = np.random.default_rng(3)
+    xs, ws = rng.standard_normal((32, 64)).astype(np.float32), rng.standard_normal((64, 32)).astype(np.float32)
+    async with tt.open_device(tt.DeviceSpec.small()) as device:
+        ins = [tt.to_device(xs, device), tt.to_device(ws, device)]
+        report = await tt.compare_with_golden(device, binary, 0, ins)
+    assert [(row.name, row.loc) for row in report.ops] == [("matmul", "scaled.py:3 (fc)"), ("tanh", "scaled.py:4 (act)")]
+    assert report.ok, report.table()
+    # the constant part is taken as the device computed it (float32 w * w), the rest in float64
+    want = np.tanh(xs.astype(np.float64) @ (ws * ws).astype(np.float64))
+    assert report.ops[-1].max_abs == pytest.approx(np.abs(report.outputs[0] - want).max(), rel=1e-9, abs=1e-300)
