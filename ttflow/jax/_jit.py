@@ -236,6 +236,11 @@ class Jitted:
         from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
         specs = self._leaf_specs(owners, len(leaves), [len(a[0]) for a in avals])
+        # checked before JAX sees them, so a wrong axis is ttflow's MeshError, not JAX's
+        in_specs = tuple(_sharding.normalize(s, len(a[0]), self.axis_names, f"argument {j}")
+                         for j, (a, s) in enumerate(zip(avals, specs, strict=True)))
+        for j, (a, s) in enumerate(zip(avals, in_specs, strict=True)):
+            _sharding.piece_shape(a[0], s, self.mesh_shape, self.axis_names, f"argument {j}")
         abstract = AbstractMesh(self.mesh_shape, self.axis_names) if self.is_mesh else None
 
         def struct(aval: tuple[Any, ...], spec: tuple[Any, ...] | None) -> Any:
@@ -272,8 +277,6 @@ class Jitted:
         ttnn, mlir = compiler_for(descriptor, label).compile(request)
         binary = tt.Binary.from_bytes(ttnn)
         self.compiles += 1
-        in_specs = tuple(_sharding.normalize(s, len(a[0]), self.axis_names, f"argument {j}")
-                         for j, (a, s) in enumerate(zip(avals, specs, strict=True)))
         norm_out = tuple(_sharding.normalize(s, len(a.shape), self.axis_names, f"output {j}")
                          for j, (a, s) in enumerate(zip(exported.out_avals, out_specs, strict=True)))
         compiled = Compiled(binary, ttnn, mlir, tuple(exported.in_avals), tuple(exported.out_avals),

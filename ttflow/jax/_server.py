@@ -22,7 +22,6 @@ import pickle
 import struct
 import sys
 import tempfile
-import traceback
 from pathlib import Path
 from typing import IO, Any
 
@@ -74,7 +73,7 @@ def _compile(request: dict[str, Any]) -> tuple[Any, ...]:
         # the exported function takes its pytree; `call_flat` takes the leaves the binary takes
         def flat(*leaves: Any) -> Any:
             args, kwargs = jax.tree_util.tree_unflatten(exported.in_tree, leaves)
-            return jax.tree_util.tree_leaves(exported.call(*args, **kwargs))
+            return tuple(jax.tree_util.tree_leaves(exported.call(*args, **kwargs)))
 
         options = {**request["options"], "export_path": str(folder)}
         jitted = jax.jit(flat, donate_argnums=tuple(request["donate"]), out_shardings=out_shardings,
@@ -107,7 +106,7 @@ def main() -> None:
             reply = _compile(request)
         except Exception as exc:  # noqa: BLE001  # the compiler's refusal, sent to the caller
             message = str(exc).strip() or type(exc).__name__
-            reply = ("error", f"{type(exc).__name__}: {message}\n{traceback.format_exc(limit=3)}")
+            reply = ("error", f"{type(exc).__name__}: {message}")
         write_message(replies, reply)
 
 
