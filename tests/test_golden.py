@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -183,3 +184,27 @@ async def test_a_program_with_a_constant_part_is_compared_on_its_own_ops_with_th
     # the constant part is taken as the device computed it (float32 w * w), the rest in float64
     want = np.tanh(xs.astype(np.float64) @ (ws * ws).astype(np.float64))
     assert report.ops[-1].max_abs == pytest.approx(np.abs(report.outputs[0] - want).max(), rel=1e-9, abs=1e-300)
+
+
+async def test_a_nan_in_one_element_leaves_the_others_bounds_finite() -> None:
+    """log of a negative is NaN (as numpy's), and the NaN must not make every other element's
+    bound NaN: the run passes, and an element moved past its bound is still caught."""
+    b = tt.ProgramBuilder("logs")
+    x = b.input((32, 32), tt.Layout(DRAM, TILE, BF16))
+    b.output(b.exp(b.log(x)))
+    binary = tt.Binary([b.build()])
+    xs = np.random.default_rng(5).uniform(0.5, 4.0, (32, 32)).astype(np.float32)
+    xs[0, :4] = [-1.0, -2.0, 0.0, np.inf]
+    async with tt.open_device(tt.DeviceSpec.small()) as device:
+        ins = [tt.to_device(xs, device, tt.Layout(DRAM, TILE, BF16))]
+        report = await tt.compare_with_golden(device, binary, 0, ins)
+        assert report.ok, report.table()
+        assert all(np.isfinite(row.bound) and row.bound > 0 for row in report.ops)
+        async def nudge(ctx: tt.OpContext) -> None:  # a finite element of log's output, past its bound
+            if ctx.index == 0:
+                value = (await tt.to_host(ctx.outputs[0])).astype(np.float32)
+                value[5, 5] += 0.25
+                tt.write(ctx.outputs[0], value.astype(ml_dtypes.bfloat16))
+
+        moved = await tt.compare_with_golden(device, binary, 0, ins, post_op=nudge)
+        assert moved.first_failure is not None and moved.first_failure.index == 0, moved.table()

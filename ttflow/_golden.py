@@ -192,8 +192,11 @@ def _bound(step: Step, golden: Array, operands: list[Array], dtype: DataType) ->
     if not dtype.is_float:
         return np.zeros(golden.shape)
     g = np.abs(golden)
+    # the largest finite |golden|: a NaN or an infinity elsewhere (a log of a negative, an
+    # overflow) must not make every element's bound NaN
+    top = float(np.max(g[np.isfinite(g)], initial=0.0))
     if dtype is DataType.BFLOAT8_B:
-        rounding = np.full(golden.shape, _BFLOAT8_B_ROUNDOFF * (float(g.max()) if g.size else 0.0))
+        rounding = np.full(golden.shape, _BFLOAT8_B_ROUNDOFF * top)
     else:
         rounding = _UNIT_ROUNDOFF[dtype] * g
     terms = _accumulated_terms(step, [o.shape for o in operands])
@@ -201,7 +204,7 @@ def _bound(step: Step, golden: Array, operands: list[Array], dtype: DataType) ->
         magnitude, _ = golden_op(step, [np.abs(o) if o.dtype.kind == "f" else o for o in operands], dtype)
         magnitude = np.abs(np.broadcast_to(magnitude, golden.shape))
     else:
-        magnitude = np.full(golden.shape, float(g.max()) if g.size else 0.0)
+        magnitude = np.full(golden.shape, top)
     return rounding + _COMPUTE_ULPS * terms * 2.0**-24 * magnitude
 
 
@@ -299,7 +302,7 @@ async def compare_with_golden(device: Device, binary: Binary, program_index: int
         local_abs, _ = _errors(device_value, local)
         rows.append(GoldenRow(ctx.index, step.op, locations.get(step.output), dtype.name,
                               _pcc(device_value, reference), max_abs, max_rel, local_abs,
-                              float(bound.max()) if bound.size else 0.0, ok, precision))
+                              float(np.max(bound[np.isfinite(bound)], initial=0.0)), ok, precision))
 
     with debug_hooks(device, pre_op=before, post_op=after):
         outputs = api.submit(device, binary, program_index, list(inputs))

@@ -8,13 +8,21 @@ ttflow's emulated device, with real values (docs/jax.md).
 - `compare(f, *args)`: the binary run on ttflow beside the same function on JAX's CPU, op by op,
   each op named by the JAX primitive and source line the binary records.
 
-The `[jax]` extra installs what it needs (Python 3.11). Importing this module imports no JAX;
-the first compile makes the caller's JAX a CPU JAX (`_host`) and starts the compiler's process.
+The `[jax]` extra installs what it needs (Python 3.11). Importing this module makes the caller's
+JAX a CPU JAX (`_host`: the plugin's platform would try to open a chip), unless the user chose
+JAX's platforms; the first compile starts the compiler's process, which imports this package with
+`TTFLOW_JAX_COMPILER_PROCESS` set, and is left alone.
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
+
+if not os.environ.get("TTFLOW_JAX_COMPILER_PROCESS"):
+    from ._host import choose_platforms
+
+    choose_platforms()
 
 if TYPE_CHECKING:
     from ._compare import Comparison as Comparison

@@ -46,7 +46,7 @@ class Compiler:
         self.compiles = 0
 
     def _start(self) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "TT_COMPILE_ONLY_SYSTEM_DESC": str(self._desc)}
+        env = {**os.environ, "TT_COMPILE_ONLY_SYSTEM_DESC": str(self._desc), "TTFLOW_JAX_COMPILER_PROCESS": "1"}
         env.pop("JAX_PLATFORMS", None)  # the plugin's platform must load there
         with open(self._log, "wb") as log:
             process = subprocess.Popen([sys.executable, "-m", "ttflow.jax._server"], stdin=subprocess.PIPE,

@@ -33,7 +33,7 @@ import ttflow as tt
 from .._errors import FileError, MeshError, ShapeError
 from ..ttnn import system_desc
 from . import _sharding
-from ._compiler import compiler_for
+from ._compiler import CompileError, compiler_for
 from ._host import cpu_device, host_jax
 from ._loop import loop
 
@@ -264,7 +264,10 @@ class Jitted:
                              else jax.tree_util.tree_map(lambda s: NamedSharding(abstract, s), outs,
                                                          is_leaf=_is_partition_spec))
         jitted = jax.jit(self.fun, static_argnums=self.static_argnums, out_shardings=out_shardings)
-        exported = jax.export.export(jitted, platforms=["tt"])(*call_args, **call_kwargs)
+        try:
+            exported = jax.export.export(jitted, platforms=["tt"])(*call_args, **call_kwargs)
+        except NotImplementedError as exc:  # a primitive JAX cannot lower for the plugin's platform
+            raise CompileError(f"JAX cannot lower the function for Tenstorrent's compiler: {exc}") from None
         if len(exported.in_avals) != len(leaves):
             raise ShapeError(f"the exported function takes {len(exported.in_avals)} arrays, the call gave {len(leaves)}")
         out_count = len(exported.out_avals)

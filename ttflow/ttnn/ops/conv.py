@@ -88,8 +88,11 @@ def _pool(kind: str) -> Translator:
         if any(padding) and not attr_bool(op.op, "count_include_pad", default=True):
             raise c.refuse("count_include_pad = false with padding (ttflow's avg_pool2d counts the pad)")
         y = c.b.avg_pool2d(x, kernel, stride, padding)
-        if "divisor_override" in op.op.attributes:  # the window's sum over this divisor
-            y = c.b.mul(y, (kernel[0] * kernel[1]) / attr_int(op.op, "divisor_override"))
+        # the window's sum over this divisor; 0 is none (a divisor of 0 means nothing, and the
+        # compiler writes it for a reduce_window sum it then multiplies by the window's size)
+        override = attr_int(op.op, "divisor_override", default=0)
+        if override:
+            y = c.b.mul(y, (kernel[0] * kernel[1]) / override)
         return [_flatten(c, op, y)]
     return translate
 
