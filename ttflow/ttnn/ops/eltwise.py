@@ -152,11 +152,18 @@ def _clamp_scalar(c: Lowering, op: TtnnOp) -> Sequence[Value]:
     return [c.b.clamp(x, attr_float(op.op, "min"), attr_float(op.op, "max"))]
 
 
+def _clamp_tensor(c: Lowering, op: TtnnOp) -> Sequence[Value]:
+    """min(max(x, low), high), elementwise (JAX's clamp with array bounds)."""
+    x, low, high = c.operands(op)
+    return [c.b.minimum(c.b.maximum(x, low), high)]
+
+
 TRANSLATORS: dict[str, Translator] = {
     **{f"ttnn.{n}": _unary(n) for n in UNARY if n not in ("recip", "square", "logical_not_unary")},
     **{f"ttnn.{n}": _binary(n) for n in BINARY},
     "ttnn.where": _where,
     "ttnn.clamp_scalar": _clamp_scalar,
+    "ttnn.clamp_tensor": _clamp_tensor,
 }
 
 _ACTIVATIONS = frozenset({"activations", "input_tensor_a_activations", "input_tensor_b_activations"})
@@ -166,4 +173,5 @@ READS: dict[str, frozenset[str]] = {
     **{f"ttnn.{n}": _ACTIVATIONS for n in BINARY},
     "ttnn.where": frozenset(),
     "ttnn.clamp_scalar": frozenset({"min", "max"}),
+    "ttnn.clamp_tensor": frozenset(),
 }

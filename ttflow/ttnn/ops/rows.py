@@ -68,10 +68,21 @@ def _rows_gather(c: Lowering, op: TtnnOp) -> Sequence[Value]:
     return [c.b.reshape(c.b.embedding(_flat(c, indices), table), c.result_shape(op))]
 
 
-def _column_scatter(c: Lowering, op: TtnnOp, data: Value, indices: Value, updates: Value, add: bool) -> Value:
+# A scatter's `reduce`: how an update meets what its row holds (None: it replaces it).
+_REDUCE = {"#ttcore.reduce_type<invalid>": None, "#ttcore.reduce_type<sum>": "add",
+           "#ttcore.reduce_type<prod>": "mul", "#ttcore.reduce_type<max>": "maximum",
+           "#ttcore.reduce_type<min>": "minimum"}
+
+
+def _combine(c: Lowering, kind: str | None, held: Value, update: Value) -> Value:
+    return update if kind is None else getattr(c.b, kind)(held, update)
+
+
+def _column_scatter(c: Lowering, op: TtnnOp, data: Value, indices: Value, updates: Value, kind: str | None) -> Value:
     """`column = true` on [B.., 1, C] data, [B.., 1, K] indices and B.. x K updates: in each row,
-    column `idx[b, k]` replaced by (or, summing, added) `upd[b, k]`, k in order; an index out of
-    range matches no column, so its update is dropped (JAX's scatter rule)."""
+    column `idx[b, k]` replaced by `upd[b, k]` (or combined with it: added, multiplied, the
+    larger or smaller kept), k in order; an index out of range matches no column, so its update
+    is dropped (JAX's scatter rule)."""
     if attrs_windows(op) != [1] or len(data.shape) < 2 or data.shape[-2] != 1 or indices.shape[-2:-1] != (1,):
         raise c.refuse(f"a column scatter into {data.shape} by {indices.shape} (the [B.., 1, C] form is translated)")
     batch = 1
@@ -89,28 +100,31 @@ def _column_scatter(c: Lowering, op: TtnnOp, data: Value, indices: Value, update
     for j in range(k):
         hit = c.b.eq(columns, c.b.slice(index, [0, j], [None, j + 1]))
         value = c.b.slice(values, [0, j], [None, j + 1])
-        rows = c.b.where(hit, c.b.add(rows, value) if add else value, rows)
+        rows = c.b.where(hit, _combine(c, kind, rows, value), rows)
     return c.b.reshape(rows, c.result_shape(op))
 
 
 def _rows_scatter(c: Lowering, op: TtnnOp) -> Sequence[Value]:
     reduce = op.op.attributes.get("reduce", "#ttcore.reduce_type<invalid>")
-    if reduce not in ("#ttcore.reduce_type<invalid>", "#ttcore.reduce_type<sum>"):
-        raise c.refuse(f"reduce {reduce} (replacement and sums are translated)")
+    if reduce not in _REDUCE:
+        raise c.refuse(f"reduce {reduce} (replacement, sum, prod, max and min are translated)")
+    kind = _REDUCE[reduce]
     data, indices, updates = c.operands(op)
     if attr_bool(op.op, "column", default=False):
-        return [_column_scatter(c, op, data, indices, updates, reduce == "#ttcore.reduce_type<sum>")]
+        return [_column_scatter(c, op, data, indices, updates, kind)]
     rows, cols = _check_form(c, op, data)
     index = _flat(c, indices)
     k = index.shape[0]
     rows_of = c.b.reshape(updates, (k, cols))
     cache = c.b.reshape(data, (rows, cols))
-    if reduce == "#ttcore.reduce_type<sum>":  # every update added into its row: np.add.at
+    if kind == "add":  # every update added into its row: np.add.at
         added = c.b.embedding_grad(index, rows_of, rows)
         return [c.b.reshape(c.b.add(cache, added), c.result_shape(op))]
-    for i in range(k):  # in order: a repeated index keeps the last update
+    for i in range(k):  # in order: a repeated index keeps the last update, or meets the ones before
         row = rows_of if k == 1 else c.b.slice(rows_of, [i], [i + 1])
         at = index if k == 1 else c.b.slice(index, [i], [i + 1])
+        if kind is not None:
+            row = _combine(c, kind, c.b.embedding(at, cache), row)
         cache = c.b.update_cache(cache, row, at)
     return [c.b.reshape(cache, c.result_shape(op))]
 
