@@ -122,6 +122,16 @@ def has_torch() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
+def needs_jax(code: str) -> bool:
+    return re.search(r"^\s*(import jax|from jax|import ttflow\.jax)", code, re.MULTILINE) is not None
+
+
+def has_jax() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("jax") is not None and importlib.util.find_spec("jax_plugins.libtt") is not None
+
+
 PYTHON = [item for page in PAGES for item in scripts_of(page)]
 
 
@@ -132,6 +142,8 @@ def test_python_block_runs_as_printed(item: Script | Block, tmp_path: Path) -> N
     if needs_torch(item.code) and not has_torch():
         pytest.skip("needs the torch extra: pip install torch==2.13.0 --index-url "
                     "https://download.pytorch.org/whl/cpu")
+    if needs_jax(item.code) and not has_jax():
+        pytest.skip("needs the jax extra: pip install '.[jax]' (Python 3.11)")
     result = run_script(item, tmp_path)
     assert result.returncode == 0, (
         f"{item.name} failed as printed:\n{item.code}\n--- stdout\n{result.stdout[-3000:]}"

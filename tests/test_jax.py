@@ -252,3 +252,28 @@ async def test_run_async_on_a_device_you_opened_gives_ttflow_tensors() -> None:
         np.testing.assert_allclose(await tt.to_host(out["h"]), np.asarray(want["h"]), rtol=1e-5, atol=1e-5)
         with pytest.raises(tt.ProgramError, match="run_async"):
             f(x, w, b)
+
+
+def test_two_compilers_at_once_each_keep_their_own_system() -> None:
+    """An n150 compiler and an n300 compiler alive together: each binary is planned for its own
+    system, and stopping one leaves the other compiling. (The plugin copies its descriptor to one
+    fixed path under TMPDIR when it starts and reads it at each compile: sharing /tmp, the
+    second compiler's start replaced the first's descriptor, and the exit of one deleted it,
+    failing every later compile of the other.)"""
+    from ttflow.jax._compiler import _compilers
+
+    def double(x):  # type: ignore[no-untyped-def]
+        return x * 2.0
+
+    spec = tt.MeshSpec.n300()
+    x = f32(32, 64)
+    one = tj.jit(double).lower(x)
+    two = tj.jit(double, mesh=spec, in_shardings=P(None, "y"), out_shardings=P(None, "y")).lower(x)
+    # split over two chips' columns, each chip's program takes half of them
+    assert one.binary.programs[0].inputs[0].shape == (32, 64), one.binary.programs[0]
+    assert two.binary.programs[0].inputs[0].shape == (32, 32), two.binary.programs[0]
+    (mesh_compiler,) = [c for c in _compilers.values() if c.label.endswith("mesh")]
+    mesh_compiler.close()
+    again = tj.jit(double)
+    y = f32(8, 64)
+    close(again(y), cpu(double, y))  # a new compile on the n150's compiler, after the other's exit

@@ -38,6 +38,9 @@ BENCHMARKS = {
     "compiled": ("ttflow._bench.compiled",
                  ("tt-mlir binaries of the corpus: load time per binary, warm run against the same "
                   "function jitted by JAX on the CPU")),
+    "jax": ("ttflow._bench.jax_path",
+            ("JAX functions through ttflow.jax.jit: compile, first and warm call against jax.jit on "
+             "the CPU, a warm call's host overhead beyond the program's run (needs the jax extra)")),
     "mesh": ("ttflow._bench.mesh",
              ("collectives' bytes per link against their formula and modelled time, SPMD submit "
               "cost against one chip, the tensor-parallel MLP on 1, 2 and 8 chips against numpy")),

@@ -59,8 +59,9 @@ def dtype_name(dtype: Any) -> str:
 def harnesses(per_primitive: int | None, only: list[str]) -> list[Any]:
     """The harnesses to run: all, or the first `per_primitive` of each primitive whose dtype the
     device holds (a stratified sample: JAX lists a primitive's harnesses shape by shape)."""
-    import ttflow.jax  # noqa: F401  # first: it makes this process's JAX a CPU JAX
     from jax._src.internal_test_util import test_harnesses as th
+
+    import ttflow.jax  # noqa: F401  # first: it makes this process's JAX a CPU JAX
 
     chosen = []
     taken: collections.Counter[str] = collections.Counter()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,16 +38,25 @@ class Compiler:
 
     def __init__(self, descriptor: bytes, label: str) -> None:
         self.label = label
-        self._folder = Path(tempfile.mkdtemp(prefix="ttflow-compiler-"))
-        self._desc = self._folder / "system_desc.ttsys"
-        self._desc.write_bytes(descriptor)
-        self._log = self._folder / "stderr.log"
+        self._descriptor = descriptor
+        self._folder = self._desc = self._log = Path()
         self._lock = threading.Lock()
         self._process: subprocess.Popen[bytes] | None = None
         self.compiles = 0
 
     def _start(self) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "TT_COMPILE_ONLY_SYSTEM_DESC": str(self._desc), "TTFLOW_JAX_COMPILER_PROCESS": "1"}
+        if self._folder != Path():  # a process that died: its folder goes with it
+            shutil.rmtree(self._folder, ignore_errors=True)
+        self._folder = Path(tempfile.mkdtemp(prefix="ttflow-compiler-"))  # the process's own TMPDIR too
+        self._desc = self._folder / "system_desc.ttsys"
+        self._desc.write_bytes(self._descriptor)
+        self._log = self._folder / "stderr.log"
+        # TMPDIR of its own: the plugin copies the descriptor to `$TMPDIR/tt_pjrt_system_descriptor`
+        # when it starts and reads it at each compile, one path for every process, so two compilers
+        # sharing /tmp compile against whichever started last, and one that exits deletes the
+        # other's (every later compile of the other fails)
+        env = {**os.environ, "TT_COMPILE_ONLY_SYSTEM_DESC": str(self._desc), "TTFLOW_JAX_COMPILER_PROCESS": "1",
+               "TMPDIR": str(self._folder)}
         env.pop("JAX_PLATFORMS", None)  # the plugin's platform must load there
         with open(self._log, "wb") as log:
             process = subprocess.Popen([sys.executable, "-m", "ttflow.jax._server"], stdin=subprocess.PIPE,
@@ -103,9 +113,8 @@ class Compiler:
             if self._process is not None:
                 self._stop(self._process)
                 self._process = None
-        for p in self._folder.iterdir():
-            p.unlink()
-        self._folder.rmdir()
+        if self._folder != Path():
+            shutil.rmtree(self._folder, ignore_errors=True)
 
     @property
     def pid(self) -> int | None:

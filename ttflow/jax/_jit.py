@@ -214,18 +214,22 @@ class Jitted:
 
     def lower(self, *args: Any, **kwargs: Any) -> Compiled:
         """The `Compiled` of this call's signature, compiled now if it is new."""
+        return self._compiled_for(args, kwargs)[0]
+
+    def _compiled_for(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Compiled, list[Any]]:
         leaves, tree, statics, owners = self._split(args, kwargs)
         avals = tuple(self._aval(leaf) for leaf in leaves)
         try:
             key = (tree, avals, statics)
-            hash(key)
+            compiled = self._cache.get(key)
         except TypeError as exc:
             raise TypeError(f"a static argument must be hashable: {exc}") from None
-        with self._lock:
-            compiled = self._cache.get(key)
-            if compiled is None:
-                compiled = self._cache[key] = self._compile(args, kwargs, leaves, owners, avals, statics)
-        return compiled
+        if compiled is None:
+            with self._lock:
+                compiled = self._cache.get(key)
+                if compiled is None:
+                    compiled = self._cache[key] = self._compile(args, kwargs, leaves, owners, avals, statics)
+        return compiled, leaves
 
     def _descriptor(self) -> tuple[bytes, str]:
         return system_desc(self.target).to_bytes(), _label(self.target)
@@ -315,11 +319,18 @@ class Jitted:
         if isinstance(self.target, (tt.Device, tt.MeshDevice)):
             raise tt.ProgramError("this function runs on a device opened on your own event loop: "
                                   "`await f.run_async(...)` there (a blocking call would wait on that loop)")
-        compiled = self.lower(*args, **kwargs)
-        leaves, _, _, _ = self._split(args, kwargs)
+        compiled, leaves = self._compiled_for(args, kwargs)
         device = loop.device(self.target)
-        outputs = loop.call(self._run, device, compiled, leaves, True)
-        return host_jax().tree_util.tree_unflatten(compiled.out_tree, outputs)
+        tensors, hosts = loop.call(self._run, device, compiled, leaves, True)
+        jax = host_jax()
+        cpu = cpu_device()
+        outputs = []
+        for tensor, host, aval in zip(tensors, hosts, compiled.out_avals, strict=True):
+            # made a JAX array here, on the caller's thread, while the loop's is free
+            value = jax.device_put(np.asarray(host).reshape(aval.shape).astype(aval.dtype, copy=False), cpu)
+            resident.put(value, device, tensor)
+            outputs.append(value)
+        return jax.tree_util.tree_unflatten(compiled.out_tree, outputs)
 
     async def run_async(self, *args: Any, **kwargs: Any) -> Any:
         """The outputs as ttflow tensors (futures: `await tt.to_host(t)`), on the device this
@@ -329,9 +340,8 @@ class Jitted:
         if not isinstance(self.target, (tt.Device, tt.MeshDevice)):
             raise tt.ProgramError("run_async runs on an open ttflow device: jit(f, device=device) with the device "
                                   "you opened; with a spec, call the function")
-        compiled = await anyio.to_thread.run_sync(lambda: self.lower(*args, **kwargs))
-        leaves, _, _, _ = self._split(args, kwargs)
-        outputs = await self._run(self.target, compiled, leaves, False)
+        compiled, leaves = await anyio.to_thread.run_sync(lambda: self._compiled_for(args, kwargs))
+        outputs, _ = await self._run(self.target, compiled, leaves, False)
         return host_jax().tree_util.tree_unflatten(compiled.out_tree, outputs)
 
     def _input(self, device: Any, compiled: Compiled, j: int, leaf: Any) -> Any:
@@ -364,7 +374,9 @@ class Jitted:
             resident.put(leaf, device, tensor)
         return tensor
 
-    async def _run(self, device: Any, compiled: Compiled, leaves: list[Any], to_host: bool) -> list[Any]:
+    async def _run(self, device: Any, compiled: Compiled, leaves: list[Any],
+                   to_host: bool) -> tuple[list[Any], list[Array]]:
+        """The outputs' tensors, and (`to_host`) their values on the host, whole."""
         jax = host_jax()
         inputs = [self._input(device, compiled, j, leaf) for j, leaf in enumerate(leaves)]
         outputs = tt.submit(device, compiled.binary, 0, inputs)
@@ -375,20 +387,16 @@ class Jitted:
                 leaf.delete()
         del inputs
         if not to_host:
-            return list(outputs)
-        cpu = cpu_device()
-        results = []
-        for j, (out, aval) in enumerate(zip(outputs, compiled.out_avals, strict=True)):
+            return list(outputs), []
+        hosts = []
+        for j, out in enumerate(outputs):
             if self.is_mesh:
                 parts = [await tt.to_host(t) for t in tt.device_tensors(out)]
-                host = _sharding.assemble(parts, compiled.out_specs[j], self.mesh_shape, self.axis_names,
-                                          f"output {j}")
+                hosts.append(_sharding.assemble(parts, compiled.out_specs[j], self.mesh_shape, self.axis_names,
+                                                f"output {j}"))
             else:
-                host = await tt.to_host(out)
-            value = jax.device_put(np.asarray(host).reshape(aval.shape).astype(aval.dtype, copy=False), cpu)
-            resident.put(value, device, out)
-            results.append(value)
-        return results
+                hosts.append(await tt.to_host(out))
+        return list(outputs), hosts
 
 
 def _is_partition_spec(value: Any) -> bool:
