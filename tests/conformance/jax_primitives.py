@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+import ttflow.jax  # noqa: F401  # before JAX's harnesses: it makes this process's JAX a CPU JAX
+
 SUPPORTED = {"float32", "bfloat16", "int32", "uint32", "bool"}
 
 # Where ttflow (or the compiler's lowering) computes a primitive differently from XLA's CPU, the
@@ -60,8 +62,6 @@ def harnesses(per_primitive: int | None, only: list[str]) -> list[Any]:
     """The harnesses to run: all, or the first `per_primitive` of each primitive whose dtype the
     device holds (a stratified sample: JAX lists a primitive's harnesses shape by shape)."""
     from jax._src.internal_test_util import test_harnesses as th
-
-    import ttflow.jax  # noqa: F401  # first: it makes this process's JAX a CPU JAX
 
     chosen = []
     taken: collections.Counter[str] = collections.Counter()

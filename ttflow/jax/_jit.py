@@ -18,6 +18,7 @@ compiler aliases to it (the binary's `tf.aliasing_output`), and is deleted, as J
 
 from __future__ import annotations
 
+import collections
 import math
 import threading
 import weakref
@@ -76,40 +77,53 @@ class Compiled:
 
 class _Resident:
     """Device copies of JAX arrays, by the array's identity and device: a JAX array is
-    immutable, so its copy stays valid for its life; the entry goes when the array does."""
+    immutable, so its copy stays valid for its life; the entry goes when the array does.
+
+    An array's death is noted by a weakref callback, which runs wherever the garbage collector
+    does, even inside this class's own locked section on the same thread: it only appends the
+    identity to a deque (no lock), and the next use of the registry reaps it."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._held: dict[tuple[int, int], Any] = {}
         self._keys: dict[int, list[tuple[int, int]]] = {}
+        self._dead: collections.deque[int] = collections.deque()
+
+    def _reap(self) -> None:
+        tensors = []
+        with self._lock:
+            while self._dead:
+                for key in self._keys.pop(self._dead.popleft(), []):
+                    tensor = self._held.pop(key, None)
+                    if tensor is not None:
+                        tensors.append(tensor)
+        for tensor in tensors:
+            loop.drop(tensor)
 
     def get(self, array: Any, device: Any) -> Any:
+        self._reap()
         with self._lock:
             return self._held.get((id(array), id(device)))
 
     def put(self, array: Any, device: Any, tensor: Any) -> None:
+        self._reap()
         key = (id(array), id(device))
         with self._lock:
             if id(array) not in self._keys:
                 self._keys[id(array)] = []
-                weakref.finalize(array, self._forget, id(array))
+                weakref.finalize(array, self._dead.append, id(array))
             self._keys[id(array)].append(key)
             self._held[key] = tensor
 
     def take(self, array: Any) -> list[Any]:
         """Every copy of `array`, removed (a donated array's buffers went to the outputs)."""
+        self._reap()
         with self._lock:
             keys = self._keys.pop(id(array), [])
             return [self._held.pop(k) for k in keys if k in self._held]
 
-    def _forget(self, ident: int) -> None:
-        with self._lock:
-            keys = self._keys.pop(ident, [])
-            tensors = [self._held.pop(k) for k in keys if k in self._held]
-        for tensor in tensors:
-            loop.drop(tensor)
-
     def __len__(self) -> int:
+        self._reap()
         return len(self._held)
 
 

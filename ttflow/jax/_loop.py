@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import contextlib
 import threading
 from collections.abc import Awaitable, Callable
@@ -25,6 +26,10 @@ __all__ = ["Loop", "loop"]
 
 T = TypeVar("T")
 _DROP_BATCH = 64
+INLINE_SECONDS = 5e-3
+"""`inline_seconds` of the devices opened here (tt.open_device's default is 100 us): a blocking
+call leaves the loop nothing else to do while its program runs, so a program estimated below this
+runs on the loop thread itself rather than paying two thread hand-offs (85-180 us each here)."""
 
 
 async def _nothing() -> None:
@@ -42,7 +47,9 @@ class Loop:
         self._portal: anyio.from_thread.BlockingPortal | None = None
         self._asyncio_loop: asyncio.AbstractEventLoop | None = None
         self._devices: dict[Any, tuple[Any, Any]] = {}  # spec -> (device, its context manager)
-        self._dropped: list[Any] = []  # released on the loop thread by the next call
+        # released on the loop thread by the next call; appended without a lock, since a drop
+        # comes from a garbage collector's callback that may run inside any locked section
+        self._dropped: collections.deque[Any] = collections.deque()
 
     def _started(self) -> anyio.from_thread.BlockingPortal:
         with self._lock:
@@ -60,9 +67,7 @@ class Loop:
         assert self._asyncio_loop is not None
 
         async def released_then() -> T:
-            with self._lock:
-                dropped, self._dropped = self._dropped, []
-            dropped.clear()
+            self._release_dropped()
             return await fn(*args)
 
         return asyncio.run_coroutine_threadsafe(released_then(), self._asyncio_loop).result()
@@ -72,29 +77,30 @@ class Loop:
         portal = self._started()
         with self._lock:
             if spec not in self._devices:
-                opener = tt.open_mesh_device(spec) if isinstance(spec, tt.MeshSpec) else tt.open_device(spec)
+                opener = (tt.open_mesh_device(spec, inline_seconds=INLINE_SECONDS) if isinstance(spec, tt.MeshSpec)
+                          else tt.open_device(spec, inline_seconds=INLINE_SECONDS))
                 cm = portal.wrap_async_context_manager(opener)
                 self._devices[spec] = (cm.__enter__(), cm)
             return self._devices[spec][0]
 
+    def _release_dropped(self) -> None:
+        while self._dropped:
+            self._dropped.popleft()
+
     def drop(self, value: Any) -> None:
-        """Releases `value` (a tensor) on the loop thread: at the next call, or at once when many
-        are waiting (a hand-off per dropped array would cost each call one more)."""
+        """Releases `value` (a tensor) on the loop thread: at the next call, or soon when many are
+        waiting (a hand-off per dropped array would cost each call one more)."""
         portal = self._portal
         if portal is None:
             return
-        with self._lock:
-            self._dropped.append(value)
-            if len(self._dropped) < _DROP_BATCH:
-                return
-            dropped, self._dropped = self._dropped, []
-        del value
+        self._dropped.append(value)
+        if len(self._dropped) >= _DROP_BATCH:
 
-        async def release(held: list[Any]) -> None:
-            held.clear()
+            async def release() -> None:
+                self._release_dropped()
 
-        with contextlib.suppress(Exception):  # the loop closed: its devices went with it
-            portal.start_task_soon(release, dropped)
+            with contextlib.suppress(Exception):  # the loop closed, or this is its thread (the next call)
+                portal.start_task_soon(release)
 
     def close(self) -> None:
         if self._portal is not None:
@@ -103,7 +109,8 @@ class Loop:
         with self._lock:
             devices, self._devices = list(self._devices.values()), {}
             portal_cm, self._portal_cm, self._portal = self._portal_cm, None, None
-            self._asyncio_loop, self._dropped = None, []
+            self._asyncio_loop = None
+        self._dropped.clear()
         for _, cm in reversed(devices):
             cm.__exit__(None, None, None)
         if portal_cm is not None:
