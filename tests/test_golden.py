@@ -208,3 +208,19 @@ async def test_a_nan_in_one_element_leaves_the_others_bounds_finite() -> None:
 
         moved = await tt.compare_with_golden(device, binary, 0, ins, post_op=nudge)
         assert moved.first_failure is not None and moved.first_failure.index == 0, moved.table()
+
+
+async def test_an_overflow_to_infinity_is_the_dtypes_rounding_not_an_error() -> None:
+    """A float32 product beyond float32's largest value is an infinity on the device; the float64
+    golden is finite there, and rounded to float32 it is that infinity: the op is ok."""
+    b = tt.ProgramBuilder("overflow")
+    x, y = b.input((32, 32)), b.input((32, 32))
+    b.output(b.mul(x, y))
+    binary = tt.Binary([b.build()])
+    xs = np.full((32, 32), 2.0, np.float32)
+    ys = np.full((32, 32), 3.0, np.float32)
+    xs[0, :2], ys[0, :2] = 3e38, [2.0, -2.0]  # 6e38 and -6e38: past float32's 3.4e38
+    async with tt.open_device(tt.DeviceSpec.small()) as device:
+        report = await tt.compare_with_golden(device, binary, 0, [tt.to_device(xs, device), tt.to_device(ys, device)])
+    assert report.outputs[0][0, 0] == np.inf and report.outputs[0][0, 1] == -np.inf
+    assert report.ok, report.table()

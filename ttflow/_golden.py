@@ -52,6 +52,7 @@ Array = np.ndarray[Any, Any]
 
 _UNIT_ROUNDOFF = {DataType.FLOAT32: 2.0**-24, DataType.BFLOAT16: 2.0**-8}
 _BFLOAT8_B_ROUNDOFF = 2.0**-6  # of the largest |golden|: 7-bit magnitudes under a shared exponent
+_BFLOAT16_MAX = 3.3895313892515355e38  # bfloat16's (and BFLOAT8_B's exponents') largest finite value
 _COMPUTE_ULPS = 4.0  # float32 arithmetic: numpy's transcendental functions within a few ulp
 
 
@@ -282,6 +283,9 @@ async def compare_with_golden(device: Device, binary: Binary, program_index: int
             return
         local, precision = golden_op(step, operands, dtype)
         local = np.broadcast_to(local, device_value.shape)
+        if dtype.is_float:  # beyond the dtype's largest finite value, its rounding is an infinity
+            largest = float(np.finfo(np.float32).max) if dtype is DataType.FLOAT32 else _BFLOAT16_MAX
+            local = np.where(np.abs(local) > largest, np.copysign(np.inf, local), local)
         bound = _bound(step, local, operands, dtype)
         local_error = np.abs(device_value - local)
         ok = bool(np.all(local_error <= bound)) if device_value.size else True
