@@ -277,3 +277,72 @@ def test_two_compilers_at_once_each_keep_their_own_system() -> None:
     again = tj.jit(double)
     y = f32(8, 64)
     close(again(y), cpu(double, y))  # a new compile on the n150's compiler, after the other's exit
+
+
+def test_a_decoder_generates_jaxs_tokens_with_a_donated_kv_cache() -> None:
+    """A one-layer GPT-style decoder: prefill writes the prompt's keys and values into a cache,
+    decode appends one position per step (the cache donated, updated in place on the device,
+    `dynamic_update_slice` at a position given as an array); greedy tokens and logits equal JAX
+    on the CPU running the same two functions."""
+    vocab, d, max_len, prompt = 64, 32, 16, 5
+
+    def embed_attend(params, x, k_all, v_all, length):  # type: ignore[no-untyped-def]
+        q = x @ params["wq"]
+        scores = q @ k_all.T / np.sqrt(d)
+        valid = jnp.arange(max_len)[None, :] < length
+        att = jax.nn.softmax(jnp.where(valid, scores, -1e9), axis=-1)
+        h = x + (att @ v_all) @ params["wo"]
+        return jnp.tanh(h @ params["w1"]) @ params["emb"].T
+
+    def prefill(params, tokens):  # type: ignore[no-untyped-def]
+        x = params["emb"][tokens]
+        k = jnp.zeros((max_len, d)).at[:prompt].set(x @ params["wk"])
+        v = jnp.zeros((max_len, d)).at[:prompt].set(x @ params["wv"])
+        logits = embed_attend(params, x[-1:], k, v, prompt)
+        return (k, v), logits[0]
+
+    def decode(params, cache, token, pos):  # type: ignore[no-untyped-def]
+        k, v = cache
+        x = params["emb"][token]
+        k = jax.lax.dynamic_update_slice(k, x @ params["wk"], (pos[0], 0))
+        v = jax.lax.dynamic_update_slice(v, x @ params["wv"], (pos[0], 0))
+        logits = embed_attend(params, x, k, v, pos[0] + 1)
+        return (k, v), logits[0]
+
+    params = {"emb": f32(vocab, d, scale=0.5), "wq": f32(d, d, scale=0.3), "wk": f32(d, d, scale=0.3),
+              "wv": f32(d, d, scale=0.3), "wo": f32(d, d, scale=0.3), "w1": f32(d, d, scale=0.3)}
+    tokens = RNG.integers(0, vocab, prompt).astype(np.int32)
+
+    def generate(prefill_fn, decode_fn, p):  # type: ignore[no-untyped-def]
+        cache, logits = prefill_fn(p, tokens)
+        out, all_logits = [], [np.asarray(logits)]
+        for step in range(4):
+            token = np.array([int(np.argmax(all_logits[-1]))], np.int32)
+            out.append(int(token[0]))
+            cache, logits = decode_fn(p, cache, token, np.array([prompt + step], np.int32))
+            all_logits.append(np.asarray(logits))
+        return out, all_logits, [np.asarray(c) for c in cache]
+
+    device_params = jax.tree_util.tree_map(jnp.asarray, params)
+    ours, our_logits, our_cache = generate(tj.jit(prefill), tj.jit(decode, donate_argnums=1), device_params)
+    theirs, their_logits, their_cache = generate(jax.jit(prefill), jax.jit(decode), params)
+    assert ours == theirs
+    for a, b in zip(our_cache, their_cache, strict=True):  # row by row: attention alone cannot tell an order
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    for a, b in zip(our_logits, their_logits, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_small_cnn_equals_jax_on_the_cpu() -> None:
+    def cnn(img, k1, k2, w):  # type: ignore[no-untyped-def]
+        y = jax.lax.conv_general_dilated(img, k1, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        y = jax.nn.relu(y)
+        y = jax.lax.reduce_window(y, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+        y = jax.lax.conv_general_dilated(y, k2, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return jnp.mean(y, axis=(1, 2)) @ w
+
+    args = (f32(2, 16, 16, 3), f32(3, 3, 3, 8, scale=0.3), f32(3, 3, 8, 16, scale=0.2), f32(16, 10, scale=0.3))
+    got = tj.jit(cnn)(*args)
+    want = cpu(cnn, *args)
+    # the compiler pools in bfloat16 (docs/compiler.md): bfloat16's rounding of the pooled values
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-2, atol=2e-2 * float(np.abs(want).max()))

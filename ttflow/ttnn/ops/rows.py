@@ -21,12 +21,12 @@ from ..mlir import attr_bool, attr_ints
 from ..reader import TtnnOp
 
 
-def _check_form(c: Lowering, op: TtnnOp, data: Value) -> tuple[int, int]:
+def _check_form(c: Lowering, op: TtnnOp, data: Value, windowed: bool = False) -> tuple[int, int]:
     if attr_bool(op.op, "column", default=False):
         raise c.refuse("a column gather/scatter (column = true)")
     windows = attr_ints(op.op, "windows", default=[1])
-    if windows != [1]:
-        raise c.refuse(f"windows {windows} (only single-row windows are translated)")
+    if windows != [1] and not (windowed and len(windows) == 1 and 1 <= windows[0] <= max(data.shape[-2], 1)):
+        raise c.refuse(f"windows {windows} (single-row windows, and one window size for a scatter, are translated)")
     if len(data.shape) < 2 or any(d != 1 for d in data.shape[:-2]):
         raise c.refuse(f"an operand of shape {data.shape} (rows of a [1.., R, C] tensor are translated)")
     return data.shape[-2], data.shape[-1]
@@ -112,8 +112,18 @@ def _rows_scatter(c: Lowering, op: TtnnOp) -> Sequence[Value]:
     data, indices, updates = c.operands(op)
     if attr_bool(op.op, "column", default=False):
         return [_column_scatter(c, op, data, indices, updates, kind)]
-    rows, cols = _check_form(c, op, data)
+    rows, cols = _check_form(c, op, data, windowed=True)
     index = _flat(c, indices)
+    (window,) = attr_ints(op.op, "windows", default=[1])
+    if window > 1:
+        # windows [W]: index k writes W consecutive rows from updates[k W:(k + 1) W], as JAX's
+        # `.at[i:i + W].set(...)` and dynamic_update_slice do; the window's start is clamped so
+        # that it fits (dynamic_update_slice's rule), then each row is a single-row scatter
+        if index.dtype is not DataType.INT32:
+            index = c.b.typecast(index, DataType.INT32)
+        start = c.b.minimum(c.b.maximum(index, 0.0), float(rows - window))
+        offsets = c.b.reshape(c.b.arange(0, window, 1, DataType.INT32), (1, window))
+        index = c.b.reshape(c.b.add(c.b.reshape(start, (index.shape[0], 1)), offsets), (index.shape[0] * window,))
     k = index.shape[0]
     rows_of = c.b.reshape(updates, (k, cols))
     cache = c.b.reshape(data, (rows, cols))
