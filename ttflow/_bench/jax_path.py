@@ -20,6 +20,8 @@ import numpy as np
 
 import ttflow as tt
 
+from .compiled import _median_seconds
+
 
 def _examples() -> dict[str, tuple[Callable[..., Any], list[Any]]]:
     import jax
@@ -54,15 +56,6 @@ def _examples() -> dict[str, tuple[Callable[..., Any], list[Any]]]:
         "attention 64x64": (attention, [f32(64, 64), f32(64, 64, scale=0.1), f32(64, 64, scale=0.1),
                                         f32(64, 64, scale=0.1)]),
     }
-
-
-def _median_seconds(fn: Callable[[], Any], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def run(quick: bool = False) -> dict[str, Any]:
