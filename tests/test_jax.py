@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import os
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -30,6 +31,16 @@ if HAVE_JAX:
     from ttflow.jax._loop import loop
 
 RNG = np.random.default_rng(11)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _closed_after() -> Iterator[None]:
+    """ttflow.jax's devices, their event loop and its compiler processes live until exit; closed
+    after this module, so later tests see no worker threads of theirs."""
+    yield
+    import ttflow.jax
+
+    ttflow.jax.shutdown()
 
 
 def f32(*shape: int, scale: float = 1.0) -> np.ndarray:

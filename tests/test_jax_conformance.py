@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,16 @@ pytestmark = [
 ]
 
 HERE = Path(__file__).parent / "conformance"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _closed_after() -> Iterator[None]:
+    """ttflow.jax's devices, their event loop and its compiler processes live until exit; closed
+    after this module, so later tests see no worker threads of theirs."""
+    yield
+    import ttflow.jax
+
+    ttflow.jax.shutdown()
 
 # Binaries that compute something else than JAX, found by the runner and read op by op (docs/jax.md,
 # "Where the compiler's binary differs"): every op ttflow runs is within its bound.
