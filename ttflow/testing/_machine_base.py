@@ -34,6 +34,7 @@ from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from .._observe.timeline import TimelineRecorder, record_timeline
 from .._runtime.device import Device, open_device
 from .._errors import (DeallocatedTensorError, LayoutError, OutOfMemoryError, ProgramError, TraceError,
                        TTFlowError)
@@ -185,6 +186,8 @@ class MachineBase(LoopHarness, RuleBasedStateMachine):
         self._fragments: set[ModelTensor] = set()
         self._fragmented: dict[MemorySpace, list[ModelTensor]] = {}
         self.hold: QueueHold | None = None
+        # the timeline the `timeline` rule records, while it does: its runs take the timed path
+        self._timeline: tuple[Any, TimelineRecorder] | None = None
         self.open_loop()
         try:
             self._device_cm = self.portal.wrap_async_context_manager(
@@ -627,6 +630,35 @@ class MachineBase(LoopHarness, RuleBasedStateMachine):
     def drain(self) -> None:
         self.drain_and_check()
 
+    @rule(on=st.booleans())
+    def timeline(self, on: bool) -> None:
+        """Starts or stops recording a timeline. Runs inside it take `_commands.run`'s timed
+        path: no one-step fast path, a clock read around each op, host ops' and ops' spans
+        noted; every value still checked against the model. Stopped, each op slice it holds sits
+        inside its program's slice, and the scheduler times no more runs."""
+        if on and self._timeline is None:
+            cm = record_timeline(self.device)
+            self._timeline = (cm, self.call(cm.__enter__))
+        elif not on and self._timeline is not None:
+            self._stop_timeline()
+
+    def _stop_timeline(self) -> None:
+        assert self._timeline is not None
+        cm, recorder = self._timeline
+        self._timeline = None
+        self.call(cm.__exit__, None, None, None)
+        events = self.call(lambda: list(recorder.events))
+        programs = [e for e in events if e.get("cat") == "ProgramCommand"]
+        for op in (e for e in events if e.get("cat") == "op"):
+            assert isinstance(op["args"]["step"], int), op
+            assert any(p["ts"] <= op["ts"] and op["ts"] + op["dur"] <= p["ts"] + p["dur"] + 1e-3
+                       for p in programs), f"op slice {op} outside every program's slice"
+
+    @invariant()
+    def runs_are_timed_only_while_a_timeline_records(self) -> None:
+        timing = self.device._scheduler.timing
+        assert timing == (self._timeline is not None), f"scheduler.timing {timing}, recording {self._timeline is not None}"
+
 
     @invariant()
     def memory_within_bounds(self) -> None:
@@ -645,6 +677,8 @@ class MachineBase(LoopHarness, RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
+            if self._timeline is not None:
+                self._stop_timeline()
             self.let_go_of_traces()
             self.call(_deallocate_all, [e.tensor for e in self.model.tensors])
             for entry in self.model.tensors:
